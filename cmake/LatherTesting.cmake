@@ -1,0 +1,47 @@
+# lather_add_test(<name> SOURCES <files...> LABELS <labels...> [RANKS <n...>] [TIMEOUT <s>]
+#                 [MPI] [ARGS <args...>] [LIBRARIES <targets...>])
+# One GoogleTest executable, registered with ctest once, or once per rank count under mpiexec
+# (as <name>_np<N>, label "mpi" added). Every test must carry an area label.
+set(LATHER_TEST_RANKS 1 2 3 4 8 CACHE STRING "Rank counts the MPI tests run with")
+set(LATHER_MPIEXEC_PREFLAGS "" CACHE STRING "Extra flags for mpiexec before the program")
+set(LATHER_TEST_THREADS 1 CACHE STRING "OMP_NUM_THREADS for each test process (OpenMP backends)")
+# BLAS stays single-threaded: its threads would fight Kokkos' and the oversubscribed MPI ranks.
+set(_lather_test_environment "OMP_NUM_THREADS=${LATHER_TEST_THREADS};OPENBLAS_NUM_THREADS=1")
+if(MPIEXEC_EXECUTABLE AND NOT LATHER_MPIEXEC_PREFLAGS)
+  # Open MPI refuses more ranks than cores unless told; MPICH oversubscribes by default.
+  execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _mpiexec_version
+                  ERROR_QUIET)
+  if(_mpiexec_version MATCHES "Open MPI|OpenRTE")
+    set(LATHER_MPIEXEC_PREFLAGS "--oversubscribe" CACHE STRING "" FORCE)
+  endif()
+endif()
+
+function(lather_add_test name)
+  cmake_parse_arguments(ARG "MPI" "TIMEOUT" "SOURCES;LABELS;RANKS;ARGS;LIBRARIES" ${ARGN})
+  if(NOT ARG_LABELS)
+    message(FATAL_ERROR "lather_add_test(${name}): every test needs an area label")
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  if(ARG_MPI)
+    target_link_libraries(${name} PRIVATE lather_test_mpi_main ${ARG_LIBRARIES})
+    if(NOT ARG_RANKS)
+      set(ARG_RANKS ${LATHER_TEST_RANKS})
+    endif()
+    foreach(n IN LISTS ARG_RANKS)
+      add_test(NAME ${name}_np${n}
+               COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${LATHER_MPIEXEC_PREFLAGS}
+                       ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS} ${ARG_ARGS})
+      set_tests_properties(${name}_np${n} PROPERTIES LABELS "${ARG_LABELS};mpi"
+                           TIMEOUT ${ARG_TIMEOUT} PROCESSORS ${n}
+                           ENVIRONMENT "${_lather_test_environment}")
+    endforeach()
+  else()
+    target_link_libraries(${name} PRIVATE lather_test_main ${ARG_LIBRARIES})
+    add_test(NAME ${name} COMMAND ${name} ${ARG_ARGS})
+    set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+                         ENVIRONMENT "${_lather_test_environment}")
+  endif()
+endfunction()

@@ -1,0 +1,139 @@
+#pragma once
+// Batched inverse p-th roots of symmetric PSD matrices: (A + ridge I)^(-1/p).
+//
+// Two methods behind one interface, returning the same result type and error measure:
+//  * coupled Newton iteration (Higham, Functions of Matrices, eq. 7.18), exactly as the JAX
+//    reference `matrix_inverse_pth_root` does it, with power iteration for the ridge scale;
+//  * symmetric eigendecomposition (LAPACK syevd on the host), which costs far fewer flops on CPUs.
+// Matrices live in a padded stack [B, N, N]; each task names one matrix, its true size n <= N and
+// its exponent p. Only the leading n x n block is read, so padding never changes a result, and
+// the padding of the output is written as identity.
+
+#include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lather::linalg {
+
+enum class RootMethod { newton, eigh };
+enum class Precision { float32, float64 };
+
+std::string to_string(RootMethod method);
+std::string to_string(Precision precision);
+RootMethod parse_root_method(const std::string& name);  ///< "newton" or "eigh"
+Precision parse_precision(const std::string& name);     ///< "float32"/"float" or "float64"/"double"
+
+struct InverseRootOptions {
+  RootMethod method = RootMethod::newton;
+  /// Precision of the iteration, independent of the storage precision of the stack.
+  Precision compute_precision = Precision::float64;
+  /// ridge = ridge_epsilon * max(lambda_max, 1e-6) when relative_ridge, else ridge_epsilon.
+  double ridge_epsilon = 1e-6;
+  bool relative_ridge = true;
+  int power_iteration_max_iterations = 100;
+  /// Power iteration stops when the Rayleigh quotient changes by at most this (absolute).
+  double power_iteration_tolerance = 1e-6;
+  int max_iterations = 100;
+  /// Newton stops when max|M - I| <= tolerance.
+  double tolerance = 1e-6;
+  /// Newton stops when the error grows by this factor or more, returning the previous iterate.
+  double max_error_ratio = 1.2;
+  /// Bytes of scratch the solver may hold at once; matrices are processed in chunks that fit.
+  std::size_t workspace_bytes = std::size_t(256) << 20;
+  /// Matrices of at most this size use batched small GEMMs (one kernel for the whole batch)
+  /// instead of one BLAS call per matrix; -1 picks per backend (see docs/reference/linalg.md).
+  int batched_gemm_max_size = -1;
+
+  void validate() const;  ///< Throws lather::Error naming the first bad field.
+};
+
+enum class RootStatus : std::uint8_t {
+  converged,       ///< error <= tolerance
+  max_iterations,  ///< stopped at max_iterations with error > tolerance
+  diverged,        ///< error grew by >= max_error_ratio (or became NaN): previous iterate returned
+  non_finite,      ///< input or result not finite: the output matrix was not written
+};
+std::string to_string(RootStatus status);
+
+/// One matrix of a stack to take the root of.
+struct RootTask {
+  int index = 0;     ///< position in the stack
+  int size = 0;      ///< true size n (leading n x n block), 1 <= n <= N
+  int exponent = 2;  ///< p >= 1
+};
+
+/// Per-task outcome, in the order of the tasks.
+struct InverseRootResult {
+  /// max |H^p (A + ridge I) - I| of the returned H; +inf when status is non_finite.
+  std::vector<double> error;
+  std::vector<int> iterations;  ///< Newton steps taken (0 for eigh and 1x1)
+  std::vector<double> lambda_max;
+  std::vector<double> ridge;
+  std::vector<RootStatus> status;
+  double gemm_flops = 0;  ///< 2 n^3 per GEMM actually executed
+  long gemm_calls = 0;
+
+  std::size_t size() const { return error.size(); }
+  /// The Shampoo acceptance rule: finite and below the failure threshold.
+  bool accepted(std::size_t task, double failure_threshold) const;
+  void resize(std::size_t n);
+};
+
+template <class Scalar, class MemorySpace>
+using MatrixStack = Kokkos::View<Scalar***, Kokkos::LayoutRight, MemorySpace>;
+
+namespace Impl {
+/// The compiled solver, instantiated for the default execution spaces and float/double.
+template <class ExecutionSpace, class Scalar>
+struct InverseRootSolver {
+  using memory_space = typename ExecutionSpace::memory_space;
+  static InverseRootResult solve(const ExecutionSpace& space,
+                                 const MatrixStack<const Scalar, memory_space>& matrices,
+                                 const MatrixStack<Scalar, memory_space>& roots,
+                                 const std::vector<RootTask>& tasks,
+                                 const InverseRootOptions& options);
+};
+
+/// numpy.random.RandomState(1729).uniform(-1, 1, n): the reference's power-iteration start.
+std::vector<double> power_iteration_start_vector(int n);
+}  // namespace Impl
+
+/// Computes roots(t.index) = (matrices(t.index) + ridge I)^(-1/t.exponent) for every task t.
+/// `matrices` and `roots` are [B, N, N] Views (LayoutRight) in the execution space's memory space;
+/// they may be the same View. Matrices not named by a task are left untouched, as are the outputs
+/// of tasks whose status is non_finite.
+template <class ExecutionSpace, class MatrixView, class RootView>
+InverseRootResult inverse_pth_root(const ExecutionSpace& space, const MatrixView& matrices,
+                                   const RootView& roots, const std::vector<RootTask>& tasks,
+                                   const InverseRootOptions& options = {}) {
+  static_assert(Kokkos::is_view<MatrixView>::value && Kokkos::is_view<RootView>::value,
+                "inverse_pth_root takes Kokkos Views");
+  using Scalar = typename RootView::non_const_value_type;
+  using memory_space = typename ExecutionSpace::memory_space;
+  static_assert(std::is_same<typename MatrixView::non_const_value_type, Scalar>::value,
+                "matrices and roots must have the same value type");
+  static_assert(unsigned(MatrixView::rank) == 3 && unsigned(RootView::rank) == 3,
+                "matrices and roots are stacks [B, N, N]");
+  const MatrixStack<const Scalar, memory_space> in = matrices;
+  const MatrixStack<Scalar, memory_space> out = roots;
+  return Impl::InverseRootSolver<ExecutionSpace, Scalar>::solve(space, in, out, tasks, options);
+}
+
+/// All matrices of the stack, full size N, one exponent.
+template <class ExecutionSpace, class MatrixView, class RootView>
+InverseRootResult inverse_pth_root(const ExecutionSpace& space, const MatrixView& matrices,
+                                   const RootView& roots, int exponent,
+                                   const InverseRootOptions& options = {}) {
+  std::vector<RootTask> tasks(matrices.extent(0));
+  for (std::size_t b = 0; b < tasks.size(); ++b)
+    tasks[b] = RootTask{int(b), int(matrices.extent(1)), exponent};
+  return inverse_pth_root(space, matrices, roots, tasks, options);
+}
+
+}  // namespace lather::linalg

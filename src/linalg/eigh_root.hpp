@@ -1,0 +1,33 @@
+#pragma once
+// Inverse p-th root by symmetric eigendecomposition on the host (LAPACK syevd):
+// A = V diag(lambda) V^T, (A + ridge I)^(-1/p) = V diag((lambda + ridge)^(-1/p)) V^T.
+// Reports the same error measure as Newton, max |H^p (A + ridge I) - I|, from an explicit residual.
+
+#include <lather/linalg/inverse_root.hpp>
+
+#include "batched_gemm.hpp"
+
+#include <vector>
+
+namespace lather::linalg::Impl {
+
+struct EighOutcome {
+  double lambda_max = 0;
+  double ridge = 0;
+  double error = 0;
+  RootStatus status = RootStatus::converged;
+};
+
+/// `matrix` holds the n x n input (row-major) and is destroyed; `root` receives the n x n root.
+template <class C>
+EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const InverseRootOptions& options,
+                              std::vector<C>& root, GemmCount& count);
+
+extern template EighOutcome eigh_inverse_root<float>(std::vector<float>&, int, int,
+                                                     const InverseRootOptions&, std::vector<float>&,
+                                                     GemmCount&);
+extern template EighOutcome eigh_inverse_root<double>(std::vector<double>&, int, int,
+                                                      const InverseRootOptions&, std::vector<double>&,
+                                                      GemmCount&);
+
+}  // namespace lather::linalg::Impl

@@ -1,0 +1,260 @@
+#include <lather/linalg/inverse_root.hpp>
+
+#include "coupled_newton.hpp"
+#include "eigh_root.hpp"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <utility>
+
+namespace lather::linalg {
+
+std::string to_string(RootMethod method) { return method == RootMethod::newton ? "newton" : "eigh"; }
+
+std::string to_string(Precision precision) {
+  return precision == Precision::float32 ? "float32" : "float64";
+}
+
+RootMethod parse_root_method(const std::string& name) {
+  if (name == "newton") return RootMethod::newton;
+  if (name == "eigh") return RootMethod::eigh;
+  LATHER_FAIL("unknown inverse-root method '", name, "' (expected newton or eigh)");
+}
+
+Precision parse_precision(const std::string& name) {
+  if (name == "float32" || name == "float") return Precision::float32;
+  if (name == "float64" || name == "double") return Precision::float64;
+  LATHER_FAIL("unknown precision '", name, "' (expected float32 or float64)");
+}
+
+std::string to_string(RootStatus status) {
+  switch (status) {
+    case RootStatus::converged: return "converged";
+    case RootStatus::max_iterations: return "max_iterations";
+    case RootStatus::diverged: return "diverged";
+    case RootStatus::non_finite: return "non_finite";
+  }
+  return "unknown";
+}
+
+void InverseRootOptions::validate() const {
+  LATHER_REQUIRE(std::isfinite(ridge_epsilon) && ridge_epsilon >= 0,
+                 "InverseRootOptions::ridge_epsilon must be finite and >= 0, got ", ridge_epsilon);
+  LATHER_REQUIRE(power_iteration_max_iterations >= 1,
+                 "InverseRootOptions::power_iteration_max_iterations must be >= 1, got ",
+                 power_iteration_max_iterations);
+  LATHER_REQUIRE(power_iteration_tolerance >= 0,
+                 "InverseRootOptions::power_iteration_tolerance must be >= 0, got ",
+                 power_iteration_tolerance);
+  LATHER_REQUIRE(max_iterations >= 0, "InverseRootOptions::max_iterations must be >= 0, got ",
+                 max_iterations);
+  LATHER_REQUIRE(tolerance >= 0, "InverseRootOptions::tolerance must be >= 0, got ", tolerance);
+  LATHER_REQUIRE(max_error_ratio > 1, "InverseRootOptions::max_error_ratio must be > 1, got ",
+                 max_error_ratio);
+  LATHER_REQUIRE(workspace_bytes > 0, "InverseRootOptions::workspace_bytes must be > 0");
+  LATHER_REQUIRE(batched_gemm_max_size >= -1,
+                 "InverseRootOptions::batched_gemm_max_size must be >= -1, got ",
+                 batched_gemm_max_size);
+}
+
+bool InverseRootResult::accepted(std::size_t task, double failure_threshold) const {
+  return status[task] != RootStatus::non_finite && std::isfinite(error[task]) &&
+         error[task] < failure_threshold;
+}
+
+void InverseRootResult::resize(std::size_t n) {
+  error.assign(n, 0.0);
+  iterations.assign(n, 0);
+  lambda_max.assign(n, 0.0);
+  ridge.assign(n, 0.0);
+  status.assign(n, RootStatus::converged);
+}
+
+namespace Impl {
+
+std::vector<double> power_iteration_start_vector(int n) {
+  // numpy's legacy RandomState(seed) seeds MT19937 with init_genrand(seed) -- the same as
+  // std::mt19937(seed) -- and random_sample() is genrand_res53.
+  std::mt19937 generator(1729);
+  std::vector<double> v(std::max(n, 0));
+  for (auto& x : v) {
+    const std::uint32_t a = generator() >> 5, b = generator() >> 6;
+    const double sample = (a * 67108864.0 + b) / 9007199254740992.0;
+    x = -1.0 + 2.0 * sample;
+  }
+  return v;
+}
+
+namespace {
+
+template <class ExecutionSpace, class S, class C>
+void solve_newton(const ExecutionSpace& space,
+                  const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
+                  const MatrixStack<S, typename ExecutionSpace::memory_space>& roots,
+                  const std::vector<RootTask>& tasks, const InverseRootOptions& options,
+                  InverseRootResult& result, GemmCount& count) {
+  using memory_space = typename ExecutionSpace::memory_space;
+  std::vector<int> scalars;
+  std::map<std::pair<int, int>, std::vector<int>> groups;  // (n, p) -> task positions
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    if (tasks[t].size == 1)
+      scalars.push_back(int(t));
+    else
+      groups[{tasks[t].size, tasks[t].exponent}].push_back(int(t));
+  }
+
+  if (!scalars.empty()) {
+    const int count_scalars = int(scalars.size());
+    Array1<int, memory_space> matrix_of("Lather::inverse_pth_root::scalar_matrix", count_scalars);
+    Array1<int, memory_space> exponent("Lather::inverse_pth_root::scalar_exponent", count_scalars);
+    auto matrix_host = Kokkos::create_mirror_view(matrix_of);
+    auto exponent_host = Kokkos::create_mirror_view(exponent);
+    for (int k = 0; k < count_scalars; ++k) {
+      matrix_host(k) = tasks[scalars[k]].index;
+      exponent_host(k) = tasks[scalars[k]].exponent;
+    }
+    Kokkos::deep_copy(matrix_of, matrix_host);
+    Kokkos::deep_copy(exponent, exponent_host);
+    Array1<C, memory_space> lambda("Lather::inverse_pth_root::scalar_lambda", count_scalars);
+    Array1<C, memory_space> ridge("Lather::inverse_pth_root::scalar_ridge", count_scalars);
+    Array1<int, memory_space> ok("Lather::inverse_pth_root::scalar_ok", count_scalars);
+    scalar_roots<ExecutionSpace, S, C, memory_space>(space, matrices, roots, matrix_of, exponent,
+                                                     count_scalars, C(options.ridge_epsilon),
+                                                     options.relative_ridge, lambda, ridge, ok);
+    auto lambda_host = Kokkos::create_mirror_view(lambda);
+    auto ridge_host = Kokkos::create_mirror_view(ridge);
+    auto ok_host = Kokkos::create_mirror_view(ok);
+    Kokkos::deep_copy(lambda_host, lambda);
+    Kokkos::deep_copy(ridge_host, ridge);
+    Kokkos::deep_copy(ok_host, ok);
+    for (int k = 0; k < count_scalars; ++k) {
+      const int t = scalars[k];
+      result.lambda_max[t] = double(lambda_host(k));
+      result.ridge[t] = double(ridge_host(k));
+      result.iterations[t] = 0;
+      result.status[t] = ok_host(k) ? RootStatus::converged : RootStatus::non_finite;
+      result.error[t] = ok_host(k) ? 0.0 : std::numeric_limits<double>::infinity();
+    }
+  }
+
+  for (const auto& [key, positions] : groups) {
+    const auto [n, p] = key;
+    const std::size_t fit = options.workspace_bytes / CoupledNewton<ExecutionSpace, C>::bytes_per_matrix(n);
+    const int capacity = int(std::max<std::size_t>(1, std::min<std::size_t>(fit, positions.size())));
+    CoupledNewton<ExecutionSpace, C> newton(space, capacity, n, options);
+    for (std::size_t begin = 0; begin < positions.size(); begin += capacity) {
+      const std::size_t end = std::min(positions.size(), begin + capacity);
+      const std::vector<int> chunk(positions.begin() + begin, positions.begin() + end);
+      newton.solve(matrices, roots, tasks, chunk, p, result, count);
+    }
+  }
+}
+
+template <class ExecutionSpace, class S, class C>
+void solve_eigh(const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
+                const MatrixStack<S, typename ExecutionSpace::memory_space>& roots,
+                const std::vector<RootTask>& tasks, const InverseRootOptions& options,
+                InverseRootResult& result, GemmCount& count) {
+  const int padded = int(matrices.extent(1));
+  using HostPadded = Kokkos::View<S**, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  HostPadded host_in("Lather::inverse_pth_root::eigh_in", padded, padded);
+  HostPadded host_out("Lather::inverse_pth_root::eigh_out", padded, padded);
+  std::vector<C> matrix, root;
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    const auto& task = tasks[t];
+    const int n = task.size;
+    Kokkos::deep_copy(host_in, Kokkos::subview(matrices, task.index, Kokkos::ALL, Kokkos::ALL));
+    matrix.resize(std::size_t(n) * n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) matrix[std::size_t(i) * n + j] = C(host_in(i, j));
+    EighOutcome outcome;
+    if (n == 1) {
+      const double a = double(matrix[0]);
+      outcome.lambda_max = a;
+      outcome.ridge = double(C(options.relative_ridge ? options.ridge_epsilon * std::max(a, 1e-6)
+                                                      : options.ridge_epsilon));
+      root.assign(1, C(std::pow(double(C(a + outcome.ridge)), -1.0 / task.exponent)));
+      const bool ok = std::isfinite(a) && std::isfinite(double(root[0])) && a + outcome.ridge > 0;
+      outcome.status = ok ? RootStatus::converged : RootStatus::non_finite;
+      outcome.error = ok ? 0.0 : std::numeric_limits<double>::infinity();
+    } else {
+      outcome = eigh_inverse_root<C>(matrix, n, task.exponent, options, root, count);
+    }
+    result.error[t] = outcome.error;
+    result.iterations[t] = 0;
+    result.lambda_max[t] = outcome.lambda_max;
+    result.ridge[t] = outcome.ridge;
+    result.status[t] = outcome.status;
+    if (outcome.status == RootStatus::non_finite) continue;
+    for (int i = 0; i < padded; ++i)
+      for (int j = 0; j < padded; ++j)
+        host_out(i, j) = (i < n && j < n) ? S(root[std::size_t(i) * n + j]) : S(i == j);
+    Kokkos::deep_copy(Kokkos::subview(roots, task.index, Kokkos::ALL, Kokkos::ALL), host_out);
+  }
+}
+
+}  // namespace
+
+template <class ExecutionSpace, class Scalar>
+InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve(
+    const ExecutionSpace& space, const MatrixStack<const Scalar, memory_space>& matrices,
+    const MatrixStack<Scalar, memory_space>& roots, const std::vector<RootTask>& tasks,
+    const InverseRootOptions& options) {
+  ScopedRegion region("Lather::linalg::inverse_pth_root");
+  options.validate();
+  const long count = long(matrices.extent(0)), padded = long(matrices.extent(1));
+  LATHER_REQUIRE(long(matrices.extent(2)) == padded,
+                 "inverse_pth_root: matrices must be square, got a stack of ", count, " matrices ",
+                 padded, " x ", matrices.extent(2));
+  LATHER_REQUIRE(roots.extent(0) == matrices.extent(0) && roots.extent(1) == matrices.extent(1) &&
+                     roots.extent(2) == matrices.extent(2),
+                 "inverse_pth_root: roots [", roots.extent(0), ", ", roots.extent(1), ", ",
+                 roots.extent(2), "] must have the shape of matrices [", count, ", ", padded, ", ",
+                 padded, "]");
+  std::set<int> seen;
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    const auto& task = tasks[t];
+    LATHER_REQUIRE(task.index >= 0 && task.index < count, "inverse_pth_root: task ", t,
+                   " names matrix ", task.index, " of a stack of ", count);
+    LATHER_REQUIRE(task.size >= 1 && task.size <= padded, "inverse_pth_root: task ", t, " has size ",
+                   task.size, ", expected 1..", padded);
+    LATHER_REQUIRE(task.exponent >= 1, "inverse_pth_root: task ", t, " has exponent ", task.exponent,
+                   ", expected >= 1");
+    LATHER_REQUIRE(seen.insert(task.index).second, "inverse_pth_root: matrix ", task.index,
+                   " is named by more than one task");
+  }
+
+  InverseRootResult result;
+  result.resize(tasks.size());
+  GemmCount gemms;
+  const bool use_double = options.compute_precision == Precision::float64;
+  if (options.method == RootMethod::eigh) {
+    if (use_double)
+      solve_eigh<ExecutionSpace, Scalar, double>(matrices, roots, tasks, options, result, gemms);
+    else
+      solve_eigh<ExecutionSpace, Scalar, float>(matrices, roots, tasks, options, result, gemms);
+  } else {
+    if (use_double)
+      solve_newton<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
+    else
+      solve_newton<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms);
+  }
+  fence(space, "Lather::linalg::inverse_pth_root: roots ready");
+  result.gemm_flops = gemms.flops;
+  result.gemm_calls = gemms.calls;
+  return result;
+}
+
+template struct InverseRootSolver<DefaultExecutionSpace, float>;
+template struct InverseRootSolver<DefaultExecutionSpace, double>;
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL) || \
+    defined(KOKKOS_ENABLE_OPENMPTARGET)
+template struct InverseRootSolver<DefaultHostExecutionSpace, float>;
+template struct InverseRootSolver<DefaultHostExecutionSpace, double>;
+#endif
+
+}  // namespace Impl
+}  // namespace lather::linalg

@@ -1,0 +1,244 @@
+#pragma once
+// Kernels of the batched inverse-root solver. Every kernel works on a list of "slots" of a
+// chunk workspace [slots, n, n], one team per slot, so finished matrices cost nothing.
+
+#include <lather/core/kokkos_compat.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <limits>
+
+namespace lather::linalg::Impl {
+
+namespace kmath = ::lather::Impl::kmath;
+using ::lather::Impl::fence;
+using ::lather::Impl::host_accessible;
+using ::lather::Impl::is_finite;
+using ::lather::Impl::ScopedRegion;
+
+template <class T, class MemorySpace>
+using Stack3 = Kokkos::View<T***, Kokkos::LayoutRight, MemorySpace>;
+template <class T, class MemorySpace>
+using Array2 = Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>;
+template <class T, class MemorySpace>
+using Array1 = Kokkos::View<T*, MemorySpace>;
+
+template <class ExecutionSpace>
+Kokkos::TeamPolicy<ExecutionSpace> per_slot_policy(const ExecutionSpace& space, int slots) {
+  return Kokkos::TeamPolicy<ExecutionSpace>(space, slots, Kokkos::AUTO);
+}
+
+/// work(s) = C(input(matrix_of(s))) on the leading n x n block; nonfinite(s) counts NaN/Inf.
+template <class ExecutionSpace, class S, class C, class MemorySpace>
+void load_matrices(const ExecutionSpace& space, const Stack3<const S, MemorySpace>& input,
+                   const Array1<const int, MemorySpace>& matrix_of, int slots, int n,
+                   const Stack3<C, MemorySpace>& work, const Array1<int, MemorySpace>& nonfinite) {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Kokkos::parallel_for(
+      "Lather::linalg::load_matrices", per_slot_policy(space, slots),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int s = member.league_rank();
+        const int b = matrix_of(s);
+        int bad = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, n * n),
+            [&](int k, int& count) {
+              const int i = k / n, j = k % n;
+              const C value = C(input(b, i, j));
+              work(s, i, j) = value;
+              if (!is_finite(value)) ++count;
+            },
+            bad);
+        Kokkos::single(Kokkos::PerTeam(member), [&]() { nonfinite(s) = bad; });
+      });
+}
+
+/// Power iteration per slot, as the reference's `power_iteration`: start from v0, normalise,
+/// s_v = A v, s = v . s_v, stop when |s_new - s| <= tolerance or after max_iterations.
+template <class ExecutionSpace, class C, class MemorySpace>
+void power_iteration(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& matrices,
+                     const Array1<const int, MemorySpace>& slot_list, int count, int n,
+                     const Array1<const C, MemorySpace>& start,
+                     const Array2<C, MemorySpace>& v_work, const Array2<C, MemorySpace>& av_work,
+                     int max_iterations, C tolerance, const Array1<C, MemorySpace>& eigenvalue,
+                     const Array1<int, MemorySpace>& iterations) {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Kokkos::parallel_for(
+      "Lather::linalg::power_iteration", per_slot_policy(space, count),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int s = slot_list(member.league_rank());
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n),
+                             [&](int i) { v_work(s, i) = start(i); });
+        member.team_barrier();
+        C rayleigh = 0;
+        int it = 0;
+        bool run = true;
+        while (run && it < max_iterations) {
+          C norm2 = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(member, n),
+              [&](int i, C& sum) { sum += v_work(s, i) * v_work(s, i); }, norm2);
+          if (!(norm2 > C(0))) break;  // v fell into the null space: s is already exact
+          const C scale = C(1) / kmath::sqrt(norm2);
+          member.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n),
+                               [&](int i) { v_work(s, i) *= scale; });
+          member.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) {
+            C row = 0;
+            Kokkos::parallel_reduce(
+                Kokkos::ThreadVectorRange(member, n),
+                [&](int j, C& sum) { sum += matrices(s, i, j) * v_work(s, j); }, row);
+            Kokkos::single(Kokkos::PerThread(member), [&]() { av_work(s, i) = row; });
+          });
+          member.team_barrier();
+          C next = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(member, n),
+              [&](int i, C& sum) { sum += v_work(s, i) * av_work(s, i); }, next);
+          run = kmath::fabs(next - rayleigh) > tolerance;
+          rayleigh = next;
+          ++it;
+          member.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n),
+                               [&](int i) { v_work(s, i) = av_work(s, i); });
+          member.team_barrier();
+        }
+        Kokkos::single(Kokkos::PerTeam(member), [&]() {
+          eigenvalue(s) = rayleigh;
+          iterations(s) = it;
+        });
+      });
+}
+
+/// Newton start: M0 = z (A + ridge I), H0 = z^(1/p) I with z = (1 + p) / (2 ||A + ridge I||_F);
+/// error(s) = max |M0 - I|.
+template <class ExecutionSpace, class C, class MemorySpace>
+void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m,
+                  const Stack3<C, MemorySpace>& h, const Array1<const int, MemorySpace>& slot_list,
+                  int count, int n, int p, const Array1<const C, MemorySpace>& ridge,
+                  const Array1<C, MemorySpace>& error) {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Kokkos::parallel_for(
+      "Lather::linalg::newton_start", per_slot_policy(space, count),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int s = slot_list(member.league_rank());
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n),
+                             [&](int i) { m(s, i, i) += ridge(s); });
+        member.team_barrier();
+        C norm2 = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, n * n),
+            [&](int k, C& sum) {
+              const C x = m(s, k / n, k % n);
+              sum += x * x;
+            },
+            norm2);
+        const C z = C(1 + p) / (C(2) * kmath::sqrt(norm2));
+        const C h0 = kmath::pow(z, C(1) / C(p));
+        member.team_barrier();
+        C worst = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, n * n),
+            [&](int k, C& local) {
+              const int i = k / n, j = k % n;
+              const C x = m(s, i, j) * z;
+              m(s, i, j) = x;
+              h(s, i, j) = i == j ? h0 : C(0);
+              C d = kmath::fabs(x - C(i == j));
+              if (!is_finite(d)) d = std::numeric_limits<C>::infinity();
+              if (d > local) local = d;
+            },
+            Kokkos::Max<C>(worst));
+        Kokkos::single(Kokkos::PerTeam(member), [&]() { error(s) = worst; });
+      });
+}
+
+/// t(s) = (1 - alpha) I + alpha m(s), alpha = -1/p.
+template <class ExecutionSpace, class C, class MemorySpace>
+void newton_step_matrix(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& m,
+                        const Stack3<C, MemorySpace>& t,
+                        const Array1<const int, MemorySpace>& slot_list, int count, int n, int p) {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  const C alpha = C(-1) / C(p);
+  Kokkos::parallel_for(
+      "Lather::linalg::newton_step_matrix", per_slot_policy(space, count),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int s = slot_list(member.league_rank());
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n * n), [&](int k) {
+          const int i = k / n, j = k % n;
+          t(s, i, j) = alpha * m(s, i, j) + (i == j ? C(1) - alpha : C(0));
+        });
+      });
+}
+
+/// error(s) = max |m(s) - I| (+inf when any entry is not finite).
+template <class ExecutionSpace, class C, class MemorySpace>
+void distance_to_identity(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& m,
+                          const Array1<const int, MemorySpace>& slot_list, int count, int n,
+                          const Array1<C, MemorySpace>& error) {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Kokkos::parallel_for(
+      "Lather::linalg::distance_to_identity", per_slot_policy(space, count),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int s = slot_list(member.league_rank());
+        C worst = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, n * n),
+            [&](int k, C& local) {
+              const int i = k / n, j = k % n;
+              C d = kmath::fabs(m(s, i, j) - C(i == j));
+              if (!is_finite(d)) d = std::numeric_limits<C>::infinity();
+              if (d > local) local = d;
+            },
+            Kokkos::Max<C>(worst));
+        Kokkos::single(Kokkos::PerTeam(member), [&]() { error(s) = worst; });
+      });
+}
+
+/// out(matrix_of(s)) = S(h(s)) on the leading block, identity on the padding.
+template <class ExecutionSpace, class S, class C, class MemorySpace>
+void store_roots(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& h,
+                 const Array1<const int, MemorySpace>& slot_list, int count,
+                 const Array1<const int, MemorySpace>& matrix_of, int n,
+                 const Stack3<S, MemorySpace>& out) {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  const int padded = int(out.extent(1));
+  Kokkos::parallel_for(
+      "Lather::linalg::store_roots", per_slot_policy(space, count),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int s = slot_list(member.league_rank());
+        const int b = matrix_of(s);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, padded * padded), [&](int k) {
+          const int i = k / padded, j = k % padded;
+          out(b, i, j) = (i < n && j < n) ? S(h(s, i, j)) : S(i == j);
+        });
+      });
+}
+
+/// The 1x1 case in closed form: (a + ridge)^(-1/p), ridge from lambda_max = a.
+template <class ExecutionSpace, class S, class C, class MemorySpace>
+void scalar_roots(const ExecutionSpace& space, const Stack3<const S, MemorySpace>& input,
+                  const Stack3<S, MemorySpace>& out, const Array1<const int, MemorySpace>& matrix_of,
+                  const Array1<const int, MemorySpace>& exponent, int count, C ridge_epsilon,
+                  bool relative_ridge, const Array1<C, MemorySpace>& lambda,
+                  const Array1<C, MemorySpace>& ridge_out, const Array1<int, MemorySpace>& ok) {
+  const int padded = int(out.extent(1));
+  Kokkos::parallel_for(
+      "Lather::linalg::scalar_roots", Kokkos::RangePolicy<ExecutionSpace>(space, 0, count),
+      KOKKOS_LAMBDA(int t) {
+        const int b = matrix_of(t);
+        const C a = C(input(b, 0, 0));
+        const C floor = C(1e-6);
+        const C ridge = relative_ridge ? ridge_epsilon * (a > floor ? a : floor) : ridge_epsilon;
+        const C root = kmath::pow(a + ridge, C(-1) / C(exponent(t)));
+        lambda(t) = a;
+        ridge_out(t) = ridge;
+        ok(t) = is_finite(a) && is_finite(root) && a + ridge > C(0);
+        if (!ok(t)) return;
+        for (int i = 0; i < padded; ++i)
+          for (int j = 0; j < padded; ++j) out(b, i, j) = i == j ? (i == 0 ? S(root) : S(1)) : S(0);
+      });
+}
+
+}  // namespace lather::linalg::Impl

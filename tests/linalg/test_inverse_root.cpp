@@ -1,0 +1,366 @@
+// Inverse p-th roots against references built independently of the code under test: matrices with
+// a known eigendecomposition (tests/common/spd_matrices.hpp), diagonal matrices in closed form, and
+// residuals H^p (A + ridge I) - I computed with plain loops.
+#include <lather/linalg/inverse_root.hpp>
+
+#include "common/spd_matrices.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using lather::linalg::InverseRootOptions;
+using lather::linalg::InverseRootResult;
+using lather::linalg::Precision;
+using lather::linalg::RootMethod;
+using lather::linalg::RootStatus;
+using lather::linalg::RootTask;
+using lather::test::KnownSpectrum;
+using lather::test::make_spectrum;
+using lather::test::relative_frobenius_error;
+using Exec = Kokkos::DefaultExecutionSpace;
+
+template <class T>
+using Stack = Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>;
+
+/// A stack [count, padded, padded] on the device, filled from row-major n x n host matrices placed
+/// in the leading block; padding filled with `fill`.
+template <class T>
+Stack<T> make_stack(const std::vector<std::vector<double>>& matrices, const std::vector<int>& sizes,
+                    int padded, double fill = 0.0) {
+  Stack<T> stack("stack", matrices.size(), padded, padded);
+  auto host = Kokkos::create_mirror_view(stack);
+  for (std::size_t b = 0; b < matrices.size(); ++b)
+    for (int i = 0; i < padded; ++i)
+      for (int j = 0; j < padded; ++j) {
+        const int n = sizes[b];
+        host(b, i, j) = (i < n && j < n) ? T(matrices[b][std::size_t(i) * n + j]) : T(fill);
+      }
+  Kokkos::deep_copy(stack, host);
+  return stack;
+}
+
+template <class T>
+std::vector<double> leading_block(const Stack<T>& stack, int b, int n) {
+  auto host = Kokkos::create_mirror_view(stack);
+  Kokkos::deep_copy(host, stack);
+  std::vector<double> out(std::size_t(n) * n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) out[std::size_t(i) * n + j] = double(host(b, i, j));
+  return out;
+}
+
+/// max |H^p (A + ridge I) - I| with plain loops in double.
+double residual(const std::vector<double>& h, const std::vector<double>& a, double ridge, int n, int p) {
+  std::vector<double> power(std::size_t(n) * n, 0.0), tmp(power.size());
+  for (int i = 0; i < n; ++i) power[std::size_t(i) * n + i] = 1.0;
+  for (int step = 0; step < p; ++step) {
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int k = 0; k < n; ++k) sum += power[std::size_t(i) * n + k] * h[std::size_t(k) * n + j];
+        tmp[std::size_t(i) * n + j] = sum;
+      }
+    power.swap(tmp);
+  }
+  double worst = 0;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int k = 0; k < n; ++k)
+        sum += power[std::size_t(i) * n + k] * (a[std::size_t(k) * n + j] + (k == j ? ridge : 0.0));
+      worst = std::max(worst, std::fabs(sum - (i == j ? 1.0 : 0.0)));
+    }
+  return worst;
+}
+
+InverseRootOptions precise(RootMethod method) {
+  InverseRootOptions options;
+  options.method = method;
+  options.compute_precision = Precision::float64;
+  options.tolerance = 1e-10;
+  return options;
+}
+
+struct Case {
+  int n;
+  int p;
+};
+
+class RootAccuracy : public ::testing::TestWithParam<std::tuple<RootMethod, Case>> {};
+
+// The acceptance bound: relative Frobenius error <= 1e-6 against the eigendecomposition of the
+// same ridged matrix, for condition numbers up to 1e6. With double compute the rounding floor is
+// about cond * n * 1e-16 ~ 1e-8 at n = 512, leaving two orders of margin; a Newton tolerance of
+// 1e-10 on max|M - I| bounds the truncation error of H by about tolerance / p.
+TEST_P(RootAccuracy, MatchesEigendecompositionReference) {
+  const auto [method, c] = GetParam();
+  const KnownSpectrum spectrum = make_spectrum(c.n, 3.0, 1e6, 100 + c.n + c.p);
+  const auto a = spectrum.matrix();
+  auto stack = make_stack<double>({a}, {c.n}, c.n);
+  Stack<double> roots("roots", 1, c.n, c.n);
+  const auto options = precise(method);
+  const InverseRootResult result = lather::linalg::inverse_pth_root(Exec(), stack, roots, c.p, options);
+  ASSERT_EQ(result.size(), 1u);
+  EXPECT_EQ(result.status[0], RootStatus::converged) << to_string(result.status[0]);
+
+  // The ridge is the engine's: its lambda_max comes from the decomposition (exact) or from power
+  // iteration, a Rayleigh quotient (never above lambda_max) that the reference's absolute stopping
+  // rule (|change| <= 1e-6) ends early on clustered spectra; it only sets the ridge's scale.
+  const double top = spectrum.lambda_max();
+  EXPECT_LE(result.lambda_max[0], top * (1 + 1e-12));
+  EXPECT_GE(result.lambda_max[0], top * (method == RootMethod::eigh ? 1 - 1e-12 : 1 - 1e-3));
+  EXPECT_DOUBLE_EQ(result.ridge[0], 1e-6 * std::max(result.lambda_max[0], 1e-6));
+  const double ridge = result.ridge[0];
+  const auto want = spectrum.function([&](double x) { return std::pow(x + ridge, -1.0 / c.p); });
+  const auto got = leading_block(roots, 0, c.n);
+  EXPECT_LE(relative_frobenius_error(got, want), 1e-6) << "n=" << c.n << " p=" << c.p;
+  if (method == RootMethod::newton) {
+    // Newton's error is the reference's max|M - I| of the coupled iterate M, which tracks
+    // H^p (A + ridge I) only up to rounding amplified by cond(A)^(~1): it must meet the tolerance.
+    if (c.n > 1) EXPECT_LE(result.error[0], 1e-10);
+  } else if (c.n <= 128) {
+    // eigh reports the explicit residual of the returned matrix.
+    const double r = residual(got, a, ridge, c.n, c.p);
+    EXPECT_NEAR(result.error[0], r, 1e-9 + 1e-3 * r);
+  }
+}
+
+std::vector<Case> accuracy_cases() {
+  std::vector<Case> cases;
+  for (int n : {1, 2, 3, 8, 17, 64, 100})
+    for (int p : {1, 2, 4, 6, 8}) cases.push_back({n, p});
+  cases.push_back({256, 2});
+  cases.push_back({256, 8});
+  cases.push_back({512, 4});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Newton, RootAccuracy,
+                         ::testing::Combine(::testing::Values(RootMethod::newton),
+                                            ::testing::ValuesIn(accuracy_cases())));
+INSTANTIATE_TEST_SUITE_P(Eigh, RootAccuracy,
+                         ::testing::Combine(::testing::Values(RootMethod::eigh),
+                                            ::testing::ValuesIn(accuracy_cases())));
+
+// Float storage with double compute (the default) loses only the final rounding to float:
+// relative error ~ 1e-7 * cond(H) ~ 1e-7 * sqrt(1e4) for p = 2.
+TEST(InverseRoot, FloatStorageDoubleCompute) {
+  const int n = 48;
+  const auto spectrum = make_spectrum(n, 2.0, 1e4, 7);
+  auto stack = make_stack<float>({spectrum.matrix()}, {n}, n);
+  Stack<float> roots("roots", 1, n, n);
+  const auto result = lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, precise(RootMethod::newton));
+  const double ridge = result.ridge[0];
+  const auto want = spectrum.function([&](double x) { return std::pow(x + ridge, -0.5); });
+  EXPECT_LE(relative_frobenius_error(leading_block(roots, 0, n), want), 1e-5);
+}
+
+// Float compute: the iteration stalls near n * 6e-8 in max|M - I|; with the reference's default
+// tolerance 1e-6 and cond 1e2 the root is good to ~1e-5 relative.
+TEST(InverseRoot, FloatCompute) {
+  for (auto method : {RootMethod::newton, RootMethod::eigh}) {
+    const int n = 32;
+    const auto spectrum = make_spectrum(n, 1.0, 1e2, 11);
+    auto stack = make_stack<float>({spectrum.matrix()}, {n}, n);
+    Stack<float> roots("roots", 1, n, n);
+    InverseRootOptions options;
+    options.method = method;
+    options.compute_precision = Precision::float32;
+    const auto result = lather::linalg::inverse_pth_root(Exec(), stack, roots, 4, options);
+    EXPECT_NE(result.status[0], RootStatus::non_finite);
+    EXPECT_LT(result.error[0], 1e-4);
+    const double ridge = result.ridge[0];
+    const auto want = spectrum.function([&](double x) { return std::pow(x + ridge, -0.25); });
+    EXPECT_LE(relative_frobenius_error(leading_block(roots, 0, n), want), 5e-5)
+        << to_string(method);
+  }
+}
+
+// Diagonal matrices have closed-form roots; zero and rank-deficient matrices must stay finite.
+TEST(InverseRoot, DiagonalZeroAndRankDeficient) {
+  const int n = 6;
+  std::vector<double> diagonal(n * n, 0.0), zero(n * n, 0.0), rank_one(n * n, 0.0);
+  for (int i = 0; i < n; ++i) diagonal[i * n + i] = 0.5 + i;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) rank_one[i * n + j] = (i + 1.0) * (j + 1.0);
+  for (auto method : {RootMethod::newton, RootMethod::eigh}) {
+    auto stack = make_stack<double>({diagonal, zero, rank_one}, {n, n, n}, n);
+    Stack<double> roots("roots", 3, n, n);
+    const auto result = lather::linalg::inverse_pth_root(Exec(), stack, roots, 4, precise(method));
+    const auto got = leading_block(roots, 0, n);
+    const double ridge = result.ridge[0];
+    EXPECT_NEAR(ridge, 1e-6 * (0.5 + n - 1), 1e-6 * 1e-5);  // power iteration, see above
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        const double want = i == j ? std::pow(0.5 + i + ridge, -0.25) : 0.0;
+        EXPECT_NEAR(got[i * n + j], want, 1e-9) << to_string(method) << " " << i << "," << j;
+      }
+    for (int b : {1, 2}) {
+      EXPECT_NE(result.status[b], RootStatus::non_finite) << to_string(method) << " matrix " << b;
+      for (double x : leading_block(roots, b, n)) EXPECT_TRUE(std::isfinite(x));
+    }
+    // The zero matrix: ridge = 1e-6 * 1e-6, root = ridge^(-1/4) I.
+    const auto zero_root = leading_block(roots, 1, n);
+    EXPECT_NEAR(zero_root[0], std::pow(1e-12, -0.25), 1e-6 * std::pow(1e-12, -0.25));
+  }
+}
+
+// A NaN or Inf anywhere marks only that matrix failed and leaves the others bit-for-bit as they
+// would be without it.
+TEST(InverseRoot, NonFiniteInputIsIsolated) {
+  const int n = 10;
+  const auto good1 = make_spectrum(n, 1.0, 1e3, 1).matrix();
+  const auto good2 = make_spectrum(n, 5.0, 1e2, 2).matrix();
+  auto with_nan = good1, with_inf = good2;
+  with_nan[13] = std::numeric_limits<double>::quiet_NaN();
+  with_inf[0] = std::numeric_limits<double>::infinity();
+  for (auto method : {RootMethod::newton, RootMethod::eigh}) {
+    auto stack = make_stack<double>({good1, with_nan, good2, with_inf}, {n, n, n, n}, n);
+    Stack<double> roots("roots", 4, n, n);
+    Kokkos::deep_copy(roots, 42.0);  // sentinel: failed outputs must stay untouched
+    const auto result = lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, precise(method));
+    EXPECT_EQ(result.status[1], RootStatus::non_finite);
+    EXPECT_EQ(result.status[3], RootStatus::non_finite);
+    EXPECT_FALSE(result.accepted(1, 0.1));
+    EXPECT_TRUE(std::isinf(result.error[1]));
+    for (double x : leading_block(roots, 1, n)) EXPECT_EQ(x, 42.0);
+    for (double x : leading_block(roots, 3, n)) EXPECT_EQ(x, 42.0);
+
+    auto clean = make_stack<double>({good1, good2}, {n, n}, n);
+    Stack<double> clean_roots("clean_roots", 2, n, n);
+    const auto clean_result = lather::linalg::inverse_pth_root(Exec(), clean, clean_roots, 2, precise(method));
+    EXPECT_EQ(leading_block(roots, 0, n), leading_block(clean_roots, 0, n));
+    EXPECT_EQ(leading_block(roots, 2, n), leading_block(clean_roots, 1, n));
+    EXPECT_EQ(result.error[0], clean_result.error[0]);
+    EXPECT_EQ(result.error[2], clean_result.error[1]);
+    EXPECT_TRUE(result.accepted(0, 0.1));
+  }
+}
+
+// Padding: the same matrices inside a larger stack, with junk in the padding, give bit-identical
+// roots, and the padding of each root is the identity.
+TEST(InverseRoot, PaddingDoesNotChangeResults) {
+  const std::vector<int> sizes = {5, 12, 1, 33};
+  std::vector<std::vector<double>> mats;
+  for (std::size_t b = 0; b < sizes.size(); ++b)
+    mats.push_back(make_spectrum(sizes[b], 1.0 + b, 1e4, 30 + b).matrix());
+  for (auto method : {RootMethod::newton, RootMethod::eigh}) {
+    const int padded = 40;
+    auto stack = make_stack<double>(mats, sizes, padded, 7.0);
+    Stack<double> roots("roots", sizes.size(), padded, padded);
+    std::vector<RootTask> tasks;
+    for (std::size_t b = 0; b < sizes.size(); ++b) tasks.push_back({int(b), sizes[b], 2 + 2 * int(b % 2)});
+    const auto result = lather::linalg::inverse_pth_root(Exec(), stack, roots, tasks, precise(method));
+    auto host = Kokkos::create_mirror_view(roots);
+    Kokkos::deep_copy(host, roots);
+    for (std::size_t b = 0; b < sizes.size(); ++b) {
+      const int n = sizes[b];
+      auto alone = make_stack<double>({mats[b]}, {n}, n);
+      Stack<double> alone_root("alone_root", 1, n, n);
+      const auto alone_result = lather::linalg::inverse_pth_root(
+          Exec(), alone, alone_root, std::vector<RootTask>{{0, n, tasks[b].exponent}}, precise(method));
+      EXPECT_EQ(leading_block(roots, int(b), n), leading_block(alone_root, 0, n)) << "matrix " << b;
+      EXPECT_EQ(result.error[b], alone_result.error[0]);
+      for (int i = 0; i < padded; ++i)
+        for (int j = 0; j < padded; ++j)
+          if (i >= n || j >= n) ASSERT_EQ(host(b, i, j), i == j ? 1.0 : 0.0);
+    }
+  }
+}
+
+// Grouping, chunking and the small-GEMM kernel are implementation choices: a mixed batch solved
+// with one matrix of workspace at a time, or with BLAS for every size, gives the same roots.
+TEST(InverseRoot, ChunkingAndGemmPathsAgree) {
+  const std::vector<int> sizes = {4, 9, 9, 20, 4, 20, 9};
+  std::vector<std::vector<double>> mats;
+  std::vector<RootTask> tasks;
+  for (std::size_t b = 0; b < sizes.size(); ++b) {
+    mats.push_back(make_spectrum(sizes[b], 2.0, 1e3, 50 + b).matrix());
+    tasks.push_back({int(b), sizes[b], b % 3 == 0 ? 2 : 4});
+  }
+  auto stack = make_stack<double>(mats, sizes, 20);
+  Stack<double> wide("wide", sizes.size(), 20, 20), narrow("narrow", sizes.size(), 20, 20),
+      blas("blas", sizes.size(), 20, 20);
+  auto options = precise(RootMethod::newton);
+  const auto r1 = lather::linalg::inverse_pth_root(Exec(), stack, wide, tasks, options);
+  options.workspace_bytes = 1;  // one matrix at a time
+  const auto r2 = lather::linalg::inverse_pth_root(Exec(), stack, narrow, tasks, options);
+  options.batched_gemm_max_size = 0;  // every GEMM through KokkosBlas::gemm
+  const auto r3 = lather::linalg::inverse_pth_root(Exec(), stack, blas, tasks, options);
+  for (std::size_t b = 0; b < sizes.size(); ++b) {
+    EXPECT_EQ(leading_block(wide, int(b), 20), leading_block(narrow, int(b), 20));
+    EXPECT_EQ(r1.iterations[b], r2.iterations[b]);
+    EXPECT_LE(relative_frobenius_error(leading_block(blas, int(b), 20), leading_block(wide, int(b), 20)), 1e-12);
+  }
+  EXPECT_GT(r1.gemm_calls, 0);
+  EXPECT_DOUBLE_EQ(r1.gemm_flops, r3.gemm_flops);
+}
+
+// Stopping rules: max_iterations caps the steps and reports the error of what is returned.
+TEST(InverseRoot, MaxIterationsIsReported) {
+  const int n = 16;
+  const auto spectrum = make_spectrum(n, 1.0, 1e5, 3);
+  auto stack = make_stack<double>({spectrum.matrix()}, {n}, n);
+  Stack<double> roots("roots", 1, n, n);
+  auto options = precise(RootMethod::newton);
+  options.max_iterations = 2;
+  const auto result = lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, options);
+  EXPECT_EQ(result.status[0], RootStatus::max_iterations);
+  EXPECT_EQ(result.iterations[0], 2);
+  const auto got = leading_block(roots, 0, n);
+  EXPECT_NEAR(result.error[0], residual(got, spectrum.matrix(), result.ridge[0], n, 2), 1e-9);
+  EXPECT_GT(result.error[0], 1e-3);
+}
+
+// An indefinite matrix is not a statistic: Newton must stop without NaN and flag a large error.
+TEST(InverseRoot, IndefiniteInputIsFlaggedNotNaN) {
+  const int n = 8;
+  auto spectrum = make_spectrum(n, 1.0, 10.0, 5);
+  spectrum.eigenvalues[3] = -0.5;
+  auto stack = make_stack<double>({spectrum.matrix()}, {n}, n);
+  Stack<double> roots("roots", 1, n, n);
+  const auto result = lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, precise(RootMethod::newton));
+  EXPECT_FALSE(result.accepted(0, 0.1)) << "error " << result.error[0];
+  if (result.status[0] != RootStatus::non_finite)
+    for (double x : leading_block(roots, 0, n)) EXPECT_TRUE(std::isfinite(x));
+}
+
+TEST(InverseRoot, StartVectorMatchesNumpyRandomState) {
+  // numpy.random.RandomState(1729).uniform(-1, 1, 3)
+  const auto v = lather::linalg::Impl::power_iteration_start_vector(3);
+  EXPECT_DOUBLE_EQ(v[0], -0.5756828096125337);
+  EXPECT_DOUBLE_EQ(v[1], -0.4819635189444771);
+  EXPECT_DOUBLE_EQ(v[2], -0.15295624010794273);
+}
+
+TEST(InverseRoot, BadArgumentsNameTheProblem) {
+  Stack<double> stack("stack", 2, 4, 4), roots("roots", 2, 4, 4), small("small", 1, 4, 4);
+  auto expect_error = [](auto&& call, const std::string& fragment) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one mentioning '" << fragment << "'";
+    } catch (const lather::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, small, 2); }, "must have the shape");
+  expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{5, 4, 2}}); },
+               "names matrix 5");
+  expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{0, 9, 2}}); },
+               "has size 9");
+  expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{0, 4, 0}}); },
+               "exponent 0");
+  expect_error([&] {
+    lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{0, 4, 2}, {0, 4, 2}});
+  }, "more than one task");
+  InverseRootOptions bad;
+  bad.max_error_ratio = 0.5;
+  expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, bad); }, "max_error_ratio");
+}
+
+}  // namespace
