@@ -17,12 +17,13 @@
 namespace lather::linalg::Impl {
 
 /// Matrices up to this size use the batched small-GEMM kernel unless the caller chose otherwise.
-/// Host: a BLAS call costs about a microsecond of set-up, more than a 16x16 product
-/// (`lather-bench root --n 8,16,32 --method newton` measures both sides of this). Device: one
-/// kernel launch per matrix is what batching saves; 128 keeps a whole team's tile in scratch.
+/// Host: never -- OpenBLAS per matrix was as fast at n = 4 and 2-5x faster from n = 8 to 48
+/// (`lather-bench root --n 4,8,16,32,48 --batch 256 --batched-gemm-max-size 0|64`, one core).
+/// Device: one kernel launch per matrix is what batching saves; up to 128 a team holds a matrix
+/// product comfortably. Not yet measured on a GPU: the option overrides it.
 template <class ExecutionSpace>
 int default_batched_gemm_max_size() {
-  return host_accessible<typename ExecutionSpace::memory_space> ? 16 : 128;
+  return host_accessible<typename ExecutionSpace::memory_space> ? 0 : 128;
 }
 
 /// One GEMM, C = A * B, on the execution space instance where Kokkos Kernels takes one.

@@ -89,10 +89,18 @@ class CoupledNewton {
     Array1<C, memory_space> lambda("Lather::CoupledNewton::lambda", slots);
     if (opt.relative_ridge) {
       Array1<int, memory_space> power_iterations("Lather::CoupledNewton::power_iterations", slots);
-      power_iteration<ExecutionSpace, C, memory_space>(
-          m_space, m_m[0], good_dev, int(good.size()), n, m_start, m_v, m_av,
-          opt.power_iteration_max_iterations, C(opt.power_iteration_tolerance), lambda,
-          power_iterations);
+      if constexpr (host_accessible<memory_space>) {
+        fence(m_space, "Lather::CoupledNewton: matrices loaded");
+        power_iteration_host<C, memory_space>(m_m[0], good, n, m_start, m_v, m_av,
+                                              opt.power_iteration_max_iterations,
+                                              C(opt.power_iteration_tolerance), lambda,
+                                              power_iterations);
+      } else {
+        power_iteration<ExecutionSpace, C, memory_space>(
+            m_space, m_m[0], good_dev, int(good.size()), n, m_start, m_v, m_av,
+            opt.power_iteration_max_iterations, C(opt.power_iteration_tolerance), lambda,
+            power_iterations);
+      }
     }
     const auto lambda_host = to_host(lambda);
     auto ridge_host = Kokkos::create_mirror_view(lambda);
@@ -108,7 +116,8 @@ class CoupledNewton {
     Kokkos::deep_copy(ridge, ridge_host);
 
     Array1<C, memory_space> error("Lather::CoupledNewton::error", slots);
-    newton_start<ExecutionSpace, C, memory_space>(m_space, m_m[0], m_h[0], good_dev,
+    // T lives in scratch 0 from here on: each error pass writes the next step's T.
+    newton_start<ExecutionSpace, C, memory_space>(m_space, m_m[0], m_h[0], m_scratch[0], good_dev,
                                                   int(good.size()), n, p, ridge, error);
     auto error_host = to_host(error);
     std::vector<double> previous_error(slots);
@@ -132,16 +141,14 @@ class CoupledNewton {
       const int count_active = int(active.size());
       const int next = 1 - current;
       const Stack& t_matrix = m_scratch[0];
-      newton_step_matrix<ExecutionSpace, C, memory_space>(m_space, m_m[current], t_matrix,
-                                                          active_dev, count_active, n, p);
       // H <- H T before T is consumed by the power.
       gemm_slots<ExecutionSpace, C, memory_space>(m_space, active, active_dev, m_h[current],
                                                   t_matrix, m_h[next], n, m_batched_max, count);
       const Stack power = matrix_power(active, active_dev, p, count);
       gemm_slots<ExecutionSpace, C, memory_space>(m_space, active, active_dev, power,
                                                   m_m[current], m_m[next], n, m_batched_max, count);
-      distance_to_identity<ExecutionSpace, C, memory_space>(m_space, m_m[next], active_dev,
-                                                            count_active, n, error);
+      newton_error_and_step<ExecutionSpace, C, memory_space>(m_space, m_m[next], m_scratch[0],
+                                                             active_dev, count_active, n, p, error);
       Kokkos::deep_copy(error_host, error);
 
       std::vector<int> still_active;

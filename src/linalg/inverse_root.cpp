@@ -142,7 +142,12 @@ void solve_newton(const ExecutionSpace& space,
 
   for (const auto& [key, positions] : groups) {
     const auto [n, p] = key;
-    const std::size_t fit = options.workspace_bytes / CoupledNewton<ExecutionSpace, C>::bytes_per_matrix(n);
+    // On the host one matrix at a time keeps its working set in cache; lockstep chunks only pay
+    // off where one kernel launch serves many matrices.
+    const std::size_t fit =
+        host_accessible<memory_space>
+            ? 1
+            : options.workspace_bytes / CoupledNewton<ExecutionSpace, C>::bytes_per_matrix(n);
     const int capacity = int(std::max<std::size_t>(1, std::min<std::size_t>(fit, positions.size())));
     CoupledNewton<ExecutionSpace, C> newton(space, capacity, n, options);
     for (std::size_t begin = 0; begin < positions.size(); begin += capacity) {

@@ -6,7 +6,11 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <KokkosBlas2_gemv.hpp>
+
+#include <cmath>
 #include <limits>
+#include <vector>
 
 namespace lather::linalg::Impl {
 
@@ -41,12 +45,18 @@ void load_matrices(const ExecutionSpace& space, const Stack3<const S, MemorySpac
         const int b = matrix_of(s);
         int bad = 0;
         Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, n * n),
-            [&](int k, int& count) {
-              const int i = k / n, j = k % n;
-              const C value = C(input(b, i, j));
-              work(s, i, j) = value;
-              if (!is_finite(value)) ++count;
+            Kokkos::TeamThreadRange(member, n),
+            [&](int i, int& count) {
+              int row_bad = 0;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(member, n),
+                  [&](int j, int& row_count) {
+                    const C value = C(input(b, i, j));
+                    work(s, i, j) = value;
+                    if (!is_finite(value)) ++row_count;
+                  },
+                  row_bad);
+              count += row_bad;
             },
             bad);
         Kokkos::single(Kokkos::PerTeam(member), [&]() { nonfinite(s) = bad; });
@@ -111,11 +121,51 @@ void power_iteration(const ExecutionSpace& space, const Stack3<const C, MemorySp
       });
 }
 
+/// Power iteration on the host, one matrix at a time with BLAS gemv for A v: the same arithmetic
+/// as the team kernel above, which a scalar matrix-vector loop would make cost ~10% of a root.
+template <class C, class MemorySpace>
+void power_iteration_host(const Stack3<const C, MemorySpace>& matrices, const std::vector<int>& slots,
+                          int n, const Array1<const C, MemorySpace>& start,
+                          const Array2<C, MemorySpace>& v_work, const Array2<C, MemorySpace>& av_work,
+                          int max_iterations, C tolerance, const Array1<C, MemorySpace>& eigenvalue,
+                          const Array1<int, MemorySpace>& iterations) {
+  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+  for (int s : slots) {
+    // A is symmetric, so its row-major storage read column-major is A itself: LayoutLeft views
+    // throughout are what the BLAS TPL of KokkosBlas::gemv accepts.
+    const Kokkos::View<const C**, Kokkos::LayoutLeft, Kokkos::HostSpace, Unmanaged> a(
+        &matrices(s, 0, 0), n, n);
+    const Kokkos::View<C*, Kokkos::LayoutLeft, Kokkos::HostSpace, Unmanaged> v(&v_work(s, 0), n);
+    const Kokkos::View<C*, Kokkos::LayoutLeft, Kokkos::HostSpace, Unmanaged> av(&av_work(s, 0), n);
+    for (int i = 0; i < n; ++i) v(i) = start(i);
+    C rayleigh = 0;
+    int it = 0;
+    bool run = true;
+    while (run && it < max_iterations) {
+      C norm2 = 0;
+      for (int i = 0; i < n; ++i) norm2 += v(i) * v(i);
+      if (!(norm2 > C(0))) break;
+      const C scale = C(1) / std::sqrt(norm2);
+      for (int i = 0; i < n; ++i) v(i) *= scale;
+      KokkosBlas::gemv("N", C(1), a, v, C(0), av);
+      C next = 0;
+      for (int i = 0; i < n; ++i) next += v(i) * av(i);
+      run = std::fabs(next - rayleigh) > tolerance;
+      rayleigh = next;
+      ++it;
+      for (int i = 0; i < n; ++i) v(i) = av(i);
+    }
+    eigenvalue(s) = rayleigh;
+    iterations(s) = it;
+  }
+}
+
 /// Newton start: M0 = z (A + ridge I), H0 = z^(1/p) I with z = (1 + p) / (2 ||A + ridge I||_F);
-/// error(s) = max |M0 - I|.
+/// error(s) = max |M0 - I|, and the first step matrix T = (1 - alpha) I + alpha M0 (alpha = -1/p).
 template <class ExecutionSpace, class C, class MemorySpace>
 void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m,
-                  const Stack3<C, MemorySpace>& h, const Array1<const int, MemorySpace>& slot_list,
+                  const Stack3<C, MemorySpace>& h, const Stack3<C, MemorySpace>& t,
+                  const Array1<const int, MemorySpace>& slot_list,
                   int count, int n, int p, const Array1<const C, MemorySpace>& ridge,
                   const Array1<C, MemorySpace>& error) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
@@ -128,68 +178,72 @@ void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m,
         member.team_barrier();
         C norm2 = 0;
         Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, n * n),
-            [&](int k, C& sum) {
-              const C x = m(s, k / n, k % n);
-              sum += x * x;
+            Kokkos::TeamThreadRange(member, n),
+            [&](int i, C& sum) {
+              C row = 0;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(member, n),
+                  [&](int j, C& row_sum) { row_sum += m(s, i, j) * m(s, i, j); }, row);
+              sum += row;
             },
             norm2);
         const C z = C(1 + p) / (C(2) * kmath::sqrt(norm2));
         const C h0 = kmath::pow(z, C(1) / C(p));
+        const C alpha = C(-1) / C(p);
         member.team_barrier();
         C worst = 0;
         Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, n * n),
-            [&](int k, C& local) {
-              const int i = k / n, j = k % n;
-              const C x = m(s, i, j) * z;
-              m(s, i, j) = x;
-              h(s, i, j) = i == j ? h0 : C(0);
-              C d = kmath::fabs(x - C(i == j));
-              if (!is_finite(d)) d = std::numeric_limits<C>::infinity();
-              if (d > local) local = d;
+            Kokkos::TeamThreadRange(member, n),
+            [&](int i, C& local) {
+              C row_worst = 0;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(member, n),
+                  [&](int j, C& row_local) {
+                    const C x = m(s, i, j) * z;
+                    m(s, i, j) = x;
+                    h(s, i, j) = i == j ? h0 : C(0);
+                    t(s, i, j) = alpha * x + (i == j ? C(1) - alpha : C(0));
+                    C d = kmath::fabs(x - C(i == j));
+                    if (!is_finite(d)) d = std::numeric_limits<C>::infinity();
+                    if (d > row_local) row_local = d;
+                  },
+                  Kokkos::Max<C>(row_worst));
+              if (row_worst > local) local = row_worst;
             },
             Kokkos::Max<C>(worst));
         Kokkos::single(Kokkos::PerTeam(member), [&]() { error(s) = worst; });
       });
 }
 
-/// t(s) = (1 - alpha) I + alpha m(s), alpha = -1/p.
+/// error(s) = max |m(s) - I| (+inf when any entry is not finite), and in the same pass the next
+/// step matrix t(s) = (1 - alpha) I + alpha m(s), alpha = -1/p (unused if the slot stops).
 template <class ExecutionSpace, class C, class MemorySpace>
-void newton_step_matrix(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& m,
-                        const Stack3<C, MemorySpace>& t,
-                        const Array1<const int, MemorySpace>& slot_list, int count, int n, int p) {
+void newton_error_and_step(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& m,
+                           const Stack3<C, MemorySpace>& t,
+                           const Array1<const int, MemorySpace>& slot_list, int count, int n, int p,
+                           const Array1<C, MemorySpace>& error) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   const C alpha = C(-1) / C(p);
   Kokkos::parallel_for(
-      "Lather::linalg::newton_step_matrix", per_slot_policy(space, count),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const int s = slot_list(member.league_rank());
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n * n), [&](int k) {
-          const int i = k / n, j = k % n;
-          t(s, i, j) = alpha * m(s, i, j) + (i == j ? C(1) - alpha : C(0));
-        });
-      });
-}
-
-/// error(s) = max |m(s) - I| (+inf when any entry is not finite).
-template <class ExecutionSpace, class C, class MemorySpace>
-void distance_to_identity(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& m,
-                          const Array1<const int, MemorySpace>& slot_list, int count, int n,
-                          const Array1<C, MemorySpace>& error) {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  Kokkos::parallel_for(
-      "Lather::linalg::distance_to_identity", per_slot_policy(space, count),
+      "Lather::linalg::newton_error_and_step", per_slot_policy(space, count),
       KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
         C worst = 0;
         Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, n * n),
-            [&](int k, C& local) {
-              const int i = k / n, j = k % n;
-              C d = kmath::fabs(m(s, i, j) - C(i == j));
-              if (!is_finite(d)) d = std::numeric_limits<C>::infinity();
-              if (d > local) local = d;
+            Kokkos::TeamThreadRange(member, n),
+            [&](int i, C& local) {
+              C row_worst = 0;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(member, n),
+                  [&](int j, C& row_local) {
+                    const C x = m(s, i, j);
+                    t(s, i, j) = alpha * x + (i == j ? C(1) - alpha : C(0));
+                    C d = kmath::fabs(x - C(i == j));
+                    if (!is_finite(d)) d = std::numeric_limits<C>::infinity();
+                    if (d > row_local) row_local = d;
+                  },
+                  Kokkos::Max<C>(row_worst));
+              if (row_worst > local) local = row_worst;
             },
             Kokkos::Max<C>(worst));
         Kokkos::single(Kokkos::PerTeam(member), [&]() { error(s) = worst; });
@@ -209,9 +263,10 @@ void store_roots(const ExecutionSpace& space, const Stack3<const C, MemorySpace>
       KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
         const int b = matrix_of(s);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, padded * padded), [&](int k) {
-          const int i = k / padded, j = k % padded;
-          out(b, i, j) = (i < n && j < n) ? S(h(s, i, j)) : S(i == j);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, padded), [&](int i) {
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, padded), [&](int j) {
+            out(b, i, j) = (i < n && j < n) ? S(h(s, i, j)) : S(i == j);
+          });
         });
       });
 }

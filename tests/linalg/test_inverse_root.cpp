@@ -287,6 +287,7 @@ TEST(InverseRoot, ChunkingAndGemmPathsAgree) {
   Stack<double> wide("wide", sizes.size(), 20, 20), narrow("narrow", sizes.size(), 20, 20),
       blas("blas", sizes.size(), 20, 20);
   auto options = precise(RootMethod::newton);
+  options.batched_gemm_max_size = 64;  // every GEMM in the batched small-GEMM kernel
   const auto r1 = lather::linalg::inverse_pth_root(Exec(), stack, wide, tasks, options);
   options.workspace_bytes = 1;  // one matrix at a time
   const auto r2 = lather::linalg::inverse_pth_root(Exec(), stack, narrow, tasks, options);

@@ -1,0 +1,136 @@
+// lather-bench root: inverse p-th roots per second and GFLOP/s of the Newton iteration, beside the
+// GEMM throughput of the same BLAS at the same size measured in the same run.
+#include "bench_common.hpp"
+
+#include <lather/linalg/inverse_root.hpp>
+
+#include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Random.hpp>
+
+#include <cmath>
+#include <numeric>
+
+namespace lather::bench {
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Stack = Kokkos::View<double***, Kokkos::LayoutRight, Space::memory_space>;
+using Matrix = Kokkos::View<double**, Kokkos::LayoutRight, Space::memory_space>;
+
+struct RootBenchOptions {
+  std::vector<int> n = {128, 256, 512, 1024};
+  std::vector<int> batch = {1, 4, 16, 64};
+  std::vector<int> p = {2, 4};
+  std::string method = "all";
+  std::string precision = "float64";
+  double gemm_seconds = 0.3;
+  int batched_gemm_max_size = -1;
+};
+
+/// Statistics-like SPD matrices: A = G diag(s) G^T / m with G normal n x 2n and column scales s
+/// spread over six decades, as the Gram matrices of real gradients are.
+Stack make_statistics(int batch, int n, unsigned seed) {
+  const int m = 2 * n;
+  Stack stack("bench::statistics", batch, n, n);
+  Matrix g("bench::g", n, m), gs("bench::gs", n, m);
+  Kokkos::Random_XorShift64_Pool<Space> pool(seed);
+  for (int b = 0; b < batch; ++b) {
+    Kokkos::fill_random(g, pool, -1.0, 1.0);
+    Kokkos::parallel_for(
+        "bench::scale_columns", Kokkos::MDRangePolicy<Space, Kokkos::Rank<2>>({0, 0}, {n, m}),
+        KOKKOS_LAMBDA(int i, int j) { gs(i, j) = g(i, j) * std::pow(10.0, -3.0 * j / m) / m; });
+    KokkosBlas::gemm("N", "T", 1.0, gs, g, 0.0, Kokkos::subview(stack, b, Kokkos::ALL, Kokkos::ALL));
+  }
+  return stack;
+}
+
+/// GFLOP/s of one n x n x n GEMM through KokkosBlas::gemm, repeated for at least `seconds`.
+double gemm_gflops(int n, double seconds) {
+  Matrix a("bench::a", n, n), b("bench::b", n, n), c("bench::c", n, n);
+  Kokkos::deep_copy(a, 1.0 / n);
+  Kokkos::deep_copy(b, 0.5);
+  KokkosBlas::gemm("N", "N", 1.0, a, b, 0.0, c);  // warm-up
+  Kokkos::fence();
+  long reps = 0;
+  Kokkos::Timer timer;
+  do {
+    KokkosBlas::gemm("N", "N", 1.0, a, b, 0.0, c);
+    Kokkos::fence();
+    ++reps;
+  } while (timer.seconds() < seconds);
+  return 2.0 * double(n) * n * n * reps / timer.seconds() / 1e9;
+}
+
+void run_root(const RootBenchOptions& o) {
+  std::vector<linalg::RootMethod> methods;
+  if (o.method == "all" || o.method == "newton") methods.push_back(linalg::RootMethod::newton);
+  if (o.method == "all" || o.method == "eigh") methods.push_back(linalg::RootMethod::eigh);
+  LATHER_REQUIRE(!methods.empty(), "--method must be newton, eigh or all, got '", o.method, "'");
+  const auto precision = linalg::parse_precision(o.precision);
+  for (int n : o.n) {
+    LATHER_REQUIRE(n >= 1, "--n values must be >= 1, got ", n);
+    const double baseline = gemm_gflops(n, o.gemm_seconds);
+    for (int batch : o.batch) {
+      LATHER_REQUIRE(batch >= 1, "--batch values must be >= 1, got ", batch);
+      const Stack statistics = make_statistics(batch, n, 1234u + unsigned(n));
+      Stack roots("bench::roots", batch, n, n);
+      for (int p : o.p) {
+        for (auto method : methods) {
+          linalg::InverseRootOptions options;
+          options.method = method;
+          options.compute_precision = precision;
+          options.batched_gemm_max_size = o.batched_gemm_max_size;
+          Kokkos::fence();
+          Kokkos::Timer timer;
+          const auto result = linalg::inverse_pth_root(Space(), statistics, roots, p, options);
+          const double seconds = timer.seconds();
+          const double iterations =
+              std::accumulate(result.iterations.begin(), result.iterations.end(), 0.0) / batch;
+          const double gflops = result.gemm_flops / seconds / 1e9;
+          emit({{"bench", "root"},
+                {"method", linalg::to_string(method)},
+                {"precision", linalg::to_string(precision)},
+                {"n", n},
+                {"batch", batch},
+                {"p", p},
+                {"iterations", iterations},
+                {"seconds", seconds},
+                {"roots_per_second", batch / seconds},
+                {"gflops", gflops},
+                {"gemm_gflops", baseline},
+                {"ratio", gflops / baseline},
+                {"max_error", *std::max_element(result.error.begin(), result.error.end())}});
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void register_root(CLI::App& app) {
+  auto options = std::make_shared<RootBenchOptions>();
+  auto* sub = app.add_subcommand(
+      "root",
+      "Batched inverse p-th roots: Newton GFLOP/s (flops of the GEMMs executed) against same-run "
+      "GEMM GFLOP/s at the same n; the eigendecomposition method's time beside it.");
+  add_list_option(*sub, "--n", options->n, "Matrix sizes");
+  add_list_option(*sub, "--batch", options->batch, "Matrices per batched call");
+  add_list_option(*sub, "--p", options->p, "Root exponents p (computes A^(-1/p))");
+  sub->add_option("--method", options->method, "newton, eigh or all")
+      ->check(CLI::IsMember({"newton", "eigh", "all"}))
+      ->capture_default_str();
+  sub->add_option("--precision", options->precision, "Compute precision: float32 or float64")
+      ->check(CLI::IsMember({"float32", "float64"}))
+      ->capture_default_str();
+  sub->add_option("--gemm-seconds", options->gemm_seconds,
+                  "Time spent measuring the GEMM baseline per size")
+      ->capture_default_str();
+  sub->add_option("--batched-gemm-max-size", options->batched_gemm_max_size,
+                  "Largest n that uses batched small GEMMs instead of one BLAS call per matrix "
+                  "(-1: the backend's default)")
+      ->capture_default_str();
+  sub->callback([options] { run_root(*options); });
+}
+
+}  // namespace lather::bench

@@ -1,0 +1,40 @@
+// lather-bench <subcommand>: the benchmarks of every capability behind one executable.
+#include "bench_common.hpp"
+
+#include <lather/core/config.hpp>
+#include <lather/core/error.hpp>
+
+#include <Kokkos_Core.hpp>
+#if LATHER_ENABLE_MPI
+#include <mpi.h>
+#endif
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+#if LATHER_ENABLE_MPI
+  MPI_Init(&argc, &argv);
+#endif
+  int code = 0;
+  {
+    // Kokkos takes its own --kokkos-* arguments out of argv before CLI11 sees the rest.
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    CLI::App app{"lather-bench: Lather's benchmarks. Each subcommand prints one JSON object per "
+                 "line with a baseline measured in the same run and the ratio to it."};
+    app.require_subcommand(1);
+    lather::bench::register_root(app);
+    try {
+      app.parse(argc, argv);  // the chosen subcommand runs in its callback
+    } catch (const CLI::ParseError& e) {
+      code = app.exit(e);
+      if (code != 0) code = 2;
+    } catch (const lather::Error& e) {
+      std::fprintf(stderr, "lather-bench: %s\n", e.message().c_str());
+      code = 1;
+    }
+  }
+#if LATHER_ENABLE_MPI
+  MPI_Finalize();
+#endif
+  return code;
+}
