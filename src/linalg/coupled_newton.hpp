@@ -5,7 +5,7 @@
 //   alpha = -1/p, z = (1+p) / (2 ||A + ridge I||_F), M0 = z (A + ridge I), H0 = z^(1/p) I,
 //   T = (1 - alpha) I + alpha M,  M <- T^p M,  H <- H T,  error = max |M - I|,
 // stopping at the tolerance, at max_iterations, or when the error grows by max_error_ratio, in
-// which case the previous H is returned (with its own error, which is what it is accurate to).
+// which case the previous H is returned with the error of the last iterate (the reference's rule).
 
 #include "batched_gemm.hpp"
 #include "root_kernels.hpp"
@@ -159,9 +159,11 @@ class CoupledNewton {
         const double e = double(error_host(s));
         result.iterations[t] += 1;
         const double ratio = e / previous_error[s];
-        if (!(ratio < opt.max_error_ratio)) {  // grew too much, or NaN: keep the previous H
+        if (!(ratio < opt.max_error_ratio)) {
+          // Grew too much, or NaN: the previous H is returned and, as in the reference, the
+          // error reported is that of the last iterate, so a diverging root reads as failed.
           result.status[t] = RootStatus::diverged;
-          result.error[t] = previous_error[s];
+          result.error[t] = e;
           done_old.push_back(s);
         } else if (!(e > opt.tolerance)) {
           result.status[t] = RootStatus::converged;

@@ -56,7 +56,7 @@ struct InverseRootOptions {
 enum class RootStatus : std::uint8_t {
   converged,       ///< error <= tolerance
   max_iterations,  ///< stopped at max_iterations with error > tolerance
-  diverged,        ///< error grew by >= max_error_ratio (or became NaN): previous iterate returned
+  diverged,        ///< error grew by >= max_error_ratio (or became NaN): previous H returned
   non_finite,      ///< input or result not finite: the output matrix was not written
 };
 std::string to_string(RootStatus status);
@@ -70,7 +70,9 @@ struct RootTask {
 
 /// Per-task outcome, in the order of the tasks.
 struct InverseRootResult {
-  /// max |H^p (A + ridge I) - I| of the returned H; +inf when status is non_finite.
+  /// Newton: max |M - I| of the last iterate M (M tracks H^p (A + ridge I)); for a diverged
+  /// matrix that is the iterate after the returned H, as in the reference. eigh: the explicit
+  /// residual max |H^p (A + ridge I) - I|. +inf when status is non_finite.
   std::vector<double> error;
   std::vector<int> iterations;  ///< Newton steps taken (0 for eigh and 1x1)
   std::vector<double> lambda_max;

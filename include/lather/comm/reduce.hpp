@@ -1,0 +1,160 @@
+#pragma once
+// Data-parallel gradient reductions over a group communicator (typically Mesh::data_parallel()):
+// sum, mean, token-weighted mean, Adasum (exact, Horovod's vector-halving distance-doubling) and
+// approximate Adasum, on lists of Views, fused into few large messages (tensor fusion / DDP
+// buckets). Semantics, costs and error rules: docs/reference/collectives.md.
+//
+// Every call is collective over the group and begins with one small MPI_Allreduce in which the
+// ranks agree on what they are about to do (operation, tensor count and sizes, options, argument
+// validity); any disagreement throws the same lather::Error on every rank, never a hang.
+
+#include <lather/comm/wire_precision.hpp>
+#include <lather/core/kokkos_compat.hpp>
+#include <lather/core/tensor.hpp>
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace lather::comm {
+
+enum class ReduceOp { sum, mean, weighted_mean, adasum, adasum_approx };
+std::string to_string(ReduceOp op);
+/// "sum", "mean", "weighted_mean", "adasum", "adasum_approx"; throws lather::Error otherwise.
+ReduceOp parse_reduce_op(const std::string& name);
+
+struct ReduceOptions {
+  /// Size of the fusion buffer: consecutive tensors are packed into buckets of at most this many
+  /// bytes and each bucket costs one reduction; a tensor larger than this is its own bucket and is
+  /// reduced in place (Horovod's default threshold is 64 MiB, DDP's bucket 25 MiB).
+  std::size_t fusion_bytes = std::size_t(64) << 20;
+  /// bfloat16/float16: sum, mean, weighted mean and approximate Adasum send 16-bit values and
+  /// accumulate in float. Exact Adasum and broadcast always use the native type.
+  WirePrecision wire_precision = WirePrecision::native;
+  /// Agree on the layout before every call (one small MPI_Allreduce). When false, the agreement
+  /// runs only on a reducer's first call and whenever this rank's list changes; every rank must then
+  /// guarantee it passes the same layout as the others, or the collectives may hang.
+  bool verify_layout = true;
+
+  void validate() const;  ///< Throws lather::Error naming the first bad field.
+};
+
+/// An integer every rank of the group must pass identically (optionally an exact required value),
+/// checked in the same agreement as the layout: used by GradientAccumulator for its micro-batch
+/// count.
+struct AgreedValue {
+  std::string name;
+  std::int64_t value = 0;
+  bool has_required = false;
+  std::int64_t required = 0;
+};
+
+/// What a reducer handed to MPI, for tests and benchmarks.
+struct ReducerStatistics {
+  long calls = 0;              ///< reductions and broadcasts performed
+  long agreements = 0;         ///< layout agreements (one small MPI_Allreduce each)
+  long data_messages = 0;      ///< MPI calls that carried tensor data
+  long scalar_collectives = 0; ///< small collectives besides the agreement (Adasum dot products)
+  double bytes = 0;            ///< tensor bytes this rank sent or contributed
+};
+
+/// Reduces lists of tensors over one group, reusing its fusion and scratch buffers across calls.
+/// Construction is collective over `group` (it duplicates the communicator, so its messages never
+/// mix with the caller's). The reducer must not outlive MPI. Instantiated for
+/// lather::DefaultExecutionSpace (and the host space on device builds) with float and double.
+template <class ExecutionSpace, class Scalar>
+class GradientReducer {
+  static_assert(std::is_same<Scalar, float>::value || std::is_same<Scalar, double>::value,
+                "GradientReducer reduces float or double tensors");
+
+ public:
+  using execution_space = ExecutionSpace;
+  using memory_space = typename ExecutionSpace::memory_space;
+  using tensor_list = TensorList<Scalar, memory_space>;
+
+  explicit GradientReducer(MPI_Comm group, const ReduceOptions& options = {});
+  ~GradientReducer();
+  GradientReducer(GradientReducer&&) noexcept;
+  GradientReducer& operator=(GradientReducer&&) noexcept;
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  /// g := sum over the group of g, per element.
+  void sum(const ExecutionSpace& space, const tensor_list& gradients);
+  /// g := (1/n) sum over the group of g.
+  void mean(const ExecutionSpace& space, const tensor_list& gradients);
+  /// Token-weighted mean. Each rank's gradients must be SUMS over its tokens (not means) and
+  /// `local_weight` its token count (any weight >= 0): g := (sum_r g_r) / (sum_r w_r), equal to the
+  /// mean over all tokens of the group. Returns the global weight sum_r w_r. A global weight of
+  /// zero, or a negative or non-finite local weight on any rank, is an error on every rank.
+  double weighted_mean(const ExecutionSpace& space, const tensor_list& gradients, double local_weight);
+  /// Exact Adasum per tensor (Horovod's VHDD), any group size; see collectives.md for the
+  /// definition on sizes that are not powers of two.
+  void adasum(const ExecutionSpace& space, const tensor_list& gradients);
+  /// Approximate Adasum per tensor: g := sum_r g_r (1 - (g_r.s - |g_r|^2) / (n |g_r|^2)), s = sum_r g_r.
+  void adasum_approx(const ExecutionSpace& space, const tensor_list& gradients);
+  /// t := root's t (parameters, optimizer state); always in the native type.
+  void broadcast(const ExecutionSpace& space, const tensor_list& tensors, int root = 0);
+
+  /// The general entry: any ReduceOp; `local_weight` is used by weighted_mean only; `agreed`
+  /// values join the layout agreement. Returns the global weight (weighted_mean) or the group size.
+  double reduce(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op,
+                double local_weight = 1.0, const std::vector<AgreedValue>& agreed = {});
+
+  /// The reducer's own duplicate of the group communicator.
+  MPI_Comm group() const;
+  int group_size() const;
+  int group_rank() const;
+  const ReduceOptions& options() const;
+  ReducerStatistics statistics() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> m_state;
+};
+
+// ---- one-shot conveniences: each builds a GradientReducer (a communicator duplicate and fresh
+// buffers); hold a GradientReducer to reduce repeatedly.
+
+template <class ExecutionSpace, class Scalar>
+void allreduce_sum(const ExecutionSpace& space, MPI_Comm group,
+                   const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
+                   const ReduceOptions& options = {}) {
+  GradientReducer<ExecutionSpace, Scalar>(group, options).sum(space, gradients);
+}
+
+template <class ExecutionSpace, class Scalar>
+void allreduce_mean(const ExecutionSpace& space, MPI_Comm group,
+                    const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
+                    const ReduceOptions& options = {}) {
+  GradientReducer<ExecutionSpace, Scalar>(group, options).mean(space, gradients);
+}
+
+template <class ExecutionSpace, class Scalar>
+double allreduce_weighted_mean(const ExecutionSpace& space, MPI_Comm group,
+                               const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
+                               double local_weight, const ReduceOptions& options = {}) {
+  return GradientReducer<ExecutionSpace, Scalar>(group, options)
+      .weighted_mean(space, gradients, local_weight);
+}
+
+template <class ExecutionSpace, class Scalar>
+void allreduce_adasum(const ExecutionSpace& space, MPI_Comm group,
+                      const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
+                      const ReduceOptions& options = {}) {
+  GradientReducer<ExecutionSpace, Scalar>(group, options).adasum(space, gradients);
+}
+
+template <class ExecutionSpace, class Scalar>
+void allreduce_adasum_approx(const ExecutionSpace& space, MPI_Comm group,
+                             const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
+                             const ReduceOptions& options = {}) {
+  GradientReducer<ExecutionSpace, Scalar>(group, options).adasum_approx(space, gradients);
+}
+
+}  // namespace lather::comm

@@ -1,0 +1,105 @@
+#pragma once
+// The interface every Lather optimizer (Shampoo and the baselines) offers, so that drivers,
+// benchmarks and checkpoints treat them alike.
+
+#include <lather/core/tensor.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lather::optim {
+
+/// A trainable tensor as the optimizer sees it: a name for messages and checkpoints, and its shape.
+struct ParameterSpec {
+  std::string name;
+  TensorShape shape;
+};
+
+/// Bytes of optimizer state on this rank, by kind.
+struct StateMemoryReport {
+  std::int64_t stack_bytes = 0;      ///< statistics/preconditioner stacks in float or double
+  std::int64_t local_bytes = 0;      ///< per-parameter state in float or double (momentum, ...)
+  std::int64_t quantized_bytes = 0;  ///< int8/int16 buffers with their scales and diagonals
+  std::int64_t workspace_bytes = 0;  ///< scratch the optimizer keeps between steps
+  std::int64_t total() const { return stack_bytes + local_bytes + quantized_bytes + workspace_bytes; }
+  std::string to_string() const;  ///< one line, MiB per kind
+};
+
+enum class DType { float32, float64, int8, int16, int32, int64 };
+std::string to_string(DType dtype);
+std::size_t size_of(DType dtype);
+template <class T>
+constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::float32; }
+template <> constexpr DType dtype_of<double>() { return DType::float64; }
+template <> constexpr DType dtype_of<std::int8_t>() { return DType::int8; }
+template <> constexpr DType dtype_of<std::int16_t>() { return DType::int16; }
+template <> constexpr DType dtype_of<std::int32_t>() { return DType::int32; }
+template <> constexpr DType dtype_of<std::int64_t>() { return DType::int64; }
+
+/// One array of optimizer state, described for checkpoints. The array's global shape is `shape`;
+/// this rank stores either all of it, or (when `rows` is not empty) the listed rows of its leading
+/// dimension, in that order. `writer` says whether this rank is the one that writes these bytes.
+/// The bytes live in `device_bytes` (the optimizer's memory space) or `host_bytes`.
+template <class MemorySpace>
+struct StateArray {
+  std::string name;
+  DType dtype = DType::float32;
+  TensorShape shape;
+  std::vector<std::int64_t> rows;
+  bool writer = true;
+  Kokkos::View<char*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> device_bytes;
+  Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host_bytes;
+
+  std::int64_t row_elements() const;  ///< elements per leading-dimension row
+  std::int64_t local_elements() const;
+};
+
+template <class ExecutionSpace, class Scalar>
+class Optimizer {
+ public:
+  using execution_space = ExecutionSpace;
+  using memory_space = typename ExecutionSpace::memory_space;
+  using value_type = Scalar;
+  using Tensors = TensorList<Scalar, memory_space>;
+
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;
+  /// One update: params += update(grads). Both lists match parameters() in count and sizes.
+  virtual void step(const Tensors& params, const Tensors& grads) = 0;
+  /// Updates done so far; the learning-rate schedule is evaluated at this value.
+  virtual long step_count() const = 0;
+  virtual StateMemoryReport memory_report() const = 0;
+  /// The state, for checkpoints: writing these arrays and the step count, then filling them back
+  /// into an optimizer built with the same parameters and options, restores it exactly.
+  virtual std::vector<StateArray<memory_space>> state_arrays() = 0;
+  /// Called after the arrays of state_arrays() were overwritten (e.g. by a checkpoint load).
+  virtual void state_restored(long step_count) = 0;
+  /// The options as (name, value) pairs for logs and checkpoint attributes.
+  virtual std::vector<std::pair<std::string, std::string>> describe() const = 0;
+
+  const std::vector<ParameterSpec>& parameters() const { return m_parameters; }
+
+ protected:
+  Optimizer(const ExecutionSpace& space, std::vector<ParameterSpec> parameters);
+  /// Throws unless params and grads match parameters() (count, sizes, no aliasing).
+  void check_arguments(const Tensors& params, const Tensors& grads) const;
+
+  ExecutionSpace m_space;
+  std::vector<ParameterSpec> m_parameters;
+};
+
+/// Wraps a View's memory as the bytes of a StateArray.
+template <class MemorySpace, class View>
+Kokkos::View<char*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> as_bytes(const View& view,
+                                                                                  std::size_t elements) {
+  using T = typename View::value_type;
+  return Kokkos::View<char*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      reinterpret_cast<char*>(view.data()), elements * sizeof(T));
+}
+
+}  // namespace lather::optim

@@ -1,0 +1,50 @@
+#pragma once
+// How Shampoo sees a parameter: the reference's best-effort shape interpretation (merge small
+// dimensions) and block partitioning (split dimensions larger than block_size, remainder blocks
+// last), with one statistic per dimension of every block.
+
+#include <lather/core/tensor.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace lather::optim {
+
+/// The reference's merge_small_dims: consecutive dimensions are multiplied together while the
+/// product stays <= max_dim; dimensions of size 1 vanish; all-ones becomes [1].
+/// [1, 2, 512, 1, 2048, 1, 3, 4] with max_dim 1024 -> [1024, 2048, 12].
+TensorShape merge_small_dims(const TensorShape& shape, std::int64_t max_dim);
+
+/// One block of a partitioned tensor.
+struct Block {
+  std::vector<std::int64_t> offset;  ///< first index along each dimension
+  std::vector<std::int64_t> size;    ///< extent along each dimension
+  std::int64_t packed_offset = 0;    ///< where the block starts in the packed (block-major) buffer
+  std::int64_t elements() const;
+};
+
+/// The partition of one (already interpreted) shape into blocks of at most block_size per
+/// dimension. Blocks are ordered as the reference orders them: row-major over block indices, the
+/// first dimension outermost. block_size <= 0 means no partitioning.
+class BlockPartition {
+ public:
+  BlockPartition() = default;
+  BlockPartition(const TensorShape& shape, std::int64_t block_size);
+
+  const TensorShape& shape() const { return m_shape; }
+  int rank() const { return int(m_shape.size()); }
+  const std::vector<Block>& blocks() const { return m_blocks; }
+  /// Sizes of the splits along dimension d (the reference's split_sizes()).
+  const std::vector<std::vector<std::int64_t>>& split_sizes() const { return m_split_sizes; }
+  /// Statistic sizes in order: for each block, one per dimension.
+  std::vector<int> statistic_sizes() const;
+  std::int64_t elements() const { return m_elements; }
+
+ private:
+  TensorShape m_shape;
+  std::vector<std::vector<std::int64_t>> m_split_sizes;
+  std::vector<Block> m_blocks;
+  std::int64_t m_elements = 1;
+};
+
+}  // namespace lather::optim

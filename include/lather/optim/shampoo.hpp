@@ -1,0 +1,79 @@
+#pragma once
+// Distributed Shampoo (Anil et al., arXiv 2002.09018) with the numerics of the JAX reference
+// `distributed_shampoo` (optax-shampoo 0.0.6): block-partitioned Kronecker-factored
+// preconditioners, inverse p-th roots by coupled Newton (or eigendecomposition), grafting,
+// momentum, quantized state, and the global statistics stack shared by a group of ranks.
+//
+//   lather::optim::Shampoo<Kokkos::DefaultExecutionSpace, float> shampoo(space, specs, options);
+//   shampoo.step(params, grads);   // every training step, after the gradient reduction
+//
+// The state layout is the reference's sharded layout: a global stack of statistics and
+// preconditioners [N, max, max] (padded with identity to a multiple of the group size) plus local
+// per-parameter state (diagonal statistics, momentum, diagonal momentum).
+
+#include <lather/optim/optimizer.hpp>
+#include <lather/optim/partition.hpp>
+#include <lather/optim/shampoo_options.hpp>
+#include <lather/optim/work_group.hpp>
+
+#include <memory>
+#include <vector>
+
+namespace lather::optim {
+
+namespace Impl {
+template <class ExecutionSpace, class Scalar>
+class ShampooEngineBase;
+}
+
+/// Per-statistic diagnostics (the reference's training metrics, plus failure bookkeeping).
+struct StatisticMetrics {
+  int parameter = 0;     ///< index into parameters()
+  int size = 0;          ///< n of the n x n statistic
+  int exponent = 0;      ///< p of the inverse p-th root
+  int owner_rank = 0;    ///< rank of the group that computes its root
+  double error = 0;      ///< inverse-root error of the last computation (max |M - I|)
+  int iterations = 0;    ///< Newton iterations of the last computation
+  int consecutive_failures = 0;
+  long failures = 0;     ///< total rejected roots
+};
+
+template <class ExecutionSpace, class Scalar>
+class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
+ public:
+  using typename Optimizer<ExecutionSpace, Scalar>::Tensors;
+  using typename Optimizer<ExecutionSpace, Scalar>::memory_space;
+
+  /// `group` (optional) is the set of ranks that hold this same state and split the root work; it
+  /// must be the data-parallel group over which the gradients were reduced.
+  Shampoo(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, ShampooOptions options,
+          std::shared_ptr<WorkGroup> group = nullptr);
+  ~Shampoo() override;
+  Shampoo(const Shampoo&) = delete;
+  Shampoo& operator=(const Shampoo&) = delete;
+
+  std::string name() const override { return "shampoo"; }
+  void step(const Tensors& params, const Tensors& grads) override;
+  long step_count() const override;
+  StateMemoryReport memory_report() const override;
+  std::vector<StateArray<memory_space>> state_arrays() override;
+  void state_restored(long step_count) override;
+  std::vector<std::pair<std::string, std::string>> describe() const override;
+
+  const ShampooOptions& options() const;
+  int num_statistics() const;
+  bool is_preconditioned(int parameter) const;
+  const BlockPartition& partition(int parameter) const;
+  std::vector<StatisticMetrics> metrics() const;
+  /// Load imbalance (max / mean n^3 cost per rank) of the root assignment in use.
+  double root_load_imbalance() const;
+  /// Host copies (n x n, row-major, dequantized to double) of statistic / preconditioner s. In
+  /// sharded mode only the statistics this rank stores can be read.
+  std::vector<double> statistic(int s) const;
+  std::vector<double> preconditioner(int s) const;
+
+ private:
+  std::unique_ptr<Impl::ShampooEngineBase<ExecutionSpace, Scalar>> m_engine;
+};
+
+}  // namespace lather::optim

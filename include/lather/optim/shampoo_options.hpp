@@ -1,0 +1,72 @@
+#pragma once
+// Every option of the JAX reference `distributed_shampoo`, under the reference's names, plus the
+// few Lather adds (marked "beyond the reference"). docs/reference/optimizer.md lists them all.
+
+#include <lather/linalg/inverse_root.hpp>
+#include <lather/optim/schedule.hpp>
+
+#include <string>
+
+namespace lather::optim {
+
+/// The first-order method whose per-tensor step size Shampoo's direction is rescaled to.
+enum class GraftType { sgd, adagrad, rmsprop, rmsprop_normalized, sqrt_n, adagrad_normalized };
+
+std::string to_string(GraftType graft);
+/// Accepts the reference's names ("RMSPROP_NORMALIZED") and lower case ("rmsprop_normalized").
+GraftType parse_graft_type(const std::string& name);
+/// True for the grafts that keep a diagonal second-moment accumulator (AdaGrad and RMSProp).
+bool graft_has_diagonal_statistics(GraftType graft);
+
+struct ShampooOptions {
+  LearningRateSchedule learning_rate = LearningRateSchedule::constant(1e-3);
+  int block_size = 128;
+  double beta1 = 0.9;
+  double beta2 = 0.999;  ///< 1 means a plain sum of Gram matrices
+  double diagonal_epsilon = 1e-10;
+  double matrix_epsilon = 1e-6;
+  double weight_decay = 0.0;
+  long start_preconditioning_step = 5;
+  long preconditioning_compute_steps = 1;
+  long statistics_compute_steps = 1;
+  bool best_effort_shape_interpretation = true;
+  GraftType graft_type = GraftType::sgd;
+  bool nesterov = true;
+  int exponent_override = 0;  ///< 0: exponent 2 * rank of the block
+  /// Sharded mode: each rank of the data-parallel group keeps only its share of the statistics and
+  /// preconditioners and gathers what it needs when preconditioning.
+  bool shard_optimizer_states = false;
+  /// int8 momentum (rank > 1 parameters) and int16 statistics/preconditioners with the diagonal
+  /// kept apart in float, per-column scales.
+  bool best_effort_memory_usage_reduction = false;
+  double inverse_failure_threshold = 0.1;
+  bool moving_average_for_momentum = false;
+  long skip_preconditioning_dim_size_gt = 4096;
+  double clip_by_scaled_gradient_norm = 0.0;  ///< 0 disables; only used by RMSProp grafting
+  bool relative_matrix_epsilon = true;
+  long merge_small_dims_block_size = 4096;
+  int skip_preconditioning_rank_lt = 1;
+  bool decoupled_learning_rate = true;
+  bool decoupled_weight_decay = false;
+  bool generate_training_metrics = true;
+
+  // Beyond the reference.
+  /// Inverse-root method and iteration settings (ridge_epsilon and relative_ridge are taken from
+  /// matrix_epsilon and relative_matrix_epsilon). Default: Newton in double, as the reference
+  /// recommends where double is available.
+  linalg::InverseRootOptions root;
+  /// A root computed in float that fails is recomputed once in double before it is rejected.
+  bool retry_failed_roots_in_double = true;
+  /// After this many consecutive failed root computations of the same statistic, step() throws
+  /// naming the parameter (as Meta's num_tolerated_failed_amortized_computations). 0: never.
+  int max_consecutive_root_failures = 0;
+  /// Precision of the statistics and preconditioner stacks.
+  linalg::Precision statistics_precision = linalg::Precision::float32;
+  /// Assign statistics to the ranks of the data-parallel group by greedy longest-processing-time
+  /// on their root cost (n^3) instead of the reference's even split by count.
+  bool balance_root_work = true;
+
+  void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
+};
+
+}  // namespace lather::optim

@@ -1,0 +1,166 @@
+#pragma once
+// Kernels of the collectives: scaling, per-tensor dot products and norms over "items" (pieces of
+// at most a few thousand elements of one tensor, so one team per item balances any mix of tensor
+// sizes), the Adasum combination, and the 16-bit wire encodings. Free functions only: lambdas in
+// them are safe for device backends.
+
+#include <lather/comm/wire_precision.hpp>
+#include <lather/core/kokkos_compat.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace lather::comm::Impl {
+
+/// Sum of a.b, a.a and b.b in double.
+struct DotNorms {
+  double dot = 0, aa = 0, bb = 0;
+  KOKKOS_INLINE_FUNCTION DotNorms() = default;
+  KOKKOS_INLINE_FUNCTION DotNorms(double d, double a, double b) : dot(d), aa(a), bb(b) {}
+  KOKKOS_INLINE_FUNCTION DotNorms& operator+=(const DotNorms& other) {
+    dot += other.dot;
+    aa += other.aa;
+    bb += other.bb;
+    return *this;
+  }
+#if KOKKOS_VERSION < 40000
+  // Kokkos 3 reduces custom types through volatile references on some backends.
+  KOKKOS_INLINE_FUNCTION void operator+=(const volatile DotNorms& other) volatile {
+    dot += other.dot;
+    aa += other.aa;
+    bb += other.bb;
+  }
+#endif
+};
+
+}  // namespace lather::comm::Impl
+
+namespace Kokkos {
+template <>
+struct reduction_identity<lather::comm::Impl::DotNorms> {
+  KOKKOS_FORCEINLINE_FUNCTION static lather::comm::Impl::DotNorms sum() {
+    return lather::comm::Impl::DotNorms(0, 0, 0);
+  }
+};
+}  // namespace Kokkos
+
+namespace lather::comm::Impl {
+
+template <class T, class MemorySpace>
+using Vector = Kokkos::View<T*, MemorySpace>;
+/// items(k, 0) = first element, items(k, 1) = element count, relative to the Views a kernel gets.
+template <class MemorySpace>
+using ItemRanges = Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, MemorySpace>;
+/// coefficients(k, 0) multiplies a, coefficients(k, 1) multiplies b.
+template <class MemorySpace>
+using ItemCoefficients = Kokkos::View<double* [2], Kokkos::LayoutRight, MemorySpace>;
+
+/// data(i) *= factor, the product taken in double and rounded once.
+template <class ExecutionSpace, class S, class MemorySpace>
+void scale(const ExecutionSpace& space, const Vector<S, MemorySpace>& data, double factor) {
+  if (factor == 1.0) return;
+  Kokkos::parallel_for(
+      "Lather::comm::scale", Kokkos::RangePolicy<ExecutionSpace>(space, 0, data.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { data(i) = S(double(data(i)) * factor); });
+}
+
+/// accumulator(i) = accumulator(i) + factor * increment(i), or = factor * increment(i) when
+/// `overwrite` (the first micro-batch of an accumulation).
+template <class ExecutionSpace, class S, class MemorySpace>
+void accumulate_scaled(const ExecutionSpace& space, const Vector<S, MemorySpace>& accumulator,
+                       const Vector<const S, MemorySpace>& increment, double factor, bool overwrite) {
+  Kokkos::parallel_for(
+      "Lather::comm::accumulate_scaled",
+      Kokkos::RangePolicy<ExecutionSpace>(space, 0, accumulator.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) {
+        const double add = factor * double(increment(i));
+        accumulator(i) = overwrite ? S(add) : S(double(accumulator(i)) + add);
+      });
+}
+
+/// partials(k) = {sum a.b, sum a.a, sum b.b} over item k, accumulated in double.
+template <class ExecutionSpace, class S, class MemorySpace>
+void dot_norm_partials(const ExecutionSpace& space, const Vector<const S, MemorySpace>& a,
+                       const Vector<const S, MemorySpace>& b, const ItemRanges<MemorySpace>& items,
+                       int count, const Vector<DotNorms, MemorySpace>& partials) {
+  using policy = Kokkos::TeamPolicy<ExecutionSpace>;
+  using member = typename policy::member_type;
+  Kokkos::parallel_for(
+      "Lather::comm::dot_norm_partials", policy(space, count, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member& team) {
+        const int k = team.league_rank();
+        const std::int64_t begin = items(k, 0), length = items(k, 1);
+        DotNorms sums;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, length),
+            [&](std::int64_t j, DotNorms& local) {
+              const double x = double(a(begin + j)), y = double(b(begin + j));
+              local.dot += x * y;
+              local.aa += x * x;
+              local.bb += y * y;
+            },
+            Kokkos::Sum<DotNorms>(sums));
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { partials(k) = sums; });
+      });
+}
+
+/// a(i) = coefficients(k, 0) * a(i) + coefficients(k, 1) * b(i) over every item k, in double.
+template <class ExecutionSpace, class S, class MemorySpace>
+void combine_items(const ExecutionSpace& space, const Vector<S, MemorySpace>& a,
+                   const Vector<const S, MemorySpace>& b, const ItemRanges<MemorySpace>& items,
+                   const ItemCoefficients<MemorySpace>& coefficients, int count) {
+  using policy = Kokkos::TeamPolicy<ExecutionSpace>;
+  using member = typename policy::member_type;
+  Kokkos::parallel_for(
+      "Lather::comm::combine_items", policy(space, count, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member& team) {
+        const int k = team.league_rank();
+        const std::int64_t begin = items(k, 0), length = items(k, 1);
+        const double ca = coefficients(k, 0), cb = coefficients(k, 1);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, length), [&](std::int64_t j) {
+          a(begin + j) = S(ca * double(a(begin + j)) + cb * double(b(begin + j)));
+        });
+      });
+}
+
+/// wire(i) = 16-bit encoding of float(data(i)) for i < data.extent(0), 0 up to wire.extent(0).
+template <class ExecutionSpace, class S, class MemorySpace>
+void encode16(const ExecutionSpace& space, const Vector<const S, MemorySpace>& data,
+              const Vector<std::uint16_t, MemorySpace>& wire, bool bfloat16) {
+  const std::size_t length = data.extent(0);
+  Kokkos::parallel_for(
+      "Lather::comm::encode16", Kokkos::RangePolicy<ExecutionSpace>(space, 0, wire.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) {
+        wire(i) = i < length ? encode_wire16(float(data(i)), bfloat16) : std::uint16_t(0);
+      });
+}
+
+/// data(i) = decode(wire(i)) for i < data.extent(0).
+template <class ExecutionSpace, class S, class MemorySpace>
+void decode16(const ExecutionSpace& space, const Vector<const std::uint16_t, MemorySpace>& wire,
+              const Vector<S, MemorySpace>& data, bool bfloat16) {
+  Kokkos::parallel_for(
+      "Lather::comm::decode16", Kokkos::RangePolicy<ExecutionSpace>(space, 0, data.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { data(i) = S(decode_wire16(wire(i), bfloat16)); });
+}
+
+/// The reduce step of the 16-bit reduce-scatter: received holds `ranks` segments of `segment`
+/// encoded values (segment j from group rank j); own(i) = encode(factor * sum_j decode(...)),
+/// summed in float in rank order, rounded to 16 bits once.
+template <class ExecutionSpace, class MemorySpace>
+void reduce_segments16(const ExecutionSpace& space,
+                       const Vector<const std::uint16_t, MemorySpace>& received, int ranks,
+                       std::size_t segment, float factor,
+                       const Vector<std::uint16_t, MemorySpace>& own, bool bfloat16) {
+  Kokkos::parallel_for(
+      "Lather::comm::reduce_segments16", Kokkos::RangePolicy<ExecutionSpace>(space, 0, segment),
+      KOKKOS_LAMBDA(std::size_t i) {
+        float total = 0.0f;
+        for (int j = 0; j < ranks; ++j)
+          total += decode_wire16(received(std::size_t(j) * segment + i), bfloat16);
+        own(i) = encode_wire16(total * factor, bfloat16);
+      });
+}
+
+}  // namespace lather::comm::Impl

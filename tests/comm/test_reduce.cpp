@@ -1,0 +1,214 @@
+// Sum, mean and token-weighted mean over the world, against references computed on every rank
+// from every rank's inputs (input_value is a function of (rank, tensor, index), so each rank can
+// generate all of them); fusion bucket counts; agreement errors on every rank; 16-bit wires.
+#include <lather/comm/reduce.hpp>
+
+#include "comm_test_utils.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+namespace {
+
+using lather::comm::GradientReducer;
+using lather::comm::ReduceOptions;
+using lather::comm::WirePrecision;
+using namespace lather::test;
+
+template <class T>
+class Reduce : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(Reduce, Scalars);
+
+// Sizes with an empty tensor, single elements and tensors larger than a 4 KiB fusion buffer.
+const std::vector<std::int64_t> mixed_sizes = {1, 7, 0, 300, 1500, 33, 2, 5000, 64};
+
+/// sum_r input(r, t, i) in double over the stored (rounded) inputs.
+template <class T>
+double reference_sum(int ranks, int t, std::int64_t i, int salt = 0) {
+  double total = 0;
+  for (int r = 0; r < ranks; ++r) total += stored_input<T>(r, t, i, salt);
+  return total;
+}
+
+/// MPI sums n values of magnitude <= 1 in T, in some order: each partial sum rounds with relative
+/// error <= eps/2, so |error| <= (n - 1) * eps/2 * n; we allow n * n * eps (and 1 ulp of the mean).
+template <class T>
+double sum_tolerance(int n) {
+  return double(n) * n * std::numeric_limits<T>::epsilon() + std::numeric_limits<T>::epsilon();
+}
+
+TYPED_TEST(Reduce, SumAndMeanEqualTheReferenceForEveryFusionSize) {
+  using T = TypeParam;
+  const int n = world_size(), rank = world_rank();
+  // A 4 KiB fusion buffer: several buckets, and tensors larger than a bucket reduced in place.
+  for (std::size_t fusion_bytes : {std::size_t(4096)}) {
+    ReduceOptions options;
+    options.fusion_bytes = fusion_bytes;
+    GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
+    for (bool mean : {false, true}) {
+      const auto tensors = make_inputs<T>(rank, mixed_sizes);
+      if (mean)
+        reducer.mean(Exec(), tensors);
+      else
+        reducer.sum(Exec(), tensors);
+      for (std::size_t t = 0; t < mixed_sizes.size(); ++t) {
+        const auto got = read_view(tensors[t]);
+        for (std::int64_t i = 0; i < mixed_sizes[t]; ++i) {
+          const double expected = reference_sum<T>(n, int(t), i) / (mean ? n : 1);
+          ASSERT_NEAR(got[i], expected, sum_tolerance<T>(n))
+              << (mean ? "mean" : "sum") << " tensor " << t << " index " << i << " fusion "
+              << fusion_bytes;
+        }
+      }
+    }
+  }
+}
+
+// Statistics and errors do not depend on the element type: float only, to keep the collectives few.
+TEST(ReduceStatistics, TwoHundredTensorsCostOneMessagePerBucket) {
+  using T = float;
+  const int n = world_size(), rank = world_rank();
+  const std::vector<std::int64_t> sizes(200, 100);
+  for (std::int64_t bucket_tensors : {std::int64_t(200), std::int64_t(50)}) {
+    ReduceOptions options;
+    options.fusion_bytes = std::size_t(bucket_tensors * 100) * sizeof(T);
+    GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
+    const auto tensors = make_inputs<T>(rank, sizes);
+    reducer.sum(Exec(), tensors);
+    const auto stats = reducer.statistics();
+    EXPECT_EQ(stats.agreements, 1);
+    // One MPI_Allreduce per bucket of `bucket_tensors` tensors; nothing is sent on one rank.
+    EXPECT_EQ(stats.data_messages, n == 1 ? 0 : 200 / bucket_tensors);
+    const auto last = read_view(tensors[199]);
+    for (std::int64_t i = 0; i < 100; ++i)
+      ASSERT_NEAR(last[i], reference_sum<T>(n, 199, i), sum_tolerance<T>(n));
+  }
+}
+
+TEST(ReduceStatistics, RepeatedCallsCostOneAgreementOrNone) {
+  using T = float;
+  const int rank = world_rank();
+  const std::vector<std::int64_t> sizes = {10, 20};
+  GradientReducer<Exec, T> checked(MPI_COMM_WORLD);
+  for (int call = 0; call < 2; ++call) checked.sum(Exec(), make_inputs<T>(rank, sizes));
+  EXPECT_EQ(checked.statistics().agreements, 2);
+  ReduceOptions trusting;
+  trusting.verify_layout = false;
+  GradientReducer<Exec, T> unchecked(MPI_COMM_WORLD, trusting);
+  for (int call = 0; call < 2; ++call) unchecked.sum(Exec(), make_inputs<T>(rank, sizes));
+  EXPECT_EQ(unchecked.statistics().agreements, 1);
+  EXPECT_EQ(unchecked.statistics().calls, 2);
+}
+
+TYPED_TEST(Reduce, WeightedMeanDividesBySumOfWeights) {
+  using T = TypeParam;
+  const int n = world_size(), rank = world_rank();
+  const std::vector<std::int64_t> sizes = {5, 1000, 3};
+  // The gradients are sums over each rank's tokens; rank r had r + 1 tokens (rank 1 none, to show
+  // a zero local weight is fine).
+  auto weight = [](int r) { return r == 1 ? 0.0 : double(r + 1); };
+  double total_weight = 0;
+  for (int r = 0; r < n; ++r) total_weight += weight(r);
+  GradientReducer<Exec, T> reducer(MPI_COMM_WORLD);
+  const auto tensors = make_inputs<T>(rank, sizes);
+  const double global = reducer.weighted_mean(Exec(), tensors, weight(rank));
+  EXPECT_EQ(global, total_weight);
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const auto got = read_view(tensors[t]);
+    for (std::int64_t i = 0; i < sizes[t]; ++i)
+      ASSERT_NEAR(got[i], reference_sum<T>(n, int(t), i) / total_weight, sum_tolerance<T>(n));
+  }
+}
+
+TEST(ReduceErrors, BadWeightsAreAnErrorOnEveryRank) {
+  using T = float;
+  const int n = world_size(), rank = world_rank();
+  GradientReducer<Exec, T> reducer(MPI_COMM_WORLD);
+  const auto tensors = make_inputs<T>(rank, {4});
+  expect_error([&] { reducer.weighted_mean(Exec(), tensors, 0.0); }, "global weight");
+  expect_error([&] { reducer.weighted_mean(Exec(), tensors, rank == n - 1 ? -1.0 : 1.0); },
+               "local weight must be finite and >= 0, got -1");
+  // The reducer is still usable after an error on every rank.
+  reducer.sum(Exec(), tensors);
+}
+
+TEST(ReduceErrors, MismatchedListsAreAnErrorOnEveryRankNotAHang) {
+  using T = float;
+  const int n = world_size(), rank = world_rank();
+  if (n == 1) GTEST_SKIP() << "needs two ranks to disagree";
+  GradientReducer<Exec, T> reducer(MPI_COMM_WORLD);
+  const bool odd_one = rank == n - 1;
+  // One tensor more on the last rank.
+  expect_error([&] { reducer.sum(Exec(), make_inputs<T>(rank, odd_one ? std::vector<std::int64_t>{3, 4, 5}
+                                                                        : std::vector<std::int64_t>{3, 4})); },
+               "tensor count differs");
+  // Same count, one size different: the agreement names the tensor.
+  expect_error([&] { reducer.mean(Exec(), make_inputs<T>(rank, {3, 4, odd_one ? 6 : 5})); },
+               "element count of tensor 2 differs");
+  // Same list, different operations.
+  expect_error([&] {
+    const auto tensors = make_inputs<T>(rank, {3});
+    if (odd_one) reducer.mean(Exec(), tensors); else reducer.sum(Exec(), tensors);
+  }, "operation");
+  // Same list, different fusion sizes (the buckets, hence the messages, would differ).
+  ReduceOptions other;
+  other.fusion_bytes = odd_one ? 1024 : 2048;
+  GradientReducer<Exec, T> mixed(MPI_COMM_WORLD, other);
+  expect_error([&] { mixed.sum(Exec(), make_inputs<T>(rank, {3})); }, "fusion_bytes");
+  // Still usable afterwards.
+  const auto tensors = make_inputs<T>(rank, {3});
+  reducer.sum(Exec(), tensors);
+  EXPECT_NEAR(read_view(tensors[0])[2], reference_sum<T>(n, 0, 2), sum_tolerance<T>(n));
+}
+
+TYPED_TEST(Reduce, SixteenBitWiresStayWithinTheirRoundingBounds) {
+  using T = TypeParam;
+  const int n = world_size(), rank = world_rank();
+  // With a 4 KiB fusion buffer: a bucket of two small tensors and a large one in two chunks.
+  const std::vector<std::int64_t> sizes = {17, 1, 1500};
+  for (auto wire : {WirePrecision::bfloat16, WirePrecision::float16}) {
+    // Unit roundoff u: bfloat16 keeps 8 significant bits (u = 2^-8), fp16 11 (u = 2^-11).
+    const double u = wire == WirePrecision::bfloat16 ? 0x1.0p-8 : 0x1.0p-11;
+    ReduceOptions options;
+    options.wire_precision = wire;
+    options.fusion_bytes = 4096;
+    GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
+    {
+      const bool mean = wire == WirePrecision::float16;  // bfloat16 sums, float16 averages
+      const auto tensors = make_inputs<T>(rank, sizes, 7);
+      if (mean) reducer.mean(Exec(), tensors); else reducer.sum(Exec(), tensors);
+      const double factor = mean ? 1.0 / n : 1.0;
+      for (std::size_t t = 0; t < sizes.size(); ++t) {
+        const auto got = read_view(tensors[t]);
+        for (std::int64_t i = 0; i < sizes[t]; ++i) {
+          double exact = 0, magnitude = 0;
+          for (int r = 0; r < n; ++r) {
+            exact += stored_input<T>(r, int(t), i, 7);
+            magnitude += std::fabs(stored_input<T>(r, int(t), i, 7));
+          }
+          // Each input is rounded once to 16 bits (<= u |x_r|, or half a subnormal step 2^-25
+          // for fp16 near zero), summed in float (<= n 2^-24 sum |x_r|), scaled and rounded once
+          // more (<= u |result|, <= u sum|x_r| * factor): the bound below. One rank sends
+          // nothing and rounds nothing.
+          const double bound = n == 1 ? sum_tolerance<T>(1)
+                                      : factor * ((2 * u + n * 0x1.0p-23) * magnitude + n * 0x1.0p-24);
+          ASSERT_NEAR(got[i], exact * factor, bound) << lather::comm::to_string(wire) << " t " << t
+                                                     << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(ReduceOptions, ValidateNamesTheField) {
+  ReduceOptions options;
+  options.fusion_bytes = 4;
+  expect_error([&] { options.validate(); }, "ReduceOptions::fusion_bytes");
+  EXPECT_EQ(lather::comm::parse_wire_precision("bf16"), WirePrecision::bfloat16);
+  expect_error([] { lather::comm::parse_wire_precision("fp8"); }, "unknown wire precision 'fp8'");
+}
+
+}  // namespace

@@ -1,0 +1,350 @@
+// Shampoo against an independent plain model of the JAX reference (reference_shampoo.hpp), option
+// by option, plus hand-checkable closed forms and the failure rules.
+#include <lather/optim/shampoo.hpp>
+
+#include "optim/reference_shampoo.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+namespace {
+
+using lather::optim::GraftType;
+using lather::optim::ParameterSpec;
+using lather::optim::Shampoo;
+using lather::optim::ShampooOptions;
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+using Shape = std::vector<std::int64_t>;
+
+template <class T>
+lather::TensorList<T, Mem> to_device(const std::vector<std::vector<double>>& host) {
+  lather::TensorList<T, Mem> out;
+  for (const auto& x : host) {
+    Kokkos::View<T*, Mem> v("tensor", x.size());
+    auto h = Kokkos::create_mirror_view(v);
+    for (std::size_t k = 0; k < x.size(); ++k) h(k) = T(x[k]);
+    Kokkos::deep_copy(v, h);
+    out.push_back(v);
+  }
+  return out;
+}
+
+template <class T>
+std::vector<std::vector<double>> to_host(const lather::TensorList<T, Mem>& tensors) {
+  std::vector<std::vector<double>> out;
+  for (const auto& v : tensors) {
+    auto h = Kokkos::create_mirror_view(v);
+    Kokkos::deep_copy(h, v);
+    out.emplace_back(h.data(), h.data() + h.size());
+  }
+  return out;
+}
+
+/// Deterministic gradients that depend on the parameters, so errors would compound.
+std::vector<std::vector<double>> gradients(const std::vector<std::vector<double>>& params, int t) {
+  std::vector<std::vector<double>> g(params.size());
+  for (std::size_t p = 0; p < params.size(); ++p)
+    for (std::size_t k = 0; k < params[p].size(); ++k)
+      g[p].push_back(0.1 * params[p][k] + std::sin(0.37 * (k + 1) + 1.3 * (t + 1) + 0.61 * p));
+  return g;
+}
+
+std::vector<std::vector<double>> initial(const std::vector<Shape>& shapes) {
+  std::vector<std::vector<double>> x(shapes.size());
+  for (std::size_t p = 0; p < shapes.size(); ++p) {
+    std::int64_t n = 1;
+    for (auto d : shapes[p]) n *= d;
+    for (std::int64_t k = 0; k < n; ++k) x[p].push_back(std::cos(0.23 * (k + 1) + 0.7 * p));
+  }
+  return x;
+}
+
+const std::vector<Shape> mixed_shapes = {{}, {5}, {6, 4}, {3, 4, 2}, {2, 3, 2, 2}, {9, 5}, {12, 2}};
+
+ShampooOptions to_shampoo(const lather::test::ReferenceOptions& r) {
+  ShampooOptions o;
+  o.learning_rate = lather::optim::LearningRateSchedule::constant(r.learning_rate);
+  o.block_size = int(r.block_size);
+  o.beta1 = r.beta1;
+  o.beta2 = r.beta2;
+  o.diagonal_epsilon = r.diagonal_epsilon;
+  o.matrix_epsilon = r.matrix_epsilon;
+  o.weight_decay = r.weight_decay;
+  o.start_preconditioning_step = r.start_preconditioning_step;
+  o.preconditioning_compute_steps = r.preconditioning_compute_steps;
+  o.statistics_compute_steps = r.statistics_compute_steps;
+  o.best_effort_shape_interpretation = r.best_effort_shape_interpretation;
+  o.graft_type = GraftType(r.graft_type);
+  o.nesterov = r.nesterov;
+  o.exponent_override = r.exponent_override;
+  o.moving_average_for_momentum = r.moving_average_for_momentum;
+  o.skip_preconditioning_dim_size_gt = r.skip_preconditioning_dim_size_gt;
+  o.clip_by_scaled_gradient_norm = r.clip_by_scaled_gradient_norm;
+  o.merge_small_dims_block_size = r.merge_small_dims_block_size;
+  o.skip_preconditioning_rank_lt = r.skip_preconditioning_rank_lt;
+  o.decoupled_learning_rate = r.decoupled_learning_rate;
+  o.decoupled_weight_decay = r.decoupled_weight_decay;
+  o.inverse_failure_threshold = r.inverse_failure_threshold;
+  o.root.tolerance = r.root_tolerance;
+  o.root.max_iterations = r.root_max_iterations;
+  o.statistics_precision = lather::linalg::Precision::float64;
+  return o;
+}
+
+struct OptionCase {
+  std::string name;
+  std::function<void(lather::test::ReferenceOptions&)> set;
+};
+
+lather::test::ReferenceOptions base_options() {
+  lather::test::ReferenceOptions r;
+  r.learning_rate = 0.05;
+  r.block_size = 4;
+  r.merge_small_dims_block_size = 4;  // keeps the 3-D and 4-D shapes as they are
+  r.skip_preconditioning_dim_size_gt = 10;
+  r.start_preconditioning_step = 1;
+  return r;
+}
+
+class AgainstModel : public ::testing::TestWithParam<OptionCase> {};
+
+// Double parameters, statistics and roots: the model and Lather run the same algorithm with
+// different summation orders (BLAS vs loops), ~1e-15 relative per operation; the roots amplify
+// that by the condition of the ridged statistics (<= ~1e6 here) to ~1e-10, and ten steps of a
+// smooth map keep it far below 1e-7.
+TEST_P(AgainstModel, TenStepsAgree) {
+  auto r = base_options();
+  GetParam().set(r);
+  const auto shapes = mixed_shapes;
+  std::vector<ParameterSpec> specs;
+  for (std::size_t p = 0; p < shapes.size(); ++p) specs.push_back({"p" + std::to_string(p), shapes[p]});
+  Shampoo<Space, double> shampoo(Space(), specs, to_shampoo(r));
+  lather::test::ReferenceShampoo model(shapes, r);
+  auto params_model = initial(shapes);
+  auto params = to_device<double>(params_model);
+  for (int t = 0; t < 10; ++t) {
+    const auto g = gradients(params_model, t);
+    model.step(params_model, g);
+    shampoo.step(params, to_device<double>(g));
+    const auto got = to_host(params);
+    for (std::size_t p = 0; p < shapes.size(); ++p) {
+      double diff = 0, norm = 0;
+      for (std::size_t k = 0; k < got[p].size(); ++k) {
+        diff = std::max(diff, std::fabs(got[p][k] - params_model[p][k]));
+        norm = std::max(norm, std::fabs(params_model[p][k]));
+      }
+      ASSERT_LE(diff, 1e-7 * std::max(norm, 1.0)) << GetParam().name << " step " << t << " parameter " << p;
+    }
+    params_model = got;  // continue both from identical parameters
+  }
+}
+
+const OptionCase option_cases[] = {
+    {"sgd_graft_nesterov", [](auto&) {}},
+    {"adagrad_graft", [](auto& r) { r.graft_type = 1; }},
+    {"rmsprop_graft_clipped", [](auto& r) { r.graft_type = 2; r.clip_by_scaled_gradient_norm = 0.5; r.beta2 = 0.9; }},
+    {"rmsprop_normalized_graft", [](auto& r) { r.graft_type = 3; r.beta2 = 0.99; }},
+    {"sqrt_n_graft", [](auto& r) { r.graft_type = 4; }},
+    {"adagrad_normalized_graft", [](auto& r) { r.graft_type = 5; }},
+    {"nesterov_off", [](auto& r) { r.nesterov = false; }},
+    {"moving_average_momentum", [](auto& r) { r.moving_average_for_momentum = true; r.beta1 = 0.8; }},
+    {"weight_decay_coupled", [](auto& r) { r.weight_decay = 0.01; }},
+    {"weight_decay_decoupled", [](auto& r) { r.weight_decay = 0.01; r.decoupled_weight_decay = true; }},
+    {"coupled_learning_rate", [](auto& r) { r.decoupled_learning_rate = false; r.graft_type = 1; }},
+    {"compute_steps", [](auto& r) { r.statistics_compute_steps = 2; r.preconditioning_compute_steps = 3; }},
+    {"beta2_sum_and_exponent_override", [](auto& r) { r.beta2 = 1.0; r.exponent_override = 4; }},
+    {"late_start", [](auto& r) { r.start_preconditioning_step = 4; r.graft_type = 2; }},
+    {"no_shape_interpretation_big_blocks", [](auto& r) {
+       r.best_effort_shape_interpretation = false;
+       r.block_size = 128;
+     }},
+    {"merged_shapes", [](auto& r) { r.merge_small_dims_block_size = 4096; r.block_size = 128; }},
+    {"biases_on_graft_path", [](auto& r) { r.skip_preconditioning_rank_lt = 2; }},
+};
+
+INSTANTIATE_TEST_SUITE_P(Options, AgainstModel, ::testing::ValuesIn(option_cases),
+                         [](const auto& info) { return info.param.name; });
+
+std::vector<ParameterSpec> specs_for(const std::vector<Shape>& shapes) {
+  std::vector<ParameterSpec> specs;
+  for (std::size_t p = 0; p < shapes.size(); ++p) specs.push_back({"p" + std::to_string(p), shapes[p]});
+  return specs;
+}
+
+// Statistics of rank 1..4 tensors after one step with beta2 = 1 (a sum): eps I + mode-j Gram
+// matrices computed with plain loops by the model.
+TEST(Shampoo, StatisticsOfRankOneToFour) {
+  const std::vector<Shape> shapes = {{5}, {4, 3}, {2, 3, 4}, {2, 2, 3, 2}};
+  auto r = base_options();
+  r.beta2 = 1.0;
+  r.block_size = 128;
+  r.best_effort_shape_interpretation = false;
+  Shampoo<Space, double> shampoo(Space(), specs_for(shapes), to_shampoo(r));
+  lather::test::ReferenceShampoo model(shapes, r);
+  auto params = initial(shapes);
+  const auto g = gradients(params, 0);
+  auto device = to_device<double>(params);
+  shampoo.step(device, to_device<double>(g));
+  model.step(params, g);
+  int s = 0;
+  for (std::size_t p = 0; p < shapes.size(); ++p) {
+    EXPECT_EQ(shampoo.partition(int(p)).rank(), int(shapes[p].size()));
+    for (const auto& want : model.statistics(p)) {
+      const auto got = shampoo.statistic(s++);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-12 * (1 + std::fabs(want[k])));
+    }
+  }
+  EXPECT_EQ(s, shampoo.num_statistics());
+}
+
+// Skipped parameters follow the graft in closed form. First step, SGD graft, beta1 = 0.9,
+// Nesterov: update = -lr (g + 0.9 g) (momentum starts at 0, w = 1); without Nesterov -lr g.
+TEST(Shampoo, ScalarFollowsGraftInClosedForm) {
+  for (bool nesterov : {true, false}) {
+    ShampooOptions o;
+    o.learning_rate = lather::optim::LearningRateSchedule::constant(0.1);
+    o.nesterov = nesterov;
+    Shampoo<Space, float> shampoo(Space(), {{"scale", {}}}, o);
+    auto params = to_device<float>({{2.0}});
+    shampoo.step(params, to_device<float>({{0.5}}));
+    const double g = 0.5, want = 2.0 - 0.1 * (nesterov ? 1.9 * g : g);
+    // The graft multiplier |g| / (|g| + 1e-16) is 1 in float.
+    EXPECT_FLOAT_EQ(float(to_host(params)[0][0]), float(want));
+    EXPECT_FALSE(shampoo.is_preconditioned(0));
+    EXPECT_EQ(shampoo.num_statistics(), 0);
+  }
+}
+
+// Statistics are computed every statistics_compute_steps, roots every
+// preconditioning_compute_steps (at steps t with t % k == 0, counting from 0).
+TEST(Shampoo, StepGating) {
+  auto r = base_options();
+  r.statistics_compute_steps = 2;
+  r.preconditioning_compute_steps = 3;
+  Shampoo<Space, double> shampoo(Space(), specs_for({{3, 3}}), to_shampoo(r));
+  auto params = to_device<double>(initial({{3, 3}}));
+  std::vector<double> last_stat = shampoo.statistic(0), last_root = shampoo.preconditioner(0);
+  for (int t = 0; t < 7; ++t) {
+    shampoo.step(params, to_device<double>(gradients(to_host(params), t)));
+    const auto stat = shampoo.statistic(0), root = shampoo.preconditioner(0);
+    EXPECT_EQ(stat != last_stat, t % 2 == 0) << "step " << t;
+    EXPECT_EQ(root != last_root, t % 3 == 0) << "step " << t;
+    last_stat = stat;
+    last_root = root;
+  }
+  EXPECT_EQ(shampoo.step_count(), 7);
+}
+
+// A root whose error reaches inverse_failure_threshold is rejected: the previous preconditioner
+// (identity at first) stays; failures are counted; after max_consecutive_root_failures the step
+// throws naming the parameter.
+TEST(Shampoo, FailedRootsKeepThePreviousPreconditioner) {
+  auto o = to_shampoo(base_options());
+  o.inverse_failure_threshold = 1e-300;  // every root "fails"
+  o.root.tolerance = 1e-6;
+  o.max_consecutive_root_failures = 3;
+  Shampoo<Space, double> shampoo(Space(), {{"dense_1/kernel", {3, 2}}}, o);
+  auto params = to_device<double>(initial({{3, 2}}));
+  for (int t = 0; t < 2; ++t) shampoo.step(params, to_device<double>(gradients(to_host(params), t)));
+  const auto root = shampoo.preconditioner(0);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(root[i * 3 + j], i == j ? 1.0 : 0.0);
+  const auto metrics = shampoo.metrics();
+  EXPECT_EQ(metrics[0].consecutive_failures, 2);
+  EXPECT_EQ(metrics[0].failures, 2);
+  EXPECT_GT(metrics[0].error, 0.0);
+  try {
+    shampoo.step(params, to_device<double>(gradients(to_host(params), 2)));
+    FAIL() << "expected an error after 3 consecutive failures";
+  } catch (const lather::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("dense_1/kernel"), std::string::npos) << what;
+    EXPECT_NE(what.find("inverse_failure_threshold"), std::string::npos) << what;
+  }
+}
+
+// A float root that fails is retried in double before it is rejected.
+TEST(Shampoo, FloatRootsRetryInDouble) {
+  auto o = to_shampoo(base_options());
+  o.root.compute_precision = lather::linalg::Precision::float32;
+  o.root.tolerance = 1e-6;
+  o.inverse_failure_threshold = 1e-9;  // unreachable in float, reachable in double
+  o.matrix_epsilon = 1e-3;
+  Shampoo<Space, double> shampoo(Space(), {{"w", {4, 3}}}, o);
+  auto params = to_device<double>(initial({{4, 3}}));
+  shampoo.step(params, to_device<double>(gradients(to_host(params), 0)));
+  for (const auto& m : shampoo.metrics()) {
+    EXPECT_EQ(m.failures, 0) << "error " << m.error;
+    EXPECT_LT(m.error, 1e-9);
+  }
+  o.retry_failed_roots_in_double = false;
+  Shampoo<Space, double> no_retry(Space(), {{"w", {4, 3}}}, o);
+  auto params2 = to_device<double>(initial({{4, 3}}));
+  no_retry.step(params2, to_device<double>(gradients(to_host(params2), 0)));
+  long failures = 0;
+  for (const auto& m : no_retry.metrics()) failures += m.failures;
+  EXPECT_GT(failures, 0);
+}
+
+// NaN or Inf in a gradient is refused with the parameter's name, and nothing changes.
+TEST(Shampoo, NonFiniteGradientIsRefusedAndStateUntouched) {
+  Shampoo<Space, float> shampoo(Space(), {{"a", {2, 2}}, {"b", {3}}}, ShampooOptions{});
+  auto params = to_device<float>({{1, 2, 3, 4}, {5, 6, 7}});
+  const auto before = to_host(params);
+  const auto stat_before = shampoo.statistic(0);
+  try {
+    shampoo.step(params, to_device<float>({{0.1, 0.2, 0.3, 0.4}, {1, std::numeric_limits<double>::quiet_NaN(), 0}}));
+    FAIL();
+  } catch (const lather::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'b'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(to_host(params), before);
+  EXPECT_EQ(shampoo.statistic(0), stat_before);
+  EXPECT_EQ(shampoo.step_count(), 0);
+}
+
+TEST(Shampoo, BadArgumentsAreNamed) {
+  ShampooOptions o;
+  o.block_size = 0;
+  EXPECT_THROW((Shampoo<Space, float>(Space(), {{"w", {2}}}, o)), lather::Error);
+  Shampoo<Space, float> shampoo(Space(), {{"w", {2, 2}}}, ShampooOptions{});
+  auto params = to_device<float>({{1, 2, 3, 4}});
+  try {
+    shampoo.step(params, to_device<float>({{1, 2, 3}}));
+    FAIL();
+  } catch (const lather::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gradient of 'w' has 3 elements, expected 4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((Shampoo<Space, float>(Space(), {{"w", {2}}, {"w", {3}}}, ShampooOptions{})), lather::Error);
+}
+
+// The memory report adds up the stacks and the local state: float stacks [N, max, max] twice,
+// momentum and diagonal momentum per element, diagonal statistics for an AdaGrad graft.
+TEST(Shampoo, MemoryReportCountsState) {
+  ShampooOptions o;
+  o.graft_type = GraftType::adagrad;
+  o.block_size = 4;
+  o.best_effort_shape_interpretation = false;
+  Shampoo<Space, float> shampoo(Space(), {{"w", {6, 4}}, {"b", {3}}}, o);
+  const auto report = shampoo.memory_report();
+  const int n = shampoo.num_statistics();  // [6,4] -> blocks 2x1 -> 4 statistics; [3] -> 1
+  EXPECT_EQ(n, 5);
+  EXPECT_EQ(report.stack_bytes, 2 * 5 * 4 * 4 * 4);
+  EXPECT_EQ(report.local_bytes, 3 * (24 + 3) * 4);
+  EXPECT_EQ(report.quantized_bytes, 0);
+  o.best_effort_memory_usage_reduction = true;
+  Shampoo<Space, float> small(Space(), {{"w", {6, 4}}, {"b", {3}}}, o);
+  const auto q = small.memory_report();
+  EXPECT_EQ(q.stack_bytes, 0);
+  // int16 stacks + float diagonals and scales; int8 momenta with float column scales for w.
+  EXPECT_EQ(q.quantized_bytes, 2 * (5 * 16 * 2 + 2 * 5 * 4 * 4) + 2 * (24 + 4 * 4));
+  EXPECT_EQ(q.local_bytes, (24 + 3) * 4 + 2 * 3 * 4);
+}
+
+}  // namespace
