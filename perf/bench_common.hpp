@@ -22,5 +22,6 @@ void add_list_option(CLI::App& app, const std::string& name, std::vector<T>& val
 }
 
 void register_root(CLI::App& app);
+void register_step(CLI::App& app);
 
 }  // namespace lather::bench

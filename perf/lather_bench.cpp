@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
                  "line with a baseline measured in the same run and the ratio to it."};
     app.require_subcommand(1);
     lather::bench::register_root(app);
+    lather::bench::register_step(app);
     try {
       app.parse(argc, argv);  // the chosen subcommand runs in its callback
     } catch (const CLI::ParseError& e) {

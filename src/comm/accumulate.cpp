@@ -11,14 +11,20 @@ std::string to_string(AccumulationMode mode) {
   return mode == AccumulationMode::mean ? "mean" : "token_weighted";
 }
 
+namespace {
+/// Checks the count before the reducer's collective construction (every rank checks the same).
+MPI_Comm checked_group(MPI_Comm group, int micro_batches) {
+  LATHER_REQUIRE(micro_batches >= 1, "GradientAccumulator: micro_batches must be >= 1, got ",
+                 micro_batches);
+  return group;
+}
+}  // namespace
+
 template <class ExecutionSpace, class Scalar>
 GradientAccumulator<ExecutionSpace, Scalar>::GradientAccumulator(MPI_Comm group, int micro_batches,
                                                                  AccumulationMode mode,
                                                                  const ReduceOptions& options)
-    : m_reducer((LATHER_REQUIRE(micro_batches >= 1,
-                                "GradientAccumulator: micro_batches must be >= 1, got ", micro_batches),
-                 group),
-                options),
+    : m_reducer(checked_group(group, micro_batches), options),
       m_micro_batches(micro_batches),
       m_mode(mode) {}
 

@@ -395,15 +395,16 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   }
 
   // ---------------------------------------------------------------------------------------------
-  void check_finite(const Tensors& grads) const {
+  /// Squared gradient norms (kept for the normalized grafts); a NaN or Inf anywhere makes its sum
+  /// non-finite (squares of floats cannot overflow a double), and is refused before any state moves.
+  void check_finite(const Tensors& grads) {
+    m_gradient_norm2.resize(grads.size());
     for (std::size_t p = 0; p < grads.size(); ++p) {
-      const auto g = grads[p];
-      long bad = 0;
-      Kokkos::parallel_reduce(
-          "Lather::Shampoo::check_finite", Kokkos::RangePolicy<ExecutionSpace>(m_space, 0, g.extent(0)),
-          KOKKOS_LAMBDA(std::int64_t k, long& count) { count += !::lather::Impl::is_finite(g(k)); }, bad);
-      LATHER_REQUIRE(bad == 0, "Shampoo::step ", m_step, ": the gradient of '", m_plan.parameters[p].spec.name,
-                     "' has ", bad, " NaN/Inf entries; the optimizer state was not changed");
+      const V1<const Scalar> g = grads[p];
+      m_gradient_norm2[p] = squared_norm<ExecutionSpace, Scalar, memory_space>(m_space, g);
+      LATHER_REQUIRE(std::isfinite(m_gradient_norm2[p]), "Shampoo::step ", m_step, ": the gradient of '",
+                     m_plan.parameters[p].spec.name,
+                     "' contains NaN or Inf; the optimizer state was not changed");
     }
   }
 
@@ -432,11 +433,11 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
         std::int64_t before = 1, after = 1;
         for (int d = 0; d < j; ++d) before *= block.size[d];
         for (int d = j + 1; d < rank; ++d) after *= block.size[d];
-        const bool direct = !m_quantized && n == m_plan.max_size;
-        // Direct: accumulate into the stack slot; otherwise into scratch, then blend.
-        Matrix gram = direct ? Matrix(slot_pointer(m_statistics, slot), n, n) : Matrix(m_matrix.data(), n, n);
-        const double alpha = w2;
-        double beta = direct ? w1 : 0.0;
+        // The Gram matrix first, then w1 * S + w2 * G with the reference's roundings: folding the
+        // weights into the GEMM changes the last bit, which ill-conditioned statistics amplify.
+        Matrix gram(m_matrix.data(), n, n);
+        const double alpha = 1.0;
+        double beta = 0.0;
         if (before == 1) {
           const auto x = block_matrix(m_packed_a, block.packed_offset, n, after);
           gemm(m_space, "N", "T", alpha, x, x, beta, gram);
@@ -449,15 +450,14 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
             gemm(m_space, "N", "T", alpha, x, x, beta, gram);
           }
         }
-        if (direct) continue;
         if (m_quantized) {
           dequantize_slot(m_statistic_codes, m_statistic_diagonal, m_statistic_scales, slot, n, m_root_in, 0);
           blend_statistic<ExecutionSpace, T, memory_space>(m_space, m_root_in, 0, ConstMatrix(m_matrix.data(), n, n),
-                                                           int(n), T(w1), T(1));
+                                                           int(n), T(w1), T(w2));
           quantize_slot(m_root_in, 0, n, m_statistic_codes, m_statistic_diagonal, m_statistic_scales, slot);
         } else {
           blend_statistic<ExecutionSpace, T, memory_space>(m_space, m_statistics, slot,
-                                                           ConstMatrix(m_matrix.data(), n, n), int(n), T(w1), T(1));
+                                                           ConstMatrix(m_matrix.data(), n, n), int(n), T(w1), T(w2));
         }
       }
     }
@@ -815,7 +815,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     s.diagonal_epsilon = Scalar(o.diagonal_epsilon);
     const V1<const Scalar> g = grad;
     if (o.graft_type == GraftType::adagrad_normalized || o.graft_type == GraftType::rmsprop_normalized)
-      s.gradient_scale = Scalar(1.0 / (std::sqrt(squared_norm<ExecutionSpace, Scalar, memory_space>(m_space, g)) + 1e-16));
+      s.gradient_scale = Scalar(1.0 / (std::sqrt(m_gradient_norm2[p]) + 1e-16));
     graft_direction<ExecutionSpace, Scalar, memory_space>(m_space, s, g, l.diagonal, graft);
     const double graft_norm_raw = std::sqrt(squared_norm<ExecutionSpace, Scalar, memory_space>(m_space, graft));
     double graft_multiplier = 1.0;
@@ -923,6 +923,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   V3<std::int16_t> m_gathered_codes;
   V2<T> m_gathered_diagonal, m_gathered_scales;
 
+  std::vector<double> m_gradient_norm2;
   // Host mirrors of host-side state, for state_arrays().
   std::int64_t m_step_host = 0;
   std::vector<std::int32_t> m_exponents_host, m_failures_host;

@@ -102,7 +102,10 @@ void blend_statistic(const ExecutionSpace& space,
   Kokkos::parallel_for(
       "Lather::Shampoo::blend_statistic",
       Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {n, n}),
-      KOKKOS_LAMBDA(int i, int j) { stack(index, i, j) = w1 * stack(index, i, j) + w2 * gram(i, j); });
+      KOKKOS_LAMBDA(int i, int j) {
+        const T old_part = w1 * stack(index, i, j), new_part = w2 * gram(i, j);
+        stack(index, i, j) = old_part + new_part;
+      });
 }
 
 /// Copies the leading n x n block of stack(index) into a contiguous matrix.
@@ -116,13 +119,34 @@ void copy_leading_block(const ExecutionSpace& space,
       KOKKOS_LAMBDA(int i, int j) { out(i, j) = stack(index, i, j); });
 }
 
-/// sum of squares, accumulated in double
+/// Sum of squares, accumulated in double (so that squares of any finite float stay finite: the
+/// result is finite exactly when every entry is). On the host the loop runs in eight independent
+/// lanes per chunk, which the compiler vectorizes; a plain reduction would not be.
 template <class ExecutionSpace, class T, class MemorySpace>
 double squared_norm(const ExecutionSpace& space, const Kokkos::View<const T*, MemorySpace>& x) {
+  const std::int64_t n = std::int64_t(x.extent(0));
   double sum = 0;
-  Kokkos::parallel_reduce(
-      "Lather::Shampoo::squared_norm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, x.extent(0)),
-      KOKKOS_LAMBDA(std::int64_t k, double& acc) { acc += double(x(k)) * double(x(k)); }, sum);
+  if constexpr (::lather::Impl::host_accessible<MemorySpace>) {
+    constexpr std::int64_t chunk = 1024;
+    const T* data = x.data();
+    Kokkos::parallel_reduce(
+        "Lather::Shampoo::squared_norm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, (n + chunk - 1) / chunk),
+        KOKKOS_LAMBDA(std::int64_t c, double& acc) {
+          const std::int64_t begin = c * chunk, end = begin + chunk < n ? begin + chunk : n;
+          double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          std::int64_t k = begin;
+          for (; k + 8 <= end; k += 8)
+            for (int j = 0; j < 8; ++j) lanes[j] += double(data[k + j]) * double(data[k + j]);
+          double rest = 0;
+          for (; k < end; ++k) rest += double(data[k]) * double(data[k]);
+          acc += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + rest;
+        },
+        sum);
+  } else {
+    Kokkos::parallel_reduce(
+        "Lather::Shampoo::squared_norm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
+        KOKKOS_LAMBDA(std::int64_t k, double& acc) { acc += double(x(k)) * double(x(k)); }, sum);
+  }
   return sum;
 }
 

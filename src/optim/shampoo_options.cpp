@@ -75,4 +75,91 @@ void ShampooOptions::validate() const {
   root.validate();
 }
 
+namespace {
+
+double parse_double(const std::string& name, const std::string& value) {
+  try {
+    std::size_t used = 0;
+    const double x = std::stod(value, &used);
+    if (used == value.size()) return x;
+  } catch (const std::exception&) {
+  }
+  LATHER_FAIL("Shampoo option ", name, ": '", value, "' is not a number");
+}
+
+long parse_long(const std::string& name, const std::string& value) {
+  try {
+    std::size_t used = 0;
+    const long x = std::stol(value, &used);
+    if (used == value.size()) return x;
+  } catch (const std::exception&) {
+  }
+  LATHER_FAIL("Shampoo option ", name, ": '", value, "' is not an integer");
+}
+
+bool parse_bool(const std::string& name, const std::string& value) {
+  std::string v = value;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (v == "true" || v == "1" || v == "yes" || v == "on") return true;
+  if (v == "false" || v == "0" || v == "no" || v == "off") return false;
+  LATHER_FAIL("Shampoo option ", name, ": '", value, "' is not a boolean (true/false)");
+}
+
+}  // namespace
+
+const std::vector<std::string>& option_names() {
+  static const std::vector<std::string> names = {
+      "learning_rate", "block_size", "beta1", "beta2", "diagonal_epsilon", "matrix_epsilon", "weight_decay",
+      "start_preconditioning_step", "preconditioning_compute_steps", "statistics_compute_steps",
+      "best_effort_shape_interpretation", "graft_type", "nesterov", "exponent_override",
+      "shard_optimizer_states", "best_effort_memory_usage_reduction", "inverse_failure_threshold",
+      "moving_average_for_momentum", "skip_preconditioning_dim_size_gt", "clip_by_scaled_gradient_norm",
+      "relative_matrix_epsilon", "merge_small_dims_block_size", "skip_preconditioning_rank_lt",
+      "decoupled_learning_rate", "decoupled_weight_decay", "generate_training_metrics", "root_method",
+      "root_compute_precision", "root_max_iterations", "root_tolerance", "retry_failed_roots_in_double",
+      "max_consecutive_root_failures", "statistics_precision", "balance_root_work"};
+  return names;
+}
+
+void set_option(ShampooOptions& o, const std::string& name, const std::string& value) {
+  const auto d = [&] { return parse_double(name, value); };
+  const auto l = [&] { return parse_long(name, value); };
+  const auto b = [&] { return parse_bool(name, value); };
+  if (name == "learning_rate") o.learning_rate = LearningRateSchedule::constant(d());
+  else if (name == "block_size") o.block_size = int(l());
+  else if (name == "beta1") o.beta1 = d();
+  else if (name == "beta2") o.beta2 = d();
+  else if (name == "diagonal_epsilon") o.diagonal_epsilon = d();
+  else if (name == "matrix_epsilon") o.matrix_epsilon = d();
+  else if (name == "weight_decay") o.weight_decay = d();
+  else if (name == "start_preconditioning_step") o.start_preconditioning_step = l();
+  else if (name == "preconditioning_compute_steps") o.preconditioning_compute_steps = l();
+  else if (name == "statistics_compute_steps") o.statistics_compute_steps = l();
+  else if (name == "best_effort_shape_interpretation") o.best_effort_shape_interpretation = b();
+  else if (name == "graft_type") o.graft_type = parse_graft_type(value);
+  else if (name == "nesterov") o.nesterov = b();
+  else if (name == "exponent_override") o.exponent_override = int(l());
+  else if (name == "shard_optimizer_states") o.shard_optimizer_states = b();
+  else if (name == "best_effort_memory_usage_reduction") o.best_effort_memory_usage_reduction = b();
+  else if (name == "inverse_failure_threshold") o.inverse_failure_threshold = d();
+  else if (name == "moving_average_for_momentum") o.moving_average_for_momentum = b();
+  else if (name == "skip_preconditioning_dim_size_gt") o.skip_preconditioning_dim_size_gt = l();
+  else if (name == "clip_by_scaled_gradient_norm") o.clip_by_scaled_gradient_norm = value == "none" ? 0.0 : d();
+  else if (name == "relative_matrix_epsilon") o.relative_matrix_epsilon = b();
+  else if (name == "merge_small_dims_block_size") o.merge_small_dims_block_size = l();
+  else if (name == "skip_preconditioning_rank_lt") o.skip_preconditioning_rank_lt = int(l());
+  else if (name == "decoupled_learning_rate") o.decoupled_learning_rate = b();
+  else if (name == "decoupled_weight_decay") o.decoupled_weight_decay = b();
+  else if (name == "generate_training_metrics") o.generate_training_metrics = b();
+  else if (name == "root_method") o.root.method = linalg::parse_root_method(value);
+  else if (name == "root_compute_precision") o.root.compute_precision = linalg::parse_precision(value);
+  else if (name == "root_max_iterations") o.root.max_iterations = int(l());
+  else if (name == "root_tolerance") o.root.tolerance = d();
+  else if (name == "retry_failed_roots_in_double") o.retry_failed_roots_in_double = b();
+  else if (name == "max_consecutive_root_failures") o.max_consecutive_root_failures = int(l());
+  else if (name == "statistics_precision") o.statistics_precision = linalg::parse_precision(value);
+  else if (name == "balance_root_work") o.balance_root_work = b();
+  else LATHER_FAIL("unknown Shampoo option '", name, "'");
+}
+
 }  // namespace lather::optim

@@ -6,6 +6,7 @@
 #include <lather/optim/schedule.hpp>
 
 #include <string>
+#include <vector>
 
 namespace lather::optim {
 
@@ -68,5 +69,14 @@ struct ShampooOptions {
 
   void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
 };
+
+/// Sets one option from text, by the reference's name (e.g. "graft_type", "RMSPROP_NORMALIZED";
+/// "learning_rate", "0.01"; "nesterov", "true"); Lather's own options are "root_method",
+/// "root_compute_precision", "root_max_iterations", "root_tolerance",
+/// "retry_failed_roots_in_double", "max_consecutive_root_failures", "statistics_precision",
+/// "balance_root_work". Throws lather::Error naming the key and the value it could not use.
+void set_option(ShampooOptions& options, const std::string& name, const std::string& value);
+/// The names set_option accepts, in documentation order.
+const std::vector<std::string>& option_names();
 
 }  // namespace lather::optim

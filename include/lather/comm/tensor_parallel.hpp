@@ -1,0 +1,148 @@
+#pragma once
+// Tensor-parallel building blocks over the shard communicator of a Mesh (Megatron-LM's layers):
+// a dense layer split by output columns, one split by input rows, the all-gather of a sharded
+// activation, and a softmax cross-entropy over a vocabulary split across shards that never
+// gathers the logits. Activations are 2-D row-major Views [batch, features]; products go to
+// KokkosBlas::gemm.
+//
+// Uneven splits are supported: `total` features over S shards give shard d the range
+// shard_range(total, S, d), the first total % S shards holding one more (a shard may hold none
+// when total < S). Every collective call first agrees on the shapes across the shards (one small
+// MPI_Allreduce, TensorParallelOptions::verify_shapes), so a mismatch is an error on every shard.
+
+#include <lather/comm/reduce.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <mpi.h>
+
+#include <memory>
+
+namespace lather::comm {
+
+template <class Scalar, class MemorySpace>
+using Matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, MemorySpace>;
+
+/// The features [begin, begin + count) that shard `shard` of `shards` holds out of `total`.
+struct ShardRange {
+  int begin = 0;
+  int count = 0;
+};
+ShardRange shard_range(int total, int shards, int shard);
+
+struct TensorParallelOptions {
+  /// Agree on the batch size (and argument validity) before every communicating call: one small
+  /// MPI_Allreduce. Turn off only when every shard is known to pass the same shapes.
+  bool verify_shapes = true;
+};
+
+/// Y = X W + b with W [in, out] split by output columns: shard d holds W_d = W[:, range_d] and
+/// b_d = b[range_d], sees the whole input X [batch, in] and produces Y_d = Y[:, range_d].
+template <class ExecutionSpace, class Scalar>
+class ColumnParallelLinear {
+ public:
+  using memory_space = typename ExecutionSpace::memory_space;
+  using matrix = Matrix<Scalar, memory_space>;
+  using const_matrix = Matrix<const Scalar, memory_space>;
+  using vector = Kokkos::View<Scalar*, memory_space>;
+  using const_vector = Kokkos::View<const Scalar*, memory_space>;
+
+  /// Collective over `shards` (agrees on in/out features). The communicator must outlive the layer.
+  ColumnParallelLinear(MPI_Comm shards, int in_features, int out_features,
+                       const TensorParallelOptions& options = {});
+  ~ColumnParallelLinear();
+  ColumnParallelLinear(ColumnParallelLinear&&) noexcept;
+  ColumnParallelLinear& operator=(ColumnParallelLinear&&) noexcept;
+
+  int in_features() const;
+  int out_features() const;
+  ShardRange local_out() const;  ///< this shard's output columns
+
+  /// Y_d = X W_d + b_d. Local: no communication.
+  void forward(const ExecutionSpace& space, const const_matrix& x, const const_matrix& weight,
+               const const_vector& bias, const matrix& y) const;
+  /// dW_d = X^T dY_d, db_d = column sums of dY_d (local), dX = sum over shards of dY_d W_d^T
+  /// (one MPI_Allreduce of [batch, in]). Collective.
+  void backward(const ExecutionSpace& space, const const_matrix& x, const const_matrix& weight,
+                const const_matrix& dy, const matrix& dx, const matrix& dweight, const vector& dbias);
+
+ private:
+  struct State;
+  std::unique_ptr<State> m_state;
+};
+
+/// Y = X W + b with W [in, out] split by input rows: shard d holds W_d = W[range_d, :] and its
+/// slice of the input X_d = X[:, range_d]; b [out] is replicated and added once.
+template <class ExecutionSpace, class Scalar>
+class RowParallelLinear {
+ public:
+  using memory_space = typename ExecutionSpace::memory_space;
+  using matrix = Matrix<Scalar, memory_space>;
+  using const_matrix = Matrix<const Scalar, memory_space>;
+  using vector = Kokkos::View<Scalar*, memory_space>;
+  using const_vector = Kokkos::View<const Scalar*, memory_space>;
+
+  RowParallelLinear(MPI_Comm shards, int in_features, int out_features,
+                    const TensorParallelOptions& options = {});
+  ~RowParallelLinear();
+  RowParallelLinear(RowParallelLinear&&) noexcept;
+  RowParallelLinear& operator=(RowParallelLinear&&) noexcept;
+
+  int in_features() const;
+  int out_features() const;
+  ShardRange local_in() const;  ///< this shard's input rows
+
+  /// Y = (sum over shards of X_d W_d) + b: one MPI_Allreduce of [batch, out]. Collective.
+  void forward(const ExecutionSpace& space, const const_matrix& x, const const_matrix& weight,
+               const const_vector& bias, const matrix& y);
+  /// dX_d = dY W_d^T, dW_d = X_d^T dY, db = column sums of dY (the same on every shard). Local.
+  void backward(const ExecutionSpace& space, const const_matrix& x, const const_matrix& weight,
+                const const_matrix& dy, const matrix& dx, const matrix& dweight,
+                const vector& dbias) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> m_state;
+};
+
+/// x [batch, f] := the shards' x_d [batch, f_d] side by side, shard d's at columns
+/// shard_range(f, S, d). Collective over `shards` (agreement + one MPI_Allgatherv).
+template <class ExecutionSpace, class Scalar>
+void all_gather_features(const ExecutionSpace& space, MPI_Comm shards,
+                         const Matrix<const Scalar, typename ExecutionSpace::memory_space>& local,
+                         const Matrix<Scalar, typename ExecutionSpace::memory_space>& gathered,
+                         const TensorParallelOptions& options = {});
+
+/// Softmax cross-entropy over a vocabulary split across shards, as Megatron's
+/// vocab_parallel_cross_entropy: each shard holds logits_d [batch, V_d] for its vocabulary range;
+/// the row maxima (MPI_MAX), then the sums of exp(logit - max) and the target logits (one
+/// MPI_SUM of [2, batch]; the target logit comes from the shard that owns the label) are reduced
+/// across shards, never the logits. loss_i = log(sum_j exp(z_ij - m_i)) + m_i - z_{i,label_i}.
+template <class ExecutionSpace, class Scalar>
+class VocabParallelCrossEntropy {
+ public:
+  using memory_space = typename ExecutionSpace::memory_space;
+  using matrix = Matrix<Scalar, memory_space>;
+  using const_matrix = Matrix<const Scalar, memory_space>;
+  using vector = Kokkos::View<Scalar*, memory_space>;
+  using labels_view = Kokkos::View<const int*, memory_space>;
+
+  VocabParallelCrossEntropy(MPI_Comm shards, int vocab_size, const TensorParallelOptions& options = {});
+  ~VocabParallelCrossEntropy();
+  VocabParallelCrossEntropy(VocabParallelCrossEntropy&&) noexcept;
+  VocabParallelCrossEntropy& operator=(VocabParallelCrossEntropy&&) noexcept;
+
+  int vocab_size() const;
+  ShardRange local_vocab() const;
+
+  /// Writes loss [batch] (per row) and grad [batch, V_d] = (softmax - onehot(label)) / batch, the
+  /// gradient of the mean loss w.r.t. this shard's logits; returns the mean loss. `labels` are
+  /// global class ids in [0, vocab_size), the same on every shard. Collective.
+  double forward_backward(const ExecutionSpace& space, const const_matrix& logits,
+                          const labels_view& labels, const vector& loss, const matrix& grad);
+
+ private:
+  struct State;
+  std::unique_ptr<State> m_state;
+};
+
+}  // namespace lather::comm

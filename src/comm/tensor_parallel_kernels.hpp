@@ -1,0 +1,152 @@
+#pragma once
+// Kernels of the tensor-parallel layers (free functions: their lambdas are device-safe) and the
+// one GEMM wrapper, which hands the execution space to Kokkos Kernels where it takes one.
+
+#include <lather/core/kokkos_compat.hpp>
+
+#include <KokkosBlas3_gemm.hpp>
+#include <KokkosKernels_config.h>
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <limits>
+
+namespace lather::comm::Impl {
+
+namespace kmath = ::lather::Impl::kmath;
+
+template <class T, class MemorySpace>
+using Rows = Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>;
+
+/// C = op(A) op(B) (beta = 0); an empty inner dimension gives C = 0 without calling BLAS.
+template <class ExecutionSpace, class AView, class BView, class CView>
+void gemm(const ExecutionSpace& space, const char* trans_a, const char* trans_b, const AView& a,
+          const BView& b, const CView& c) {
+  using value_type = typename CView::non_const_value_type;
+  if (c.extent(0) == 0 || c.extent(1) == 0) return;
+  const std::size_t inner = trans_a[0] == 'N' ? a.extent(1) : a.extent(0);
+  if (inner == 0) {
+    Kokkos::deep_copy(space, c, value_type(0));
+    return;
+  }
+#if defined(KOKKOSKERNELS_VERSION) && KOKKOSKERNELS_VERSION >= 40100
+  KokkosBlas::gemm(space, trans_a, trans_b, value_type(1), a, b, value_type(0), c);
+#else
+  // Older Kokkos Kernels run on the default instance: order it after the caller's work.
+  ::lather::Impl::fence(space, "Lather::comm::gemm: inputs ready");
+  KokkosBlas::gemm(trans_a, trans_b, value_type(1), a, b, value_type(0), c);
+  Kokkos::fence();
+#endif
+}
+
+/// sums(j) = sum_i m(i, j), accumulated in double.
+template <class ExecutionSpace, class S, class MemorySpace>
+void column_sums(const ExecutionSpace& space, const Rows<const S, MemorySpace>& m,
+                 const Kokkos::View<S*, MemorySpace>& sums) {
+  const int rows = int(m.extent(0));
+  Kokkos::parallel_for(
+      "Lather::comm::column_sums", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m.extent(1)),
+      KOKKOS_LAMBDA(std::size_t j) {
+        double total = 0;
+        for (int i = 0; i < rows; ++i) total += double(m(i, j));
+        sums(j) = S(total);
+      });
+}
+
+/// y(i, j) += bias(j).
+template <class ExecutionSpace, class S, class MemorySpace>
+void add_bias(const ExecutionSpace& space, const Rows<S, MemorySpace>& y,
+              const Kokkos::View<const S*, MemorySpace>& bias) {
+  Kokkos::parallel_for(
+      "Lather::comm::add_bias",
+      Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {y.extent(0), y.extent(1)}),
+      KOKKOS_LAMBDA(std::size_t i, std::size_t j) { y(i, j) += bias(j); });
+}
+
+/// gathered(i, begin_d + j) = packed[offset_d + i * count_d + j] for every shard d: the shards'
+/// row-major blocks, as MPI_Allgatherv lays them one after the other, placed side by side.
+template <class ExecutionSpace, class S, class MemorySpace>
+void place_blocks(const ExecutionSpace& space, const Kokkos::View<const S*, MemorySpace>& packed,
+                  const Kokkos::View<const int*, MemorySpace>& column_of_block_start, int shards,
+                  const Rows<S, MemorySpace>& gathered) {
+  const int batch = int(gathered.extent(0)), features = int(gathered.extent(1));
+  Kokkos::parallel_for(
+      "Lather::comm::place_blocks",
+      Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {batch, features}),
+      KOKKOS_LAMBDA(int i, int column) {
+        int d = 0;  // the shard owning `column`: the last block starting at or before it
+        while (d + 1 < shards && column_of_block_start(d + 1) <= column) ++d;
+        const int begin = column_of_block_start(d);
+        const int count = column_of_block_start(d + 1) - begin;
+        gathered(i, column) = packed(std::size_t(begin) * batch + std::size_t(i) * count + (column - begin));
+      });
+}
+
+/// row_max(i) = max_j logits(i, j) (-inf for a shard without columns).
+template <class ExecutionSpace, class S, class MemorySpace>
+void row_max(const ExecutionSpace& space, const Rows<const S, MemorySpace>& logits,
+             const Kokkos::View<double*, MemorySpace>& maxima) {
+  const int columns = int(logits.extent(1));
+  const double lowest = -std::numeric_limits<double>::infinity();
+  Kokkos::parallel_for(
+      "Lather::comm::row_max", Kokkos::RangePolicy<ExecutionSpace>(space, 0, logits.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) {
+        double m = lowest;
+        for (int j = 0; j < columns; ++j) m = double(logits(i, j)) > m ? double(logits(i, j)) : m;
+        maxima(i) = m;
+      });
+}
+
+/// sums(i) = sum_j exp(logits(i, j) - max(i)); sums(batch + i) = the target logit if this shard
+/// owns label(i), else 0. Counts labels outside [0, vocab) in `invalid`.
+template <class ExecutionSpace, class S, class MemorySpace>
+void local_sums(const ExecutionSpace& space, const Rows<const S, MemorySpace>& logits,
+                const Kokkos::View<const int*, MemorySpace>& labels, int begin,
+                const Kokkos::View<const double*, MemorySpace>& maxima,
+                const Kokkos::View<double*, MemorySpace>& sums) {
+  const int columns = int(logits.extent(1));
+  const std::size_t batch = logits.extent(0);
+  Kokkos::parallel_for(
+      "Lather::comm::local_sums", Kokkos::RangePolicy<ExecutionSpace>(space, 0, batch),
+      KOKKOS_LAMBDA(std::size_t i) {
+        double total = 0;
+        for (int j = 0; j < columns; ++j) total += kmath::exp(double(logits(i, j)) - maxima(i));
+        sums(i) = total;
+        const int local = labels(i) - begin;
+        sums(batch + i) = (local >= 0 && local < columns) ? double(logits(i, local)) : 0.0;
+      });
+}
+
+/// loss(i) and grad(i, j) = (softmax(i, j) - [j owns label(i)]) / batch from the reduced sums.
+template <class ExecutionSpace, class S, class MemorySpace>
+void finish_cross_entropy(const ExecutionSpace& space, const Rows<const S, MemorySpace>& logits,
+                          const Kokkos::View<const int*, MemorySpace>& labels, int begin,
+                          const Kokkos::View<const double*, MemorySpace>& maxima,
+                          const Kokkos::View<const double*, MemorySpace>& sums,
+                          const Kokkos::View<S*, MemorySpace>& loss, const Rows<S, MemorySpace>& grad) {
+  const int columns = int(logits.extent(1));
+  const std::size_t batch = logits.extent(0);
+  const double inverse_batch = 1.0 / double(batch);
+  Kokkos::parallel_for(
+      "Lather::comm::finish_cross_entropy", Kokkos::RangePolicy<ExecutionSpace>(space, 0, batch),
+      KOKKOS_LAMBDA(std::size_t i) {
+        const double total = sums(i), target = sums(batch + i);
+        loss(i) = S(kmath::log(total) + maxima(i) - target);
+        for (int j = 0; j < columns; ++j) {
+          const double p = kmath::exp(double(logits(i, j)) - maxima(i)) / total;
+          grad(i, j) = S((p - (j + begin == labels(i) ? 1.0 : 0.0)) * inverse_batch);
+        }
+      });
+}
+
+/// sum_i values(i) in double.
+template <class ExecutionSpace, class S, class MemorySpace>
+double sum_values(const ExecutionSpace& space, const Kokkos::View<const S*, MemorySpace>& values) {
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "Lather::comm::sum_values", Kokkos::RangePolicy<ExecutionSpace>(space, 0, values.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i, double& partial) { partial += double(values(i)); }, total);
+  return total;
+}
+
+}  // namespace lather::comm::Impl
