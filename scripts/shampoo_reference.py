@@ -43,7 +43,12 @@ COMMON_OPTIONS = {
     "beta1": 0.9,
     "beta2": 0.99,
     "diagonal_epsilon": 1e-10,
-    "matrix_epsilon": 1e-6,
+    # 1e-3, not the reference's 1e-6: the gradients below make every 2-D block's statistics
+    # numerically rank ~2-4, and float32 rounding in G G^T then puts ~1e-7*max_ev of noise into
+    # the null space. With a ridge of 1e-6*max_ev that noise changes the inverse roots by ~1e-3
+    # and a one-ulp change of the gradients moves the parameters by up to 0.7 within 30 steps;
+    # with 1e-3 the same change moves them by ~1e-6 (see diagnostics.sensitivity).
+    "matrix_epsilon": 1e-3,
     "weight_decay": 0.0,
     "start_preconditioning_step": 1,
     "preconditioning_compute_steps": 1,
@@ -113,7 +118,8 @@ OPTION_SETS = [
         "description": (
             "ADAGRAD grafting, decoupled weight_decay 0.1 (added as lr*wd*param before the final "
             "-lr scaling), Nesterov with moving_average_for_momentum, Shampoo from step 3, "
-            "beta2 0.999. block_size 128 with merge_small_dims_block_size 4096: every "
+            "beta2 0.999, the reference's default matrix_epsilon 1e-6. block_size 128 with "
+            "merge_small_dims_block_size 4096: every "
             "preconditioned parameter is merged to rank 1 ('dense' -> [108], 'conv3' -> [120], "
             "'conv4' -> [180] split 128+52, 'blocked' -> [220] split 128+92), so p=2 throughout."),
         "options": {
@@ -121,6 +127,8 @@ OPTION_SETS = [
             "block_size": 128,
             "merge_small_dims_block_size": 4096,
             "graft_type": "ADAGRAD",
+            # rank-1 statistics here are well conditioned; keep the reference's default
+            "matrix_epsilon": 1e-6,
             "beta2": 0.999,
             "weight_decay": 0.1,
             "decoupled_weight_decay": True,
@@ -137,7 +145,7 @@ OPTION_SETS = [
             "int16 with the diagonal kept in float32 and per-column bucket sizes, momentum "
             "buffers of rank>1 parameters stored as int8 with per-column bucket sizes (rank<=1 "
             "stay float32), diagonal statistics float32. block_size 8 / merge 8, Nesterov, "
-            "roots every step from step 1."),
+            "roots every step from step 1, matrix_epsilon 1e-2."),
         "options": {
             "learning_rate": 0.05,
             "block_size": 8,
@@ -145,6 +153,9 @@ OPTION_SETS = [
             "graft_type": "ADAGRAD_NORMALIZED",
             "batch_axis_name": "batch",
             "best_effort_memory_usage_reduction": True,
+            # int16 rounding of the statistics (a step of max/32767 per column) needs a larger
+            # ridge than float32 rounding to keep the trajectory insensitive to one-ulp changes
+            "matrix_epsilon": 1e-2,
         },
     },
     {
@@ -322,7 +333,34 @@ class RootLog:
         }
 
 
-def run_option_set(jax, ds, option_set, x64):
+def perturbed(np, grads, step):
+    """Each gradient value moved by one float32 ulp, up or down in a fixed pattern."""
+    result = {}
+    for name, value in grads.items():
+        flat = value.reshape(-1)
+        up = (np.arange(flat.size) + step) % 2 == 0
+        moved = np.where(up, np.nextafter(flat, np.float32(np.inf)),
+                         np.nextafter(flat, np.float32(-np.inf)))
+        result[name] = moved.astype(np.float32).reshape(value.shape)
+    return result
+
+
+def sensitivity(np, records, perturbed_records):
+    """Per recorded step: max |difference| over all parameter values between the run and a run
+    whose gradients differ by one ulp; the floor any reimplementation can hope to reach."""
+    steps = {}
+    for record, other in zip(records, perturbed_records):
+        difference = 0.0
+        for name, values in record["params"].items():
+            difference = max(difference, float(np.max(np.abs(
+                np.asarray(values) - np.asarray(other["params"][name])))))
+        steps[str(record["step"])] = difference
+    return {"perturbation": "every gradient value moved by one float32 ulp (up where k+t is "
+                            "even, down where odd), all else equal",
+            "max_abs_param_difference": steps}
+
+
+def run_option_set(jax, ds, option_set, x64, perturb=False):
     import numpy as np  # pylint: disable=import-outside-toplevel
     import optax  # pylint: disable=import-outside-toplevel
 
@@ -359,6 +397,8 @@ def run_option_set(jax, ds, option_set, x64):
     roots = RootLog(np, kwargs["inverse_failure_threshold"])
     for step in range(NUM_STEPS):
         grads = gradients(np, {n: np.asarray(p) for n, p in params.items()}, step)
+        if perturb:
+            grads = perturbed(np, grads, step)
         if first_gradients is None:
             first_gradients = {n: flat_floats(np, g) for n, g in grads.items()}
         updates, state = update(grads, state, params)
@@ -453,6 +493,10 @@ def summarize(result):
              f"(error >= threshold), {roots['newton_stopped_by_error_ratio']} Newton runs stopped "
              f"by the 1.2 error-ratio rule; closest error ratio to 1.2: "
              f"{roots['min_abs_error_ratio_minus_1.2']:.3g} away"]
+    if "sensitivity" in result["diagnostics"]:
+        lines.append("  1-ulp gradient perturbation moves params by: " + ", ".join(
+            f"step {k}: {v:.2g}" for k, v in
+            result["diagnostics"]["sensitivity"]["max_abs_param_difference"].items()))
     for name, _ in PARAMETERS:
         entry = result["diagnostics"][name]
         line = (f"  {name:8s} statistics={entry['num_statistics']:2d} "
@@ -474,6 +518,8 @@ def main():
     parser.add_argument("--x64", choices=["on", "off"], default="on",
                         help="float64 inverse roots (on, default) or float32 everywhere")
     parser.add_argument("--list", action="store_true", help="list option sets and exit")
+    parser.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
+                        help="skip the second, gradient-perturbed run of each set")
     args = parser.parse_args()
 
     if args.list:
@@ -490,10 +536,15 @@ def main():
     unknown = set(args.only) - {s["name"] for s in OPTION_SETS}
     if unknown:
         parser.error(f"unknown option set(s): {', '.join(sorted(unknown))}")
+    import numpy as np  # pylint: disable=import-outside-toplevel
     os.makedirs(args.out, exist_ok=True)
     for option_set in selected:
         started = time.perf_counter()
         result = run_option_set(jax, ds, option_set, x64)
+        if args.sensitivity:
+            shaken = run_option_set(jax, ds, option_set, x64, perturb=True)
+            result["diagnostics"]["sensitivity"] = sensitivity(np, result["records"],
+                                                               shaken["records"])
         path = os.path.join(args.out, option_set["name"] + ".json")
         with open(path, "w", encoding="utf-8") as out_file:
             out_file.write(to_json(result))

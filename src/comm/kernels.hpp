@@ -16,7 +16,7 @@ namespace lather::comm::Impl {
 /// Sum of a.b, a.a and b.b in double.
 struct DotNorms {
   double dot = 0, aa = 0, bb = 0;
-  KOKKOS_INLINE_FUNCTION DotNorms() = default;
+  DotNorms() = default;
   KOKKOS_INLINE_FUNCTION DotNorms(double d, double a, double b) : dot(d), aa(a), bb(b) {}
   KOKKOS_INLINE_FUNCTION DotNorms& operator+=(const DotNorms& other) {
     dot += other.dot;
@@ -56,13 +56,29 @@ using ItemRanges = Kokkos::View<std::int64_t* [2], Kokkos::LayoutRight, MemorySp
 template <class MemorySpace>
 using ItemCoefficients = Kokkos::View<double* [2], Kokkos::LayoutRight, MemorySpace>;
 
-/// data(i) *= factor, the product taken in double and rounded once.
+/// data(i) *= factor, in the tensor's type (the factor rounded to it: within one unit in the last
+/// place of the exact product, and a single vectorisable multiplication per element).
 template <class ExecutionSpace, class S, class MemorySpace>
 void scale(const ExecutionSpace& space, const Vector<S, MemorySpace>& data, double factor) {
   if (factor == 1.0) return;
+  const S f = S(factor);
   Kokkos::parallel_for(
       "Lather::comm::scale", Kokkos::RangePolicy<ExecutionSpace>(space, 0, data.extent(0)),
-      KOKKOS_LAMBDA(std::size_t i) { data(i) = S(double(data(i)) * factor); });
+      KOKKOS_LAMBDA(std::size_t i) { data(i) *= f; });
+}
+
+/// to(i) = factor * from(i) (the unpacking of a fused bucket, with the mean's division folded in).
+template <class ExecutionSpace, class S, class MemorySpace>
+void copy_scaled(const ExecutionSpace& space, const Vector<const S, MemorySpace>& from,
+                 const Vector<S, MemorySpace>& to, double factor) {
+  if (factor == 1.0) {
+    Kokkos::deep_copy(space, to, from);
+    return;
+  }
+  const S f = S(factor);
+  Kokkos::parallel_for(
+      "Lather::comm::copy_scaled", Kokkos::RangePolicy<ExecutionSpace>(space, 0, to.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { to(i) = from(i) * f; });
 }
 
 /// accumulator(i) = accumulator(i) + factor * increment(i), or = factor * increment(i) when
@@ -92,13 +108,23 @@ void dot_norm_partials(const ExecutionSpace& space, const Vector<const S, Memory
         const int k = team.league_rank();
         const std::int64_t begin = items(k, 0), length = items(k, 1);
         DotNorms sums;
+        // Four elements per step: four independent products per accumulation shorten the
+        // dependency chains of the double sums (2-3x on CPUs), and the order stays fixed.
+        const std::int64_t groups = (length + 3) / 4;
         Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, length),
-            [&](std::int64_t j, DotNorms& local) {
-              const double x = double(a(begin + j)), y = double(b(begin + j));
-              local.dot += x * y;
-              local.aa += x * x;
-              local.bb += y * y;
+            Kokkos::TeamThreadRange(team, groups),
+            [&](std::int64_t g, DotNorms& local) {
+              const std::int64_t first = begin + 4 * g, last = begin + length;
+              double dot = 0, aa = 0, bb = 0;
+              for (std::int64_t e = first; e < first + 4 && e < last; ++e) {
+                const double x = double(a(e)), y = double(b(e));
+                dot += x * y;
+                aa += x * x;
+                bb += y * y;
+              }
+              local.dot += dot;
+              local.aa += aa;
+              local.bb += bb;
             },
             Kokkos::Sum<DotNorms>(sums));
         Kokkos::single(Kokkos::PerTeam(team), [&]() { partials(k) = sums; });

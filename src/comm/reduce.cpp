@@ -140,11 +140,15 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     }
   }
 
-  void unpack(const ExecutionSpace& space, const tensor_list& tensors, const Impl::Bucket& bucket) {
+  /// Copies a bucket back into its tensors, multiplied by `factor` on the way.
+  void unpack(const ExecutionSpace& space, const tensor_list& tensors, const Impl::Bucket& bucket,
+              double factor = 1.0) {
     std::int64_t offset = 0;
     for (std::size_t t = bucket.first; t < bucket.last; ++t) {
       const std::int64_t n = layout.sizes[t];
-      if (n > 0) Kokkos::deep_copy(space, tensors[t], Kokkos::subview(fusion, range(offset, n)));
+      if (n > 0)
+        Impl::copy_scaled(space, Impl::Vector<const S, M>(Kokkos::subview(fusion, range(offset, n))),
+                          tensors[t], factor);
       offset += n;
     }
   }
@@ -197,6 +201,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   // ---- operations ------------------------------------------------------------------------------
 
   void sum_like(const ExecutionSpace& space, const tensor_list& tensors, double factor) {
+    const bool native = options.wire_precision == WirePrecision::native;
     for (const auto& bucket : layout.buckets) {
       if (bucket.elements == 0) continue;
       if (size == 1) {
@@ -204,8 +209,14 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
         continue;
       }
       const auto data = bucket_data(space, tensors, bucket);
-      sum_in_place(space, data, factor);
-      if (!bucket.single()) unpack(space, tensors, bucket);
+      if (bucket.single() || !native) {
+        sum_in_place(space, data, factor);
+        if (!bucket.single()) unpack(space, tensors, bucket);
+      } else {
+        // The division of a mean rides on the unpacking: no extra pass over the bucket.
+        transport.allreduce_sum(space, data);
+        unpack(space, tensors, bucket, factor);
+      }
     }
   }
 

@@ -6,6 +6,7 @@
 #include "tensor_parallel_kernels.hpp"
 #include "transport.hpp"
 
+#include <climits>
 #include <cmath>
 
 namespace lather::comm {
@@ -250,6 +251,8 @@ void all_gather_features(const ExecutionSpace& space, MPI_Comm shards,
   const auto mine = shard_range(features, info.shards, info.shard);
   auto error = first_error({expect_shape("the local block", local, std::size_t(batch), std::size_t(mine.count))});
   if (error.empty() && !local.span_is_contiguous()) error = "the local block must be contiguous";
+  if (error.empty() && std::int64_t(batch) * features > std::int64_t(INT_MAX))
+    error = "the gathered activation has more than INT_MAX elements (MPI counts are int)";
   agree_call(info, options.verify_shapes, "all_gather_features", batch, error,
              {{"gathered feature count", features}});
   std::vector<int> counts(info.shards), displacements(info.shards);

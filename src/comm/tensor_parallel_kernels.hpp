@@ -9,6 +9,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace lather::comm::Impl {
@@ -59,8 +60,9 @@ void add_bias(const ExecutionSpace& space, const Rows<S, MemorySpace>& y,
               const Kokkos::View<const S*, MemorySpace>& bias) {
   Kokkos::parallel_for(
       "Lather::comm::add_bias",
-      Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {y.extent(0), y.extent(1)}),
-      KOKKOS_LAMBDA(std::size_t i, std::size_t j) { y(i, j) += bias(j); });
+      Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(
+          space, {std::int64_t(0), std::int64_t(0)}, {std::int64_t(y.extent(0)), std::int64_t(y.extent(1))}),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) { y(i, j) += bias(j); });
 }
 
 /// gathered(i, begin_d + j) = packed[offset_d + i * count_d + j] for every shard d: the shards'
@@ -72,8 +74,10 @@ void place_blocks(const ExecutionSpace& space, const Kokkos::View<const S*, Memo
   const int batch = int(gathered.extent(0)), features = int(gathered.extent(1));
   Kokkos::parallel_for(
       "Lather::comm::place_blocks",
-      Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {batch, features}),
-      KOKKOS_LAMBDA(int i, int column) {
+      Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(
+          space, {std::int64_t(0), std::int64_t(0)}, {std::int64_t(batch), std::int64_t(features)}),
+      KOKKOS_LAMBDA(std::int64_t row, std::int64_t col) {
+        const int i = int(row), column = int(col);
         int d = 0;  // the shard owning `column`: the last block starting at or before it
         while (d + 1 < shards && column_of_block_start(d + 1) <= column) ++d;
         const int begin = column_of_block_start(d);

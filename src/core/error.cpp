@@ -6,6 +6,7 @@ namespace lather {
 
 namespace {
 std::string with_location(const std::string& message, const char* file, int line) {
+  if (file == nullptr) return message;  // the message already carries its origin
   // Keep the path from the project root on: users report it, we find it.
   const char* shown = file;
   for (const char* marker : {"/src/", "/include/"}) {

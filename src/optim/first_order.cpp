@@ -165,6 +165,7 @@ auto FirstOrder<ExecutionSpace, Scalar>::state_arrays() -> std::vector<StateArra
       a.name = "local/" + this->m_parameters[p].name + "/" + m_slot_names[s];
       a.dtype = dtype_of<Scalar>();
       a.shape = this->m_parameters[p].shape;
+      a.parameter = int(p);
       a.device_bytes = as_bytes<memory_space>(m_state[s][p], m_state[s][p].size());
       arrays.push_back(a);
     }

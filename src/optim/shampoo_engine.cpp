@@ -197,12 +197,14 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
       const std::string prefix = "local/" + pp.spec.name + "/";
       const auto local = [&](const std::string& name, auto& view, TensorShape shape) {
         if (view.size() == 0) return;
+        const bool elementwise = shape == pp.spec.shape;
         using V = typename std::decay_t<decltype(view)>::value_type;
         StateArray<memory_space> a;
         a.name = prefix + name;
         a.dtype = dtype_of<V>();
         a.shape = std::move(shape);
         a.writer = m_rank == 0;  // replicated across the group
+        a.parameter = elementwise ? int(p) : -1;
         a.device_bytes = as_bytes<memory_space>(view, view.size());
         arrays.push_back(a);
       };

@@ -12,6 +12,7 @@ namespace lather {
 /// names the object and the offending value; `what()` also carries the source location.
 class Error : public std::runtime_error {
  public:
+  /// file == nullptr: `message` already says where it comes from (e.g. relayed from another rank).
   Error(std::string message, const char* file, int line);
   /// The message without the source location, for one-line reports to users.
   const std::string& message() const noexcept { return m_message; }

@@ -13,10 +13,20 @@
 
 namespace lather::optim {
 
-/// A trainable tensor as the optimizer sees it: a name for messages and checkpoints, and its shape.
+/// A trainable tensor as the optimizer sees it: a name for messages and checkpoints, and the
+/// shape of the tensor this rank holds. With weight sharding (tensor parallelism) the tensor is
+/// this rank's slice of a global tensor split along `split_axis`: it holds
+/// [split_offset, split_offset + shape[split_axis]) of global_shape[split_axis].
 struct ParameterSpec {
   std::string name;
   TensorShape shape;
+  int split_axis = -1;  ///< -1: not split (the tensor is the whole parameter)
+  std::int64_t split_offset = 0;
+  TensorShape global_shape;  ///< empty: same as shape
+
+  const TensorShape& global() const { return global_shape.empty() ? shape : global_shape; }
+  bool split() const { return split_axis >= 0; }
+  void validate() const;  ///< Throws lather::Error naming the parameter when inconsistent.
 };
 
 /// Bytes of optimizer state on this rank, by kind.
@@ -52,6 +62,9 @@ struct StateArray {
   TensorShape shape;
   std::vector<std::int64_t> rows;
   bool writer = true;
+  /// >= 0: the array mirrors parameter `parameter` element by element (same shape), so with
+  /// weight sharding it is stored and re-sharded like that parameter.
+  int parameter = -1;
   Kokkos::View<char*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> device_bytes;
   Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host_bytes;
 

@@ -1,0 +1,86 @@
+#include "directory.hpp"
+
+#include <lather/core/error.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace lather::checkpoint::Impl {
+
+namespace fs = std::filesystem;
+
+std::string final_name(const std::string& directory, const std::string& prefix, long step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "-%012ld.h5", step);
+  return (fs::path(directory) / (prefix + name)).string();
+}
+
+std::string temporary_name(const std::string& directory, const std::string& prefix, long step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "-%012ld.h5.partial-%ld", step, long(::getpid()));
+  return (fs::path(directory) / ("." + prefix + name)).string();
+}
+
+std::vector<std::pair<long, std::string>> list_final(const std::string& directory, const std::string& prefix) {
+  std::vector<std::pair<long, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(directory, ec)) return found;
+  for (const auto& entry : fs::directory_iterator(directory, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string head = prefix + "-";
+    if (name.size() != head.size() + 12 + 3 || name.compare(0, head.size(), head) != 0) continue;
+    if (name.compare(name.size() - 3, 3, ".h5") != 0) continue;
+    const std::string digits = name.substr(head.size(), 12);
+    if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    found.push_back({std::stol(digits), entry.path().string()});
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+void remove_temporaries(const std::string& directory, const std::string& prefix) {
+  std::error_code ec;
+  if (!fs::is_directory(directory, ec)) return;
+  const std::string head = "." + prefix + "-";
+  for (const auto& entry : fs::directory_iterator(directory, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, head.size(), head) == 0 && name.find(".h5.partial-") != std::string::npos)
+      fs::remove(entry.path(), ec);
+  }
+}
+
+namespace {
+void sync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+}  // namespace
+
+void publish(const std::string& from, const std::string& to, bool sync) {
+  if (sync) sync_path(from, false);
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    LATHER_FAIL("cannot rename checkpoint '", from, "' to '", to, "': ", std::strerror(errno));
+  if (sync) sync_path(fs::path(to).parent_path().string(), true);
+}
+
+void prune(const std::string& directory, const std::string& prefix, int keep) {
+  auto files = list_final(directory, prefix);
+  std::error_code ec;
+  for (std::size_t k = 0; k + std::size_t(keep) < files.size(); ++k) fs::remove(files[k].second, ec);
+}
+
+void make_directories(const std::string& directory) {
+  std::error_code ec;
+  fs::create_directories(directory, ec);
+  LATHER_REQUIRE(!ec && fs::is_directory(directory), "cannot create checkpoint directory '", directory,
+                 "': ", ec ? ec.message() : std::string("not a directory"));
+}
+
+}  // namespace lather::checkpoint::Impl

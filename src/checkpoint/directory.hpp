@@ -1,0 +1,23 @@
+#pragma once
+// The checkpoint directory on rank 0's view of the file system: names, listing, atomic publishing
+// and pruning. Only complete checkpoints carry the final name `<prefix>-<step, 12 digits>.h5`.
+
+#include <string>
+#include <vector>
+
+namespace lather::checkpoint::Impl {
+
+std::string final_name(const std::string& directory, const std::string& prefix, long step);
+/// A name in the same directory that no reader takes for a checkpoint.
+std::string temporary_name(const std::string& directory, const std::string& prefix, long step);
+/// Final-named checkpoints, oldest (smallest step) first, with their steps.
+std::vector<std::pair<long, std::string>> list_final(const std::string& directory, const std::string& prefix);
+/// Removes leftovers of interrupted writes (temporary names of this prefix).
+void remove_temporaries(const std::string& directory, const std::string& prefix);
+/// fsync(file), rename(from, to), fsync(directory).
+void publish(const std::string& from, const std::string& to, bool sync);
+/// Deletes all but the newest `keep` final-named checkpoints.
+void prune(const std::string& directory, const std::string& prefix, int keep);
+void make_directories(const std::string& directory);
+
+}  // namespace lather::checkpoint::Impl

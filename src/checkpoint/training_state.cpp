@@ -1,0 +1,196 @@
+#include <lather/checkpoint/training_state.hpp>
+
+#include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+
+namespace lather::checkpoint {
+
+namespace {
+
+using HostBytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+/// Host staging for one array: the bytes a rank writes from, or reads into.
+struct Staged {
+  ArraySlice slice;
+  std::vector<char> host;
+  std::function<void()> to_device;  // after a load
+};
+
+/// The selection of a parameter-shaped array: whole, or this rank's block of the global tensor.
+void place_like_parameter(ArraySlice& slice, const optim::ParameterSpec& spec, bool write_replicated) {
+  slice.shape = spec.global();
+  if (!spec.split()) {
+    slice.selection = ArraySlice::Selection::whole;
+    slice.writer = write_replicated;
+    return;
+  }
+  slice.selection = ArraySlice::Selection::block;
+  slice.offset.assign(spec.shape.size(), 0);
+  slice.count.assign(spec.shape.begin(), spec.shape.end());
+  slice.offset[spec.split_axis] = spec.split_offset;
+  // Every replica holds the same block: one per block writes it.
+  slice.writer = write_replicated;
+}
+
+template <class MemorySpace>
+std::unique_ptr<Staged> stage_state(const optim::StateArray<MemorySpace>& a,
+                                    const std::vector<optim::ParameterSpec>& specs, bool write_replicated,
+                                    bool copy_out) {
+  auto s = std::make_unique<Staged>();
+  s->slice.path = "optimizer/" + a.name;
+  s->slice.dtype = a.dtype;
+  s->slice.shape = a.shape;
+  if (a.parameter >= 0) {
+    place_like_parameter(s->slice, specs[a.parameter], write_replicated && a.writer);
+  } else if (!a.rows.empty()) {
+    s->slice.selection = ArraySlice::Selection::rows;
+    s->slice.rows = a.rows;
+    s->slice.writer = a.writer;
+  } else {
+    s->slice.selection = ArraySlice::Selection::whole;
+    s->slice.writer = a.writer && write_replicated;
+  }
+  const std::size_t bytes = a.device_bytes.size() + a.host_bytes.size();
+  LATHER_REQUIRE(bytes == s->slice.bytes(), "optimizer state '", a.name, "' holds ", bytes,
+                 " bytes, its checkpoint selection ", s->slice.bytes());
+  s->host.resize(bytes);
+  HostBytes host(s->host.data(), bytes);
+  if (a.host_bytes.size() > 0) {
+    const HostBytes target = a.host_bytes;
+    if (copy_out) std::memcpy(host.data(), target.data(), bytes);
+    s->to_device = [target, host] { std::memcpy(target.data(), host.data(), host.size()); };
+  } else {
+    const auto device = a.device_bytes;
+    if (copy_out) Kokkos::deep_copy(host, device);
+    s->to_device = [device, host] { Kokkos::deep_copy(device, host); };
+  }
+  return s;
+}
+
+template <class ExecutionSpace, class Scalar>
+std::vector<std::unique_ptr<Staged>> stage_all(optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                                               const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
+                                               bool write_replicated, bool copy_out) {
+  using memory_space = typename ExecutionSpace::memory_space;
+  const auto& specs = optimizer.parameters();
+  LATHER_REQUIRE(params.size() == specs.size(), "checkpoint: ", params.size(), " parameter tensors for an optimizer of ",
+                 specs.size(), " parameters");
+  std::vector<std::unique_ptr<Staged>> staged;
+  for (std::size_t p = 0; p < specs.size(); ++p) {
+    auto s = std::make_unique<Staged>();
+    s->slice.path = "parameters/" + specs[p].name;
+    s->slice.dtype = optim::dtype_of<Scalar>();
+    place_like_parameter(s->slice, specs[p], write_replicated);
+    LATHER_REQUIRE(std::int64_t(params[p].size()) == element_count(specs[p].shape), "checkpoint: parameter '",
+                   specs[p].name, "' has ", params[p].size(), " elements, expected ", element_count(specs[p].shape));
+    s->host.resize(params[p].size() * sizeof(Scalar));
+    Kokkos::View<Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(
+        reinterpret_cast<Scalar*>(s->host.data()), params[p].size());
+    if (copy_out) Kokkos::deep_copy(host, params[p]);
+    const auto device = params[p];
+    s->to_device = [device, host] { Kokkos::deep_copy(device, host); };
+    staged.push_back(std::move(s));
+  }
+  for (const auto& a : optimizer.state_arrays())
+    staged.push_back(stage_state<memory_space>(a, specs, write_replicated, copy_out));
+  for (auto& s : staged) s->slice.data = s->host.data();
+  return staged;
+}
+
+}  // namespace
+
+template <class ExecutionSpace, class Scalar>
+std::string save_training_state(Checkpointer& checkpointer, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                                const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
+                                const TrainingState& state, bool write_replicated) {
+  ::lather::Impl::ScopedRegion region("Lather::checkpoint::save_training_state");
+  Kokkos::fence();
+  auto staged = stage_all(optimizer, params, write_replicated, true);
+  std::vector<ArraySlice> arrays;
+  for (const auto& s : staged) arrays.push_back(s->slice);
+  std::vector<std::uint64_t> rng = state.rng;
+  ArraySlice rng_slice;
+  rng_slice.path = "training/rng";
+  rng_slice.dtype = optim::DType::int64;
+  rng_slice.shape = {std::int64_t(rng.size())};
+  rng_slice.writer = write_replicated;
+  rng_slice.data = rng.data();
+  if (!rng.empty()) arrays.push_back(rng_slice);
+
+  Attributes attributes = state.extra;
+  attributes.integers["epoch"] = state.epoch;
+  attributes.integers["sample_offset"] = state.sample_offset;
+  attributes.integers["optimizer_step"] = optimizer.step_count();
+  attributes.integers["rng_words"] = std::int64_t(rng.size());
+  int world = 1;
+  MPI_Comm_size(checkpointer.communicator(), &world);
+  attributes.integers["world_size"] = world;
+  attributes.integers["weight_shards"] = state.weight_shards;
+  attributes.strings["optimizer"] = optimizer.name();
+  for (const auto& [key, value] : optimizer.describe()) attributes.strings["optimizer." + key] = value;
+  return checkpointer.save(optimizer.step_count(), arrays, attributes);
+}
+
+template <class ExecutionSpace, class Scalar>
+TrainingState load_training_state(const Checkpointer& checkpointer, const std::string& file,
+                                  optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                                  const TensorList<Scalar, typename ExecutionSpace::memory_space>& params) {
+  ::lather::Impl::ScopedRegion region("Lather::checkpoint::load_training_state");
+  const Attributes root = checkpointer.read_attributes(file);
+  const auto integer = [&](const char* name) -> std::int64_t {
+    const auto it = root.integers.find(name);
+    LATHER_REQUIRE(it != root.integers.end(), "checkpoint '", file, "' has no root attribute '", name, "'");
+    return it->second;
+  };
+  const auto optimizer_name = root.strings.find("optimizer");
+  LATHER_REQUIRE(optimizer_name != root.strings.end() && optimizer_name->second == optimizer.name(),
+                 "checkpoint '", file, "' holds the state of optimizer '",
+                 optimizer_name == root.strings.end() ? std::string("?") : optimizer_name->second,
+                 "', not of '", optimizer.name(), "'");
+  const std::int64_t words = integer("rng_words");
+  LATHER_REQUIRE(words >= 0 && words <= 4096, "checkpoint '", file, "': implausible rng_words ", words);
+
+  auto staged = stage_all(optimizer, params, false, false);
+  std::vector<ArraySlice> arrays;
+  for (const auto& s : staged) {
+    ArraySlice read = s->slice;
+    // Every rank reads the whole of what it holds, whatever it would write.
+    arrays.push_back(read);
+  }
+  TrainingState state;
+  state.rng.resize(std::size_t(words));
+  if (words > 0) {
+    ArraySlice rng;
+    rng.path = "training/rng";
+    rng.dtype = optim::DType::int64;
+    rng.shape = {words};
+    rng.data = state.rng.data();
+    arrays.push_back(rng);
+  }
+  checkpointer.load(file, arrays, nullptr);
+  for (const auto& s : staged) s->to_device();
+  Kokkos::fence();
+  optimizer.state_restored(long(integer("optimizer_step")));
+  state.epoch = long(integer("epoch"));
+  state.sample_offset = long(integer("sample_offset"));
+  state.world_size = int(integer("world_size"));
+  state.weight_shards = int(integer("weight_shards"));
+  state.extra = root;
+  return state;
+}
+
+#define LATHER_INSTANTIATE_TRAINING_STATE(SCALAR)                                                                 \
+  template std::string save_training_state<DefaultExecutionSpace, SCALAR>(                                        \
+      Checkpointer&, optim::Optimizer<DefaultExecutionSpace, SCALAR>&,                                            \
+      const TensorList<SCALAR, DefaultExecutionSpace::memory_space>&, const TrainingState&, bool);                \
+  template TrainingState load_training_state<DefaultExecutionSpace, SCALAR>(                                      \
+      const Checkpointer&, const std::string&, optim::Optimizer<DefaultExecutionSpace, SCALAR>&,                  \
+      const TensorList<SCALAR, DefaultExecutionSpace::memory_space>&);
+LATHER_INSTANTIATE_TRAINING_STATE(float)
+LATHER_INSTANTIATE_TRAINING_STATE(double)
+
+}  // namespace lather::checkpoint

@@ -1,0 +1,263 @@
+// Damaged checkpoints are refused with a message naming the file and dataset, on every rank, never
+// a crash or a hang: bit flips in the data (Fletcher32), flips anywhere (refused, or the data
+// comes back exactly), truncation, foreign files, absurd dimensions.
+#include "checkpoint_test_support.hpp"
+
+#include <lather/checkpoint/checkpoint.hpp>
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+namespace {
+
+using namespace lather;
+namespace fs = std::filesystem;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+std::string shared_directory(const std::string& tag) {
+  char name[256] = {};
+  if (world_rank() == 0) {
+    const std::string pattern = (fs::temp_directory_path() / ("lather-" + tag + "-XXXXXX")).string();
+    std::strncpy(name, pattern.c_str(), sizeof name - 1);
+    if (!mkdtemp(name)) name[0] = '\0';
+  }
+  MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return name;
+}
+
+struct Fixture {
+  std::string dir, file;
+  std::vector<checkpoint::ArraySlice> arrays;
+  std::vector<std::vector<double>> data;
+};
+
+/// A checkpoint with a few arrays of known content.
+Fixture make_checkpoint(const std::string& tag) {
+  Fixture f;
+  f.dir = shared_directory(tag);
+  checkpoint::CheckpointOptions options;
+  options.directory = f.dir;
+  options.chunk_bytes = 4096;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  const std::vector<std::pair<std::string, TensorShape>> shapes = {
+      {"parameters/dense/kernel", {40, 30}}, {"parameters/dense/bias", {30}}, {"optimizer/global/statistics", {6, 8, 8}}};
+  for (const auto& [path, shape] : shapes) {
+    std::vector<double> values(element_count(shape));
+    for (std::size_t k = 0; k < values.size(); ++k) values[k] = std::sin(double(k) + path.size());
+    f.data.push_back(values);
+  }
+  for (std::size_t a = 0; a < shapes.size(); ++a) {
+    checkpoint::ArraySlice slice;
+    slice.path = shapes[a].first;
+    slice.dtype = optim::DType::float64;
+    slice.shape = shapes[a].second;
+    slice.writer = world_rank() == 0;
+    slice.data = f.data[a].data();
+    f.arrays.push_back(slice);
+  }
+  f.file = checkpointer.save(3, f.arrays, {});
+  return f;
+}
+
+/// Loads `file` with the fixture's arrays into fresh buffers; returns the error text ("" if it
+/// loaded) and whether the data equal the originals. Every rank must agree on the error.
+std::pair<std::string, bool> try_load(const Fixture& f, const std::string& file) {
+  checkpoint::CheckpointOptions options;
+  options.directory = f.dir;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  std::vector<std::vector<double>> buffers;
+  auto arrays = f.arrays;
+  for (auto& a : arrays) {
+    buffers.emplace_back(a.elements(), -1.0);
+  }
+  for (std::size_t k = 0; k < arrays.size(); ++k) arrays[k].data = buffers[k].data();
+  std::string error;
+  try {
+    checkpointer.load(file, arrays);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Every rank saw the same outcome.
+  int failed = error.empty() ? 0 : 1, all = 0, any = 0;
+  MPI_Allreduce(&failed, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(all, any) << "ranks disagree on loading " << file;
+  return {error, buffers == f.data};
+}
+
+std::string copy_with(const std::string& file, const std::string& name, const std::function<void(std::vector<char>&)>& damage) {
+  const std::string target = (fs::path(file).parent_path() / name).string();
+  if (world_rank() == 0) {
+    std::ifstream in(file, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+    damage(bytes);
+    std::ofstream out(target, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return target;
+}
+
+/// File offsets and sizes of the stored chunks of a dataset (rank 0 reads them serially).
+std::vector<std::pair<haddr_t, hsize_t>> chunk_locations(const std::string& file, const std::string& path) {
+  std::vector<std::pair<haddr_t, hsize_t>> out;
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, path.c_str(), H5P_DEFAULT);
+  hid_t space = H5Dget_space(d);
+  hsize_t chunks = 0;
+  H5Dget_num_chunks(d, space, &chunks);
+  for (hsize_t c = 0; c < chunks; ++c) {
+    hsize_t offset[8];
+    unsigned mask = 0;
+    haddr_t address = 0;
+    hsize_t size = 0;
+    H5Dget_chunk_info(d, space, c, offset, &mask, &address, &size);
+    out.push_back({address, size});
+  }
+  H5Sclose(space);
+  H5Dclose(d);
+  H5Fclose(f);
+  return out;
+}
+
+TEST(CheckpointIntegrity, IntactFileLoads) {
+  const auto f = make_checkpoint("intact");
+  const auto [error, same] = try_load(f, f.file);
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(same);
+}
+
+// A flipped bit inside any dataset's data fails its Fletcher32 checksum; the message names the
+// file and the dataset.
+TEST(CheckpointIntegrity, BitFlipsInDataAreDetected) {
+  const auto f = make_checkpoint("flips");
+  for (const auto& a : f.arrays) {
+    std::vector<std::pair<haddr_t, hsize_t>> chunks;
+    if (world_rank() == 0) chunks = chunk_locations(f.file, a.path);
+    long count = long(chunks.size());
+    MPI_Bcast(&count, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    ASSERT_GT(count, 0) << a.path;
+    for (int which : {0, int(count - 1)}) {
+      for (int bit : {0, 5}) {
+        const auto damaged = copy_with(f.file, "flip.h5", [&](std::vector<char>& bytes) {
+          const auto [address, size] = chunks[which];
+          bytes[address + size / 3] ^= char(1 << bit);
+        });
+        const auto [error, same] = try_load(f, damaged);
+        EXPECT_NE(error.find(a.path), std::string::npos) << "flip in " << a.path << " chunk " << which << ": " << error;
+        EXPECT_NE(error.find("flip.h5"), std::string::npos) << error;
+      }
+    }
+  }
+}
+
+// A flip anywhere (metadata included) is refused, or changes nothing that is read.
+TEST(CheckpointIntegrity, BitFlipsAnywhereNeverCorruptSilently) {
+  const auto f = make_checkpoint("anywhere");
+  std::uintmax_t size = world_rank() == 0 ? fs::file_size(f.file) : 0;
+  MPI_Bcast(&size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  std::mt19937_64 rng(99);
+  int refused = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const std::uintmax_t offset = rng() % size;
+    const int bit = int(rng() % 8);
+    const auto damaged = copy_with(f.file, "anywhere.h5", [&](std::vector<char>& bytes) { bytes[offset] ^= char(1 << bit); });
+    const auto [error, same] = try_load(f, damaged);
+    if (error.empty())
+      EXPECT_TRUE(same) << "a flip at byte " << offset << " bit " << bit << " loaded different data silently";
+    else
+      ++refused;
+  }
+  EXPECT_GT(refused, 0);
+}
+
+TEST(CheckpointIntegrity, TruncationIsRefusedAndNeverLatest) {
+  const auto f = make_checkpoint("truncated");
+  std::uintmax_t size = world_rank() == 0 ? fs::file_size(f.file) : 0;
+  MPI_Bcast(&size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  for (std::uintmax_t keep : {std::uintmax_t(0), std::uintmax_t(100), size / 4, size / 2, 3 * size / 4, size - 1}) {
+    const auto damaged = copy_with(f.file, "cut.h5", [&](std::vector<char>& bytes) { bytes.resize(keep); });
+    const auto [error, same] = try_load(f, damaged);
+    EXPECT_NE(error, "") << "truncated to " << keep << " of " << size << " bytes";
+    EXPECT_NE(error.find("cut.h5"), std::string::npos) << error;
+  }
+  // A newer checkpoint that was truncated is not offered as the latest.
+  copy_with(f.file, "checkpoint-000000000009.h5", [&](std::vector<char>& bytes) { bytes.resize(size / 2); });
+  checkpoint::CheckpointOptions options;
+  options.directory = f.dir;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  EXPECT_EQ(checkpointer.latest(), f.file);
+}
+
+TEST(CheckpointIntegrity, ForeignFilesAreRefused) {
+  const auto f = make_checkpoint("foreign");
+  const auto text = copy_with(f.file, "checkpoint-000000000010.h5", [](std::vector<char>& bytes) {
+    const std::string s = "this is not HDF5\n";
+    bytes.assign(s.begin(), s.end());
+  });
+  auto [error, same] = try_load(f, text);
+  EXPECT_NE(error.find("cannot be opened as HDF5"), std::string::npos) << error;
+  // A valid HDF5 file that is not ours.
+  const std::string other = (fs::path(f.dir) / "checkpoint-000000000011.h5").string();
+  if (world_rank() == 0) {
+    hid_t file = H5Fcreate(other.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    H5Fclose(file);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::tie(error, same) = try_load(f, other);
+  EXPECT_NE(error.find("is not a Lather checkpoint"), std::string::npos) << error;
+  checkpoint::CheckpointOptions options;
+  options.directory = f.dir;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  EXPECT_EQ(checkpointer.latest(), f.file);  // neither foreign file is taken for a checkpoint
+}
+
+// A file that declares a dataset of 2^40 x 2^40 elements is refused from its metadata alone.
+TEST(CheckpointIntegrity, AbsurdDimensionsAreRefusedBeforeAllocation) {
+  const auto f = make_checkpoint("absurd");
+  const std::string absurd = (fs::path(f.dir) / "absurd.h5").string();
+  if (world_rank() == 0) {
+    hid_t file = H5Fcreate(absurd.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const auto attribute_string = [&](const char* name, const char* value) {
+      hid_t type = H5Tcopy(H5T_C_S1);
+      H5Tset_size(type, std::strlen(value));
+      hid_t space = H5Screate(H5S_SCALAR);
+      hid_t a = H5Acreate2(file, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a, type, value);
+      H5Aclose(a), H5Sclose(space), H5Tclose(type);
+    };
+    const auto attribute_int = [&](const char* name, long long value) {
+      hid_t space = H5Screate(H5S_SCALAR);
+      hid_t a = H5Acreate2(file, name, H5T_NATIVE_LLONG, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a, H5T_NATIVE_LLONG, &value);
+      H5Aclose(a), H5Sclose(space);
+    };
+    attribute_string("format", "lather-checkpoint");
+    attribute_int("format_version", 1);
+    attribute_int("complete", 1);
+    const hsize_t dims[2] = {hsize_t(1) << 40, hsize_t(1) << 40}, chunk[2] = {64, 64};
+    hid_t space = H5Screate_simple(2, dims, nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 2, chunk);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    hid_t d = H5Dcreate2(file, "parameters/dense/kernel", H5T_NATIVE_DOUBLE, space, lcpl, dcpl, H5P_DEFAULT);
+    H5Dclose(d), H5Pclose(lcpl), H5Pclose(dcpl), H5Sclose(space), H5Fclose(file);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto [error, same] = try_load(f, absurd);
+  EXPECT_NE(error.find("has shape [1099511627776, 1099511627776], expected [40, 30]"), std::string::npos) << error;
+}
+
+}  // namespace

@@ -1,0 +1,119 @@
+// The mesh's groups against their definition (rank r = shard r mod S of replica r div S), bad
+// shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
+// divergence check naming the ranks that differ.
+#include <lather/comm/mesh.hpp>
+#include <lather/comm/replicas.hpp>
+
+#include "comm_test_utils.hpp"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using lather::comm::Mesh;
+using namespace lather::test;
+
+TEST(Mesh, GroupsAreTheReferenceAxisIndexGroups) {
+  const int n = world_size(), rank = world_rank();
+  for (int shards = 1; shards <= n; ++shards) {
+    if (n % shards != 0) continue;
+    Mesh mesh(MPI_COMM_WORLD, shards);
+    EXPECT_EQ(mesh.world_size(), n);
+    EXPECT_EQ(mesh.world_rank(), rank);
+    EXPECT_EQ(mesh.weight_shards(), shards);
+    EXPECT_EQ(mesh.shard(), rank % shards);
+    EXPECT_EQ(mesh.replica(), rank / shards);
+    EXPECT_EQ(mesh.replicas(), n / shards);
+    // data_parallel: {S i + d : i}, ordered by replica; shards: {S i + d : d}, ordered by shard.
+    std::vector<int> data_parallel, replica;
+    for (int i = 0; i < n / shards; ++i) data_parallel.push_back(shards * i + mesh.shard());
+    for (int d = 0; d < shards; ++d) replica.push_back(shards * mesh.replica() + d);
+    EXPECT_EQ(lather::comm::world_ranks(mesh.data_parallel(), mesh.world()), data_parallel);
+    EXPECT_EQ(lather::comm::world_ranks(mesh.shards(), mesh.world()), replica);
+    EXPECT_EQ(lather::comm::comm_rank(mesh.data_parallel()), mesh.replica());
+    EXPECT_EQ(lather::comm::comm_rank(mesh.shards()), mesh.shard());
+    if (shards == n) {
+      Mesh moved(std::move(mesh));
+      EXPECT_EQ(mesh.world(), MPI_COMM_NULL);  // NOLINT(bugprone-use-after-move): the contract
+      EXPECT_NE(moved.world(), MPI_COMM_NULL);
+      EXPECT_EQ(lather::comm::comm_size(moved.shards()), n);
+    }
+  }
+}
+
+TEST(Mesh, BadShardCountsAreAnErrorOnEveryRank) {
+  const int n = world_size();
+  expect_error([&] { Mesh(MPI_COMM_WORLD, n + 1); }, "does not divide the world size");
+  expect_error([] { Mesh(MPI_COMM_WORLD, 0); }, "weight_shards must be >= 1, got 0");
+  if (n == 8) expect_error([] { Mesh(MPI_COMM_WORLD, 3); }, "weight_shards 3 does not divide the world size 8");
+}
+
+TEST(Replicas, SeedBroadcastAndAverage) {
+  const int n = world_size(), rank = world_rank();
+  const int shards = n % 2 == 0 ? 2 : 1;
+  Mesh mesh(MPI_COMM_WORLD, shards);
+  // One seed per data-parallel group: that of its replica 0, world rank = shard.
+  EXPECT_EQ(lather::comm::agree_seed(mesh, 1000u + rank), 1000u + mesh.shard());
+
+  const std::vector<std::int64_t> sizes = {5, 0, 700, 3, 2};
+  const int root = n - 1;
+  lather::comm::ReduceOptions small;
+  small.fusion_bytes = 256;  // several buckets and in-place single tensors
+  auto parameters = make_inputs<double>(rank, sizes);
+  lather::comm::broadcast_tensors(Exec(), MPI_COMM_WORLD, parameters, root, small);
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const auto got = read_view(parameters[t]);
+    for (std::int64_t i = 0; i < sizes[t]; ++i) ASSERT_EQ(got[i], input_value(root, int(t), i));
+  }
+  expect_error([&] { lather::comm::broadcast_tensors(Exec(), MPI_COMM_WORLD, parameters, n); },
+               "root " + std::to_string(n) + " is not a rank of the group");
+  auto state = make_inputs<float>(rank, sizes);
+  lather::comm::average_tensors(Exec(), mesh.data_parallel(), state);
+  const int replicas = mesh.replicas();
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const auto got = read_view(state[t]);
+    for (std::int64_t i = 0; i < sizes[t]; ++i) {
+      double mean = 0;
+      for (int r = 0; r < replicas; ++r) mean += stored_input<float>(shards * r + mesh.shard(), int(t), i);
+      // replicas values of magnitude <= 1 summed in float: (replicas + 1) eps relative to replicas.
+      ASSERT_NEAR(got[i], mean / replicas, 2.0 * (replicas + 1) * 1.2e-7);
+    }
+  }
+}
+
+TEST(Replicas, DivergenceCheckNamesTheRanksThatDiffer) {
+  const int n = world_size(), rank = world_rank();
+  const std::vector<std::int64_t> sizes = {4, 100, 7};
+  auto state = make_inputs<double>(0, sizes);  // the same on every rank
+  const auto report = lather::comm::check_replicas(Exec(), MPI_COMM_WORLD, state);
+  EXPECT_TRUE(report.consistent()) << report.describe();
+  EXPECT_EQ(report.checksums, std::vector<std::uint32_t>(n, lather::comm::checksum(Exec(), state)));
+  lather::comm::require_consistent_replicas(Exec(), MPI_COMM_WORLD, state);
+  if (n == 1) return;
+
+  // The last rank flips one element of tensor 1: it alone is named, with that tensor.
+  if (rank == n - 1) {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state[1]);
+    host(42) += 1e-12;
+    Kokkos::deep_copy(state[1], host);
+  }
+  const auto diverged = lather::comm::check_replicas(Exec(), MPI_COMM_WORLD, state);
+  EXPECT_FALSE(diverged.consistent());
+  EXPECT_EQ(diverged.divergent_world_ranks, std::vector<int>{n - 1});
+  EXPECT_EQ(diverged.divergent_tensors, std::vector<int>{1});
+  EXPECT_EQ(diverged.reference_rank, 0);
+  expect_error([&] { lather::comm::require_consistent_replicas(Exec(), MPI_COMM_WORLD, state); },
+               "replicas diverge: world ranks " + std::to_string(n - 1) + " differ");
+
+  // A rank with a different layout is named too (no per-tensor comparison then).
+  auto other = make_inputs<double>(0, rank == 0 && n > 2 ? std::vector<std::int64_t>{4, 100} : sizes);
+  const auto layouts = lather::comm::check_replicas(Exec(), MPI_COMM_WORLD, other);
+  if (n > 2) {
+    EXPECT_EQ(layouts.divergent_world_ranks, std::vector<int>{0});
+    EXPECT_NE(layouts.describe().find("2 tensors"), std::string::npos) << layouts.describe();
+  } else {
+    EXPECT_TRUE(layouts.consistent());
+  }
+}
+
+}  // namespace
