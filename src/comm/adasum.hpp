@@ -18,6 +18,10 @@
 //   4. rank r < n - P sends the result to r + P.
 // The result equals the pairwise tree on the folded vectors: level by level, v'(i) = Adasum(
 // v(2i), v(2i+1)), with the fold v(j) = Adasum(x(j), x(j + P)) for j < n - P, v(j) = x(j) else.
+//
+// Small buckets, where latency rules, take a shortcut with the same definition: one
+// MPI_Allgatherv of every rank's bucket, then that same tree computed by every rank locally
+// (adasum_tree_allgather). One collective instead of 3 log2(P) (+2).
 
 #include "kernels.hpp"
 #include "layout.hpp"
@@ -47,6 +51,7 @@ struct AdasumWorkspace {
   Transport<ExecutionSpace, S>* transport = nullptr;
   ItemPlan<memory_space>* items = nullptr;
   Vector<S, memory_space> partner;  ///< receives the partner's half (the whole buffer when folding)
+  Vector<S, memory_space> gathered;  ///< every rank's bucket, for the small-bucket shortcut
   long* scalar_collectives = nullptr;
 };
 
@@ -114,6 +119,32 @@ inline void split_counts(const std::vector<std::int64_t>& counts, std::int64_t f
     second[t] = counts[t] - in_first;
     position += counts[t];
   }
+}
+
+/// data := Adasum over the group of data by gathering every rank's data and computing the tree
+/// (fold, then pairs) on every rank. `work.gathered` holds n * data.extent(0) elements.
+template <class ExecutionSpace, class S>
+void adasum_tree_allgather(const ExecutionSpace& space, AdasumWorkspace<ExecutionSpace, S>& work,
+                           const Vector<S, typename ExecutionSpace::memory_space>& data,
+                           const std::vector<std::int64_t>& counts) {
+  using memory_space = typename ExecutionSpace::memory_space;
+  const int n = work.size;
+  const std::int64_t elements = std::int64_t(data.extent(0));
+  auto slot = [&](int r) {
+    return Vector<S, memory_space>(
+        Kokkos::subview(work.gathered, std::make_pair(std::size_t(r * elements), std::size_t((r + 1) * elements))));
+  };
+  std::vector<int> sizes(n, int(elements)), displacements(n);
+  for (int r = 0; r < n; ++r) displacements[r] = int(r * elements);
+  work.transport->allgatherv(space, data,
+                             Kokkos::subview(work.gathered, std::make_pair(std::size_t(0), std::size_t(n * elements))),
+                             sizes, displacements);
+  const int p = power_of_two_floor(n);
+  for (int j = 0; j + p < n; ++j) adasum_combine(space, work, slot(j), slot(j + p), counts, MPI_COMM_NULL, true);
+  for (int stride = 1; stride < p; stride *= 2)
+    for (int i = 0; i + stride < p; i += 2 * stride)
+      adasum_combine(space, work, slot(i), slot(i + stride), counts, MPI_COMM_NULL, true);
+  Kokkos::deep_copy(space, data, slot(0));
 }
 
 /// data := Adasum over the group of data, per tensor (counts: elements of each tensor, in order).

@@ -70,6 +70,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
 
   Impl::Vector<S, M> fusion;   ///< packed tensors of a bucket
   Impl::Vector<S, M> partner;  ///< Adasum: the partner's data; approximate Adasum: the sum
+  Impl::Vector<S, M> gathered;  ///< Adasum of small buckets: every rank's bucket
   Impl::Vector<std::uint16_t, M> wire_out, wire_in, wire_own;
   Impl::Transport<ExecutionSpace, S> transport;
   Impl::Transport<ExecutionSpace, std::uint16_t> wire_transport;
@@ -105,7 +106,8 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
         {"total element count", local.total},
         {"hash of the tensor sizes", std::int64_t(local.hash)},
         {"ReduceOptions::fusion_bytes / element size", fusion_elements},
-        {"ReduceOptions::wire_precision (0 native, 1 bfloat16, 2 float16)", std::int64_t(wire)}};
+        {"ReduceOptions::wire_precision (0 native, 1 bfloat16, 2 float16)", std::int64_t(wire)},
+        {"ReduceOptions::adasum_gather_bytes", std::int64_t(options.adasum_gather_bytes)}};
     constexpr std::size_t count_field = 2, total_field = 3, hash_field = 4;
     for (auto& field : extra) fields.push_back(std::move(field));
     const bool has_sum = !sums.empty();
@@ -229,6 +231,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     work.transport = &transport;
     work.items = &items;
     work.partner = partner;
+    work.gathered = gathered;
     work.scalar_collectives = &statistics.scalar_collectives;
     return work;
   }
@@ -244,13 +247,21 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
       adasum_levels_ready = true;
     }
     ensure(partner, Impl::adasum_partner_elements(size, layout.largest_bucket), "adasum_partner");
+    auto gathers = [&](const Impl::Bucket& bucket) {
+      return std::size_t(bucket.elements) * sizeof(S) * std::size_t(size) <= options.adasum_gather_bytes;
+    };
+    for (const auto& bucket : layout.buckets)
+      if (gathers(bucket)) ensure(gathered, bucket.elements * size, "adasum_gathered");
     auto work = adasum_workspace();
     for (const auto& bucket : layout.buckets) {
       if (bucket.elements == 0) continue;
       const auto data = bucket_data(space, tensors, bucket);
-      Impl::adasum_allreduce(space, work, data,
-                             std::vector<std::int64_t>(layout.sizes.begin() + bucket.first,
-                                                       layout.sizes.begin() + bucket.last));
+      const std::vector<std::int64_t> counts(layout.sizes.begin() + bucket.first,
+                                             layout.sizes.begin() + bucket.last);
+      if (gathers(bucket))
+        Impl::adasum_tree_allgather(space, work, data, counts);
+      else
+        Impl::adasum_allreduce(space, work, data, counts);
       if (!bucket.single()) unpack(space, tensors, bucket);
     }
   }

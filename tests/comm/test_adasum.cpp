@@ -168,12 +168,15 @@ TYPED_TEST(Adasum, EqualsThePairwiseTreePerTensorInsideFusedBuffers) {
   const int n = world_size(), rank = world_rank();
   ReduceOptions options;
   options.fusion_bytes = 4096;  // many small tensors per bucket, the large ones alone
+  // Small buckets take the gather-and-tree shortcut, the large single tensors the VHDD scheme.
   GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
   auto tensors = make_case_tensors<T>(rank, n);
   reducer.adasum(Exec(), tensors);
   expect_matches<T>(tensors, n, false);
-  // The same with every tensor in one bucket.
-  GradientReducer<Exec, T> one_bucket(MPI_COMM_WORLD);
+  // Every tensor in one bucket, always by vector halving, distance doubling.
+  ReduceOptions vhdd;
+  vhdd.adasum_gather_bytes = 0;
+  GradientReducer<Exec, T> one_bucket(MPI_COMM_WORLD, vhdd);
   tensors = make_case_tensors<T>(rank, n);
   one_bucket.adasum(Exec(), tensors);
   expect_matches<T>(tensors, n, false);
@@ -201,13 +204,18 @@ TEST(Adasum, TheExactVectorsOfTheSpecification) {
     examples = {{{{1, 0}, {0, 1}}, {1, 1}}, {{{1, 2}, {2, 4}}, {1.5, 3}}, {{{1, 0}, {1, 1}}, {1.25, 0.75}}};
   if (n == 4) examples = {{{{1, 0}, {1, 1}, {0, 1}, {0, 2}}, {0.9191176, 1.6764706}}};
   if (examples.empty()) GTEST_SKIP() << "the examples are for 2 and 4 ranks";
-  // All examples in one call: one tensor each.
-  lather::TensorList<double, Memory> tensors;
-  for (const auto& e : examples) tensors.push_back(make_view<double>(e.inputs[rank]));
-  GradientReducer<Exec, double>(MPI_COMM_WORLD).adasum(Exec(), tensors);
-  for (std::size_t k = 0; k < examples.size(); ++k) {
-    const auto got = read_view(tensors[k]);
-    for (std::size_t i = 0; i < 2; ++i) EXPECT_NEAR(got[i], examples[k].expected[i], 5e-8) << k << " " << i;
+  // All examples in one call, one tensor each; by the gather shortcut and by VHDD.
+  for (std::size_t gather_bytes : {std::size_t(1) << 16, std::size_t(0)}) {
+    lather::TensorList<double, Memory> tensors;
+    for (const auto& e : examples) tensors.push_back(make_view<double>(e.inputs[rank]));
+    ReduceOptions options;
+    options.adasum_gather_bytes = gather_bytes;
+    GradientReducer<Exec, double>(MPI_COMM_WORLD, options).adasum(Exec(), tensors);
+    for (std::size_t k = 0; k < examples.size(); ++k) {
+      const auto got = read_view(tensors[k]);
+      for (std::size_t i = 0; i < 2; ++i)
+        EXPECT_NEAR(got[i], examples[k].expected[i], 5e-8) << k << " " << i << " gather " << gather_bytes;
+    }
   }
 }
 

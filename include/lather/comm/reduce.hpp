@@ -36,6 +36,10 @@ struct ReduceOptions {
   /// bfloat16/float16: sum, mean, weighted mean and approximate Adasum send 16-bit values and
   /// accumulate in float. Exact Adasum and broadcast always use the native type.
   WirePrecision wire_precision = WirePrecision::native;
+  /// Exact Adasum of a bucket whose bytes times the group size are at most this gathers every
+  /// rank's bucket (one MPI_Allgatherv) and computes the same pairwise tree on every rank,
+  /// instead of the 3 log2(P) messages of the vector-halving scheme; 0 always uses the latter.
+  std::size_t adasum_gather_bytes = std::size_t(64) << 10;
   /// Agree on the layout before every call (one small MPI_Allreduce). When false, the agreement
   /// runs only on a reducer's first call and whenever this rank's list changes; every rank must then
   /// guarantee it passes the same layout as the others, or the collectives may hang.
