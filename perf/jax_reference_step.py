@@ -46,15 +46,22 @@ def parse_args():
 
 
 def time_steps(jax, step_fn, params, state, gradient_sets, warmup_steps, timed_steps):
-    """Runs warmup_steps untimed (compiles), then returns seconds per step over timed_steps."""
+    """Runs warmup_steps untimed (the first compiles), then times timed_steps one by one.
+
+    Returns (seconds per step over all timed steps, the individual step times, final state).
+    Blocking after each step costs nothing measurable: every step needs the previous result.
+    """
     for i in range(warmup_steps):
         params, state = step_fn(params, state, gradient_sets[i % len(gradient_sets)])
     jax.block_until_ready((params, state))
+    step_seconds = []
     started = time.perf_counter()
     for i in range(timed_steps):
+        step_started = time.perf_counter()
         params, state = step_fn(params, state, gradient_sets[i % len(gradient_sets)])
-    jax.block_until_ready((params, state))
-    return (time.perf_counter() - started) / timed_steps, state
+        jax.block_until_ready((params, state))
+        step_seconds.append(time.perf_counter() - step_started)
+    return (time.perf_counter() - started) / timed_steps, step_seconds, state
 
 
 def main():
@@ -98,7 +105,7 @@ def main():
         state_bytes = sum(int(np.asarray(leaf).nbytes)
                           for leaf in jax.tree_util.tree_leaves(shampoo_state))
         compile_started = time.perf_counter()
-        shampoo_seconds, shampoo_state = time_steps(jax, make_step(shampoo), params,
+        shampoo_seconds, shampoo_steps, shampoo_state = time_steps(jax, make_step(shampoo), params,
                                                     shampoo_state, gradient_sets, window,
                                                     timed_steps)
         shampoo_total = time.perf_counter() - compile_started
@@ -107,7 +114,7 @@ def main():
         adam_state = adam.init(params)
         adam_state_bytes = sum(int(np.asarray(leaf).nbytes)
                                for leaf in jax.tree_util.tree_leaves(adam_state))
-        adam_seconds, _ = time_steps(jax, make_step(adam), params, adam_state, gradient_sets,
+        adam_seconds, _, _ = time_steps(jax, make_step(adam), params, adam_state, gradient_sets,
                                      window, timed_steps)
 
         errors = [np.asarray(s.training_metrics.inverse_pth_root_errors)
@@ -123,6 +130,10 @@ def main():
             "adam_seconds_per_step": adam_seconds,
             "adam_state_bytes": adam_state_bytes,
             "preconditioning_compute_steps": window,
+            # the first step of each window computes the inverse roots
+            "root_step_seconds": float(np.mean(shampoo_steps[::window])),
+            "other_step_seconds": float(np.median([t for i, t in enumerate(shampoo_steps)
+                                                   if i % window])),
             "timed_steps": timed_steps,
             "threads": threads,
             "x64_roots": args.x64 == "on",

@@ -13,46 +13,51 @@ namespace {
 
 using HostBytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
-/// Host staging for one array: the bytes a rank writes from, or reads into.
+/// Host staging for one array: the bytes a rank reads into (`slice`), and the part it writes
+/// (`write`, a subset of the rows with its own compacted buffer, or the same as `slice`).
 struct Staged {
   ArraySlice slice;
   std::vector<char> host;
   std::function<void()> to_device;  // after a load
+  bool partial_write = false;
+  ArraySlice write;
+  std::vector<char> write_host;
 };
 
 /// The selection of a parameter-shaped array: whole, or this rank's block of the global tensor.
-void place_like_parameter(ArraySlice& slice, const optim::ParameterSpec& spec, bool write_replicated) {
+void place_like_parameter(ArraySlice& slice, const optim::ParameterSpec& spec, const WriterRoles& roles) {
   slice.shape = spec.global();
   if (!spec.split()) {
     slice.selection = ArraySlice::Selection::whole;
-    slice.writer = write_replicated;
+    slice.writer = roles.world_root;
     return;
   }
   slice.selection = ArraySlice::Selection::block;
   slice.offset.assign(spec.shape.size(), 0);
   slice.count.assign(spec.shape.begin(), spec.shape.end());
   slice.offset[spec.split_axis] = spec.split_offset;
-  // Every replica holds the same block: one per block writes it.
-  slice.writer = write_replicated;
+  // Every replica holds the same block: replica 0 writes it.
+  slice.writer = roles.replica_root;
 }
 
 template <class MemorySpace>
 std::unique_ptr<Staged> stage_state(const optim::StateArray<MemorySpace>& a,
-                                    const std::vector<optim::ParameterSpec>& specs, bool write_replicated,
+                                    const std::vector<optim::ParameterSpec>& specs, const WriterRoles& roles,
                                     bool copy_out) {
   auto s = std::make_unique<Staged>();
   s->slice.path = "optimizer/" + a.name;
   s->slice.dtype = a.dtype;
   s->slice.shape = a.shape;
   if (a.parameter >= 0) {
-    place_like_parameter(s->slice, specs[a.parameter], write_replicated && a.writer);
+    place_like_parameter(s->slice, specs[a.parameter], roles);
+    s->slice.writer = s->slice.writer && a.writer;
   } else if (!a.rows.empty()) {
     s->slice.selection = ArraySlice::Selection::rows;
     s->slice.rows = a.rows;
     s->slice.writer = a.writer;
   } else {
     s->slice.selection = ArraySlice::Selection::whole;
-    s->slice.writer = a.writer && write_replicated;
+    s->slice.writer = a.writer && roles.world_root;
   }
   const std::size_t bytes = a.device_bytes.size() + a.host_bytes.size();
   LATHER_REQUIRE(bytes == s->slice.bytes(), "optimizer state '", a.name, "' holds ", bytes,
@@ -68,13 +73,30 @@ std::unique_ptr<Staged> stage_state(const optim::StateArray<MemorySpace>& a,
     if (copy_out) Kokkos::deep_copy(host, device);
     s->to_device = [device, host] { Kokkos::deep_copy(device, host); };
   }
+  // Rows of parameters that every weight shard holds are written by shard 0 only.
+  if (s->slice.selection == ArraySlice::Selection::rows && !a.row_parameter.empty()) {
+    std::vector<std::size_t> keep;
+    for (std::size_t k = 0; k < a.rows.size(); ++k)
+      if (specs[a.row_parameter[k]].split() || roles.shard == 0) keep.push_back(k);
+    if (keep.size() != a.rows.size()) {
+      s->partial_write = true;
+      s->write = s->slice;
+      s->write.rows.clear();
+      const std::size_t row_bytes = a.rows.empty() ? 0 : bytes / a.rows.size();
+      s->write_host.resize(keep.size() * row_bytes);
+      for (std::size_t j = 0; j < keep.size(); ++j) {
+        s->write.rows.push_back(a.rows[keep[j]]);
+        if (copy_out) std::memcpy(s->write_host.data() + j * row_bytes, s->host.data() + keep[j] * row_bytes, row_bytes);
+      }
+    }
+  }
   return s;
 }
 
 template <class ExecutionSpace, class Scalar>
 std::vector<std::unique_ptr<Staged>> stage_all(optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
                                                const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
-                                               bool write_replicated, bool copy_out) {
+                                               const WriterRoles& roles, bool copy_out) {
   using memory_space = typename ExecutionSpace::memory_space;
   const auto& specs = optimizer.parameters();
   LATHER_REQUIRE(params.size() == specs.size(), "checkpoint: ", params.size(), " parameter tensors for an optimizer of ",
@@ -84,7 +106,7 @@ std::vector<std::unique_ptr<Staged>> stage_all(optim::Optimizer<ExecutionSpace, 
     auto s = std::make_unique<Staged>();
     s->slice.path = "parameters/" + specs[p].name;
     s->slice.dtype = optim::dtype_of<Scalar>();
-    place_like_parameter(s->slice, specs[p], write_replicated);
+    place_like_parameter(s->slice, specs[p], roles);
     LATHER_REQUIRE(std::int64_t(params[p].size()) == element_count(specs[p].shape), "checkpoint: parameter '",
                    specs[p].name, "' has ", params[p].size(), " elements, expected ", element_count(specs[p].shape));
     s->host.resize(params[p].size() * sizeof(Scalar));
@@ -96,8 +118,11 @@ std::vector<std::unique_ptr<Staged>> stage_all(optim::Optimizer<ExecutionSpace, 
     staged.push_back(std::move(s));
   }
   for (const auto& a : optimizer.state_arrays())
-    staged.push_back(stage_state<memory_space>(a, specs, write_replicated, copy_out));
-  for (auto& s : staged) s->slice.data = s->host.data();
+    staged.push_back(stage_state<memory_space>(a, specs, roles, copy_out));
+  for (auto& s : staged) {
+    s->slice.data = s->host.data();
+    s->write.data = s->write_host.data();
+  }
   return staged;
 }
 
@@ -106,18 +131,18 @@ std::vector<std::unique_ptr<Staged>> stage_all(optim::Optimizer<ExecutionSpace, 
 template <class ExecutionSpace, class Scalar>
 std::string save_training_state(Checkpointer& checkpointer, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
                                 const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
-                                const TrainingState& state, bool write_replicated) {
+                                const TrainingState& state, const WriterRoles& roles) {
   ::lather::Impl::ScopedRegion region("Lather::checkpoint::save_training_state");
   Kokkos::fence();
-  auto staged = stage_all(optimizer, params, write_replicated, true);
+  auto staged = stage_all(optimizer, params, roles, true);
   std::vector<ArraySlice> arrays;
-  for (const auto& s : staged) arrays.push_back(s->slice);
+  for (const auto& s : staged) arrays.push_back(s->partial_write ? s->write : s->slice);
   std::vector<std::uint64_t> rng = state.rng;
   ArraySlice rng_slice;
   rng_slice.path = "training/rng";
   rng_slice.dtype = optim::DType::int64;
   rng_slice.shape = {std::int64_t(rng.size())};
-  rng_slice.writer = write_replicated;
+  rng_slice.writer = roles.world_root;
   rng_slice.data = rng.data();
   if (!rng.empty()) arrays.push_back(rng_slice);
 
@@ -154,7 +179,7 @@ TrainingState load_training_state(const Checkpointer& checkpointer, const std::s
   const std::int64_t words = integer("rng_words");
   LATHER_REQUIRE(words >= 0 && words <= 4096, "checkpoint '", file, "': implausible rng_words ", words);
 
-  auto staged = stage_all(optimizer, params, false, false);
+  auto staged = stage_all(optimizer, params, WriterRoles{false, false, 0}, false);
   std::vector<ArraySlice> arrays;
   for (const auto& s : staged) {
     ArraySlice read = s->slice;
@@ -186,7 +211,7 @@ TrainingState load_training_state(const Checkpointer& checkpointer, const std::s
 #define LATHER_INSTANTIATE_TRAINING_STATE(SCALAR)                                                                 \
   template std::string save_training_state<DefaultExecutionSpace, SCALAR>(                                        \
       Checkpointer&, optim::Optimizer<DefaultExecutionSpace, SCALAR>&,                                            \
-      const TensorList<SCALAR, DefaultExecutionSpace::memory_space>&, const TrainingState&, bool);                \
+      const TensorList<SCALAR, DefaultExecutionSpace::memory_space>&, const TrainingState&, const WriterRoles&);  \
   template TrainingState load_training_state<DefaultExecutionSpace, SCALAR>(                                      \
       const Checkpointer&, const std::string&, optim::Optimizer<DefaultExecutionSpace, SCALAR>&,                  \
       const TensorList<SCALAR, DefaultExecutionSpace::memory_space>&);

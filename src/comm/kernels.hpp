@@ -150,6 +150,24 @@ void combine_items(const ExecutionSpace& space, const Vector<S, MemorySpace>& a,
       });
 }
 
+/// a(i) *= coefficients(k, 0) over every item k, in double.
+template <class ExecutionSpace, class S, class MemorySpace>
+void scale_items(const ExecutionSpace& space, const Vector<S, MemorySpace>& a,
+                 const ItemRanges<MemorySpace>& items, const ItemCoefficients<MemorySpace>& coefficients,
+                 int count) {
+  using policy = Kokkos::TeamPolicy<ExecutionSpace>;
+  using member = typename policy::member_type;
+  Kokkos::parallel_for(
+      "Lather::comm::scale_items", policy(space, count, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member& team) {
+        const int k = team.league_rank();
+        const std::int64_t begin = items(k, 0), length = items(k, 1);
+        const double c = coefficients(k, 0);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, length),
+                             [&](std::int64_t j) { a(begin + j) = S(c * double(a(begin + j))); });
+      });
+}
+
 /// wire(i) = 16-bit encoding of float(data(i)) for i < data.extent(0), 0 up to wire.extent(0).
 template <class ExecutionSpace, class S, class MemorySpace>
 void encode16(const ExecutionSpace& space, const Vector<const S, MemorySpace>& data,

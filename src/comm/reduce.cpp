@@ -273,8 +273,12 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
       if (bucket.elements == 0) continue;
       const auto gradient = bucket_data(space, tensors, bucket);
       const Impl::Vector<S, M> total = Kokkos::subview(partner, range(0, bucket.elements));
-      Kokkos::deep_copy(space, total, gradient);
-      sum_in_place(space, total, 1.0);
+      if (options.wire_precision == WirePrecision::native) {
+        transport.allreduce_sum(space, gradient, total);
+      } else {
+        Kokkos::deep_copy(space, total, gradient);
+        sum_wire16(space, total, 1.0);
+      }
       const std::vector<std::int64_t> counts(layout.sizes.begin() + bucket.first,
                                              layout.sizes.begin() + bucket.last);
       items.build(space, counts);
@@ -282,14 +286,13 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
                               items.ranges(), items.size(), items.partials());
       const auto sums = items.per_tensor(space);
       static const double sqrt_double_min = std::sqrt(std::numeric_limits<double>::min());
-      std::vector<double> keep(counts.size()), drop(counts.size(), 0.0);
+      std::vector<double> keep(counts.size()), unused(counts.size(), 0.0);
       for (std::size_t t = 0; t < counts.size(); ++t) {
         const double gg = sums[t].aa, gs = sums[t].dot;
         keep[t] = gg >= sqrt_double_min ? 1.0 - (gs - gg) / (double(size) * gg) : 1.0;
       }
-      items.set_coefficients(space, keep, drop);
-      Impl::combine_items(space, gradient, Impl::Vector<const S, M>(total), items.ranges(),
-                          items.coefficients(), items.size());
+      items.set_coefficients(space, keep, unused);
+      Impl::scale_items(space, gradient, items.ranges(), items.coefficients(), items.size());
       sum_in_place(space, gradient, 1.0);
       if (!bucket.single()) unpack(space, tensors, bucket);
     }

@@ -54,6 +54,19 @@ class Transport {
     });
   }
 
+  /// out := sum over the communicator of in (out of place; in and out must not overlap).
+  void allreduce_sum(const ExecutionSpace& space, const view& in, const view& out) {
+    for_chunks(in.extent(0), [&](std::size_t begin, std::size_t count) {
+      T* send_buffer = stage_out(space, in, begin, count, m_send);
+      T* receive_buffer_ = receive_buffer(space, out, begin, count, m_receive);
+      check_mpi(MPI_Allreduce(send_buffer, receive_buffer_, int(count), mpi_datatype<T>(), MPI_SUM, m_comm),
+                "MPI_Allreduce");
+      stage_in(space, out, begin, count, m_receive);
+      m_counters.data_calls += 1;
+      m_counters.bytes += double(count) * sizeof(T);
+    });
+  }
+
   /// data := root's data, MPI_Bcast per chunk.
   void broadcast(const ExecutionSpace& space, const view& data, int root, int rank) {
     for_chunks(data.extent(0), [&](std::size_t begin, std::size_t count) {

@@ -57,9 +57,20 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     m_root_options.ridge_epsilon = m_options.matrix_epsilon;
     m_root_options.relative_ridge = m_options.relative_matrix_epsilon;
 
+    // Root work is shared by the group over this rank's statistics (the same set on every rank of
+    // a data-parallel group: the statistics of one weight shard).
     const int n_stats = m_plan.num_statistics();
-    m_owner = assign_statistics(m_plan.statistic_size, m_ranks,
-                                m_options.balance_root_work ? RootAssignment::balanced : RootAssignment::even);
+    const auto& local = m_plan.local_statistics;
+    std::vector<int> local_sizes;
+    for (int s : local) local_sizes.push_back(m_plan.statistic_size[s]);
+    const auto local_owner = assign_statistics(local_sizes, m_ranks,
+                                               m_options.balance_root_work ? RootAssignment::balanced : RootAssignment::even);
+    m_owner.assign(n_stats, -1);
+    m_local_index.assign(n_stats, -1);
+    for (std::size_t k = 0; k < local.size(); ++k) {
+      m_owner[local[k]] = local_owner[k];
+      m_local_index[local[k]] = int(k);
+    }
     m_metrics.resize(n_stats);
     for (int s = 0; s < n_stats; ++s) {
       m_metrics[s].parameter = m_plan.statistic_owner[s];
@@ -70,21 +81,14 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
 
     // Which statistics this rank stores, and where.
     m_slot.assign(n_stats, -1);
-    if (m_sharded) {
-      for (int s = 0; s < n_stats; ++s)
-        if (m_owner[s] == m_rank) {
-          m_slot[s] = int(m_stored.size());
-          m_stored.push_back(s);
-        }
-      m_slots = std::max<int>(1, int(m_stored.size()));
-    } else {
-      for (int s = 0; s < n_stats; ++s) {
-        m_slot[s] = s;
+    for (int s : local)
+      if (!m_sharded || m_owner[s] == m_rank) {
+        m_slot[s] = int(m_stored.size());
         m_stored.push_back(s);
       }
-      // The reference's layout: padded with identity to a multiple of the group size.
-      m_slots = std::max(1, ((n_stats + m_ranks - 1) / m_ranks) * m_ranks);
-    }
+    // The reference's layout: padded with identity to a multiple of the group size.
+    m_slots = m_sharded ? std::max<int>(1, int(m_stored.size()))
+                        : std::max(1, ((int(m_stored.size()) + m_ranks - 1) / m_ranks) * m_ranks);
     allocate_stacks();
     allocate_local_state();
     allocate_scratch();
@@ -154,9 +158,11 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     // Global stacks: the statistics this rank stores, by global row; replicated stacks are
     // written by rank 0 alone.
     std::vector<std::int64_t> rows;
-    if (m_sharded) rows.assign(m_stored.begin(), m_stored.end());
+    if (m_sharded || !m_plan.all_local()) rows.assign(m_stored.begin(), m_stored.end());
     const bool writer = m_sharded || m_rank == 0;
-    const std::int64_t local_rows = m_sharded ? std::int64_t(m_stored.size()) : n;
+    const std::int64_t local_rows = std::int64_t(m_stored.size());
+    std::vector<int> row_parameter;
+    for (auto r : rows) row_parameter.push_back(m_plan.statistic_owner[r]);
     const auto stack = [&](const std::string& name, auto& view, TensorShape shape) {
       using V = typename std::decay_t<decltype(view)>::value_type;
       StateArray<memory_space> a;
@@ -164,6 +170,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
       a.dtype = dtype_of<V>();
       a.shape = std::move(shape);
       a.rows = rows;
+      a.row_parameter = row_parameter;
       a.writer = writer;
       a.device_bytes = as_bytes<memory_space>(view, std::size_t(local_rows * a.row_elements()));
       arrays.push_back(a);
@@ -180,16 +187,28 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
         stack("global/statistics", m_statistics, {n, m, m});
         stack("global/preconditioners", m_preconditioners, {n, m, m});
       }
-      m_exponents_host.assign(m_plan.statistic_exponent.begin(), m_plan.statistic_exponent.end());
-      arrays.push_back(host_array("global/exponents", DType::int32, {n}, m_exponents_host.data(), n));
-      m_errors_host.resize(n);
-      m_failures_host.resize(n);
-      for (int s = 0; s < n; ++s) {
-        m_errors_host[s] = m_metrics[s].error;
-        m_failures_host[s] = m_metrics[s].consecutive_failures;
+      // Per-statistic metadata and metrics, for the statistics of this rank's blocks.
+      const auto& local = m_plan.local_statistics;
+      m_exponents_host.clear();
+      m_errors_host.clear();
+      m_failures_host.clear();
+      for (int s : local) {
+        m_exponents_host.push_back(m_plan.statistic_exponent[s]);
+        m_errors_host.push_back(m_metrics[s].error);
+        m_failures_host.push_back(m_metrics[s].consecutive_failures);
       }
-      arrays.push_back(host_array("global/inverse_root_errors", DType::float64, {n}, m_errors_host.data(), n));
-      arrays.push_back(host_array("global/consecutive_failures", DType::int32, {n}, m_failures_host.data(), n));
+      const auto per_statistic = [&](const std::string& name, DType dtype, void* data) {
+        auto a = host_array(name, dtype, {n}, data, std::int64_t(local.size()));
+        if (!m_plan.all_local()) {
+          a.rows.assign(local.begin(), local.end());
+          for (int s : local) a.row_parameter.push_back(m_plan.statistic_owner[s]);
+          a.writer = m_rank == 0;
+        }
+        arrays.push_back(a);
+      };
+      per_statistic("global/exponents", DType::int32, m_exponents_host.data());
+      per_statistic("global/inverse_root_errors", DType::float64, m_errors_host.data());
+      per_statistic("global/consecutive_failures", DType::int32, m_failures_host.data());
     }
     for (std::size_t p = 0; p < m_plan.parameters.size(); ++p) {
       const auto& pp = m_plan.parameters[p];
@@ -225,9 +244,10 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
 
   void state_restored(long step_count) override {
     m_step = step_count;
-    for (int s = 0; s < m_plan.num_statistics(); ++s) {
-      m_metrics[s].error = m_errors_host.empty() ? 0.0 : m_errors_host[s];
-      m_metrics[s].consecutive_failures = m_failures_host.empty() ? 0 : m_failures_host[s];
+    const auto& local = m_plan.local_statistics;
+    for (std::size_t k = 0; k < local.size() && k < m_errors_host.size(); ++k) {
+      m_metrics[local[k]].error = m_errors_host[k];
+      m_metrics[local[k]].consecutive_failures = m_failures_host[k];
     }
   }
 
@@ -298,8 +318,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
                            });
     }
     // Padding rows of a replicated stack are identity statistics (the reference pads with I).
-    if (!m_sharded && m_slots > m_plan.num_statistics()) {
-      const int first = m_plan.num_statistics();
+    if (!m_sharded && m_slots > int(m_stored.size())) {
+      const int first = int(m_stored.size());
       if (m_quantized) {
         const auto sd = m_statistic_diagonal;
         Kokkos::parallel_for("Lather::Shampoo::init_padding",
@@ -319,7 +339,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     for (const auto& pp : m_plan.parameters) {
       LocalState l;
       const std::string label = "Lather::Shampoo::" + pp.spec.name;
-      if (pp.preconditioned) l.blocks = make_block_table<memory_space>(pp.partition, pp.spec.name);
+      if (pp.preconditioned) l.blocks = make_block_table<memory_space>(pp.local_shape, pp.local_blocks, pp.spec.name);
       if (diagonal) l.diagonal = V1<Scalar>(label + "::diagonal_statistics", pp.elements);
       if (pp.quantized_momentum) {
         const std::int64_t columns = pp.elements / pp.spec.shape[0];
@@ -356,26 +376,28 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     m_root_out = V3<T>(Kokkos::view_alloc(m_space, Kokkos::WithoutInitializing, "Lather::Shampoo::root_out"), m_root_chunk, m, m);
 
     // Parameter chunks: one in replicated mode; in sharded mode, consecutive parameters whose
-    // preconditioners fit the gather budget together.
+    // preconditioners fit the gather budget together. Chunks are ranges of this rank's
+    // statistics (m_plan.local_statistics), which are in parameter order.
     const int n_params = int(m_plan.parameters.size());
     if (!m_sharded) {
-      m_chunks.push_back({0, n_params, 0, m_plan.num_statistics()});
+      m_chunks.push_back({0, n_params, 0, int(m_plan.local_statistics.size())});
     } else {
       const std::size_t per_statistic = m_quantized ? std::size_t(m) * m * sizeof(std::int16_t) + 2 * m * sizeof(T)
                                                     : std::size_t(m) * m * sizeof(T);
       const std::size_t budget = std::max<std::size_t>(per_statistic, m_options.root.workspace_bytes);
       Chunk chunk{0, 0, 0, 0};
+      int next_local = 0;
       for (int p = 0; p < n_params; ++p) {
         const auto& pp = m_plan.parameters[p];
-        const int stats = pp.preconditioned ? pp.statistics : 0;
-        const int first = pp.preconditioned ? pp.first_statistic : chunk.end_statistic;
+        const int stats = pp.preconditioned ? int(pp.local_blocks.size()) * pp.partition.rank() : 0;
         if (chunk.end_parameter > chunk.first_parameter &&
             std::size_t(chunk.end_statistic - chunk.first_statistic + stats) * per_statistic > budget) {
           m_chunks.push_back(chunk);
-          chunk = Chunk{p, p, first, first};
+          chunk = Chunk{p, p, next_local, next_local};
         }
+        next_local += stats;
         chunk.end_parameter = p + 1;
-        chunk.end_statistic = first + stats;
+        chunk.end_statistic = next_local;
       }
       m_chunks.push_back(chunk);
       int largest = 1;
@@ -425,10 +447,10 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   void update_statistics(int p, const V1<Scalar>& grad, double w1, double w2) {
     const auto& pp = m_plan.parameters[p];
     pack(p, grad);
-    int s = pp.first_statistic;
     const int rank = pp.partition.rank();
-    for (const auto& block : pp.partition.blocks()) {
-      for (int j = 0; j < rank; ++j, ++s) {
+    for (std::size_t b = 0; b < pp.local_blocks.size(); ++b) {
+      const auto& block = pp.local_blocks[b];
+      for (int j = 0, s = pp.local_block_statistic[b]; j < rank; ++j, ++s) {
         const int slot = m_slot[s];
         if (slot < 0) continue;
         const std::int64_t n = block.size[j];
@@ -500,20 +522,16 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   /// exchange that gives every rank the result.
   void compute_preconditioners() {
     ScopedRegion region("Lather::Shampoo::inverse_roots");
-    const int n_stats = m_plan.num_statistics();
     std::vector<int> mine;
-    for (int s = 0; s < n_stats; ++s)
+    for (int s : m_plan.local_statistics)
       if (m_owner[s] == m_rank) mine.push_back(s);
-    std::vector<char> computed(n_stats, 0);
     for (std::size_t begin = 0; begin < mine.size(); begin += m_root_chunk) {
       const std::size_t end = std::min(mine.size(), begin + m_root_chunk);
-      std::vector<int> chunk(mine.begin() + begin, mine.begin() + end);
-      solve_chunk(chunk);
-      for (int s : chunk) computed[s] = 1;
+      solve_chunk(std::vector<int>(mine.begin() + begin, mine.begin() + end));
     }
     if (m_ranks > 1) exchange_roots(mine);
     if (m_options.max_consecutive_root_failures > 0) {
-      for (int s = 0; s < n_stats; ++s) {
+      for (int s : m_plan.local_statistics) {
         const auto& mt = m_metrics[s];
         LATHER_REQUIRE(mt.consecutive_failures < m_options.max_consecutive_root_failures,
                        "Shampoo step ", m_step, ": statistic ", s - m_plan.parameters[mt.parameter].first_statistic,
@@ -658,10 +676,9 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   void exchange_roots(const std::vector<int>& mine) {
     ScopedRegion region("Lather::Shampoo::exchange_roots");
     fence(m_space, "Lather::Shampoo: roots ready before sending");
-    const int n_stats = m_plan.num_statistics();
     const std::size_t metric_bytes = sizeof(double) + 3 * sizeof(std::int64_t);
     std::vector<std::size_t> counts(m_ranks, 0);
-    for (int s = 0; s < n_stats; ++s)
+    for (int s : m_plan.local_statistics)
       counts[m_owner[s]] += metric_bytes + (m_sharded ? 0 : preconditioner_bytes(s));
     std::vector<char> send(counts[m_rank]);
     char* out = send.data();
@@ -683,7 +700,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     m_group->allgatherv(send.data(), send.size(), received.data(), counts);
     std::vector<std::size_t> offset(m_ranks, 0);
     for (int r = 1; r < m_ranks; ++r) offset[r] = offset[r - 1] + counts[r - 1];
-    for (int s = 0; s < n_stats; ++s) {
+    for (int s : m_plan.local_statistics) {
       const int r = m_owner[s];
       const char* in = received.data() + offset[r];
       if (r != m_rank) {
@@ -706,15 +723,16 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   void gather_preconditioners(const Chunk& chunk) {
     ScopedRegion region("Lather::Shampoo::gather_preconditioners");
     fence(m_space, "Lather::Shampoo: preconditioners ready before sending");
+    const auto& local = m_plan.local_statistics;
     std::vector<std::size_t> counts(m_ranks, 0);
-    for (int s = chunk.first_statistic; s < chunk.end_statistic; ++s) counts[m_owner[s]] += preconditioner_bytes(s);
+    for (int k = chunk.first_statistic; k < chunk.end_statistic; ++k) counts[m_owner[local[k]]] += preconditioner_bytes(local[k]);
     std::vector<char> send(counts[m_rank]);
     char* out = send.data();
-    for (int s = chunk.first_statistic; s < chunk.end_statistic; ++s)
-      if (m_owner[s] == m_rank) {
-        transfer_preconditioner(s, m_slot[s], out, true, m_preconditioners, m_preconditioner_codes,
+    for (int k = chunk.first_statistic; k < chunk.end_statistic; ++k)
+      if (m_owner[local[k]] == m_rank) {
+        transfer_preconditioner(local[k], m_slot[local[k]], out, true, m_preconditioners, m_preconditioner_codes,
                                 m_preconditioner_diagonal, m_preconditioner_scales);
-        out += preconditioner_bytes(s);
+        out += preconditioner_bytes(local[k]);
       }
     std::size_t total = 0;
     for (auto c : counts) total += c;
@@ -722,9 +740,10 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     m_group->allgatherv(send.data(), send.size(), received.data(), counts);
     std::vector<std::size_t> offset(m_ranks, 0);
     for (int r = 1; r < m_ranks; ++r) offset[r] = offset[r - 1] + counts[r - 1];
-    for (int s = chunk.first_statistic; s < chunk.end_statistic; ++s) {
+    for (int k = chunk.first_statistic; k < chunk.end_statistic; ++k) {
+      const int s = local[k];
       const int r = m_owner[s];
-      transfer_preconditioner(s, s - chunk.first_statistic, received.data() + offset[r], false, m_gathered,
+      transfer_preconditioner(s, k - chunk.first_statistic, received.data() + offset[r], false, m_gathered,
                               m_gathered_codes, m_gathered_diagonal, m_gathered_scales);
       offset[r] += preconditioner_bytes(s);
     }
@@ -737,7 +756,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   ConstMatrix preconditioner_matrix(int s) const {
     const std::int64_t n = m_plan.statistic_size[s];
     const bool gathered = m_sharded;
-    const int slot = gathered ? s - m_gathered_first : m_slot[s];
+    const int slot = gathered ? m_local_index[s] - m_gathered_first : m_slot[s];
     const Matrix out(m_matrix.data(), n, n);
     if (m_quantized) {
       const auto codes = gathered ? m_gathered_codes : m_preconditioner_codes;
@@ -772,12 +791,12 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     const auto& pp = m_plan.parameters[p];
     pack(p, grad);
     const int rank = pp.partition.rank();
-    int s = pp.first_statistic;
     V1<T> current = m_packed_a, next = m_packed_b;
-    for (const auto& block : pp.partition.blocks()) {
+    for (std::size_t b = 0; b < pp.local_blocks.size(); ++b) {
+      const auto& block = pp.local_blocks[b];
       current = m_packed_a;
       next = m_packed_b;
-      for (int j = 0; j < rank; ++j, ++s) {
+      for (int j = 0, s = pp.local_block_statistic[b]; j < rank; ++j, ++s) {
         const std::int64_t n = block.size[j];
         std::int64_t before = 1, after = 1;
         for (int d = 0; d < j; ++d) before *= block.size[d];
@@ -871,7 +890,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     LATHER_REQUIRE(s >= 0 && s < m_plan.num_statistics(), "Shampoo: statistic ", s, " out of range [0, ",
                    m_plan.num_statistics(), ")");
     const int slot = m_slot[s];
-    LATHER_REQUIRE(slot >= 0, "Shampoo: statistic ", s, " is stored on rank ", m_owner[s], ", not on rank ", m_rank);
+    LATHER_REQUIRE(slot >= 0, "Shampoo: statistic ", s, " is not stored on this rank (group rank ", m_rank,
+                   m_owner[s] < 0 ? ", it belongs to another weight shard)" : ")");
     const std::int64_t n = m_plan.statistic_size[s], m = m_plan.max_size;
     std::vector<double> out(n * n);
     if (m_quantized) {
@@ -902,7 +922,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   std::shared_ptr<WorkGroup> m_group;
   int m_ranks = 1, m_rank = 0;
   bool m_quantized = false, m_sharded = false;
-  std::vector<int> m_owner;   // per statistic: rank computing its root
+  std::vector<int> m_owner;   // per statistic: rank computing its root (-1: another shard's)
+  std::vector<int> m_local_index;  // per statistic: position in m_plan.local_statistics, or -1
   std::vector<int> m_slot;    // per statistic: slot in the local stacks, -1 if not stored here
   std::vector<int> m_stored;  // statistics stored here, by slot
   int m_slots = 1;

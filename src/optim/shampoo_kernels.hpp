@@ -26,23 +26,25 @@ struct BlockTable {
   int blocks = 0;
 };
 
+/// The table of `blocks` of a tensor of (interpreted) shape `shape`.
 template <class MemorySpace>
-BlockTable<MemorySpace> make_block_table(const BlockPartition& partition, const std::string& label) {
+BlockTable<MemorySpace> make_block_table(const TensorShape& shape, const std::vector<Block>& blocks,
+                                         const std::string& label) {
   BlockTable<MemorySpace> t;
-  t.rank = partition.rank();
-  t.blocks = int(partition.blocks().size());
+  t.rank = int(shape.size());
+  t.blocks = int(blocks.size());
   LATHER_REQUIRE(t.rank <= max_block_rank, "Shampoo supports tensors of rank <= ", max_block_rank,
                  " after shape interpretation, got ", t.rank, " for ", label);
   std::int64_t stride = 1;
   for (int d = t.rank - 1; d >= 0; --d) {
     t.strides[d] = stride;
-    stride *= partition.shape()[d];
+    stride *= shape[d];
   }
-  t.table = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemorySpace>(
-      "Lather::Shampoo::block_table", t.blocks, 1 + 2 * t.rank);
+  t.table = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemorySpace>("Lather::Shampoo::block_table",
+                                                                         std::max(t.blocks, 1), 1 + 2 * t.rank);
   auto host = Kokkos::create_mirror_view(t.table);
   for (int b = 0; b < t.blocks; ++b) {
-    const auto& block = partition.blocks()[b];
+    const auto& block = blocks[b];
     host(b, 0) = block.packed_offset;
     for (int d = 0; d < t.rank; ++d) {
       host(b, 1 + d) = block.offset[d];
@@ -51,6 +53,11 @@ BlockTable<MemorySpace> make_block_table(const BlockPartition& partition, const 
   }
   Kokkos::deep_copy(t.table, host);
   return t;
+}
+
+template <class MemorySpace>
+BlockTable<MemorySpace> make_block_table(const BlockPartition& partition, const std::string& label) {
+  return make_block_table<MemorySpace>(partition.shape(), partition.blocks(), label);
 }
 
 /// Moves elements between a tensor (row-major in its interpreted shape) and the packed buffer in

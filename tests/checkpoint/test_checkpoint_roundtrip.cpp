@@ -73,7 +73,7 @@ void round_trip(Kind kind) {
   state.sample_offset = 640;
   state.rng = {0x0123456789abcdefull, 42};
   state.extra.strings["note"] = "round trip";
-  const std::string file = checkpoint::save_training_state(checkpointer, *optimizer, params, state, rank == 0);
+  const std::string file = checkpoint::save_training_state(checkpointer, *optimizer, params, state, {rank == 0, rank == 0, 0});
   EXPECT_EQ(checkpointer.latest(), file);
 
   auto restored = make_optimizer<Scalar>(kind);
@@ -128,7 +128,7 @@ TEST(CheckpointResume, ResumedRunEqualsUninterrupted) {
     run(*first, params, 0, 5);
     checkpoint::TrainingState state;
     state.sample_offset = 5;
-    const auto file = checkpoint::save_training_state(checkpointer, *first, params, state, rank == 0);
+    const auto file = checkpoint::save_training_state(checkpointer, *first, params, state, {rank == 0, rank == 0, 0});
     first.reset();
 
     auto resumed = make_optimizer<float>(kind);

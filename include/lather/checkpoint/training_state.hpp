@@ -21,12 +21,21 @@ struct TrainingState {
   Attributes extra;                  ///< anything else (written as root attributes)
 };
 
-/// Who writes replicated data: exactly one rank per distinct copy (e.g. rank 0 of each
-/// data-parallel group) passes true, so every byte is written once.
+/// Which copies of replicated data this rank writes, so that every byte is written exactly once:
+/// data held by every rank (unsplit parameters, the step) by the world root; data held by every
+/// replica of one weight shard (split parameters, that shard's optimizer state) by replica 0 of
+/// the shard; rows tied to unsplit parameters by shard 0 only.
+struct WriterRoles {
+  bool world_root = true;    ///< e.g. world rank 0
+  bool replica_root = true;  ///< e.g. rank 0 of this rank's data-parallel group (replica 0)
+  int shard = 0;             ///< this rank's weight shard
+  static WriterRoles single() { return {}; }
+};
+
 template <class ExecutionSpace, class Scalar>
 std::string save_training_state(Checkpointer& checkpointer, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
                                 const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
-                                const TrainingState& state, bool write_replicated);
+                                const TrainingState& state, const WriterRoles& roles);
 
 /// Loads `file` into the parameters and the optimizer (which must have been built with the same
 /// parameters and options; its shapes are checked against the file) and returns the rest.

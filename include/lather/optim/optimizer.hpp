@@ -65,6 +65,9 @@ struct StateArray {
   /// >= 0: the array mirrors parameter `parameter` element by element (same shape), so with
   /// weight sharding it is stored and re-sharded like that parameter.
   int parameter = -1;
+  /// With `rows`: the parameter each row belongs to, so that rows of parameters that every weight
+  /// shard holds are written by one shard only. Empty: rows are not tied to parameters.
+  std::vector<int> row_parameter;
   Kokkos::View<char*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> device_bytes;
   Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host_bytes;
 
