@@ -68,26 +68,35 @@ Agreement::Agreement(MPI_Comm comm, std::string context, std::vector<AgreementFi
     : m_context(std::move(context)), m_fields(std::move(fields)), m_sums(std::move(sums)) {
   const int rank = comm_rank(comm);
   m_size = comm_size(comm);
-  const std::size_t nf = m_fields.size(), ns = m_sums.size();
+  // A fixed record size (at least 16 fields, 2 sums, padded with zeros) keeps the MPI message
+  // the same on every rank even when ranks are in different calls, which then disagree on the
+  // operation field instead of mismatching the collective. Only the per-tensor size agreement,
+  // which runs once the tensor counts agree, is longer.
+  const std::size_t nf = std::max<std::size_t>(16, m_fields.size());
+  const std::size_t ns = std::max<std::size_t>(2, m_sums.size());
   const std::size_t words = header_words + 2 * nf + ns;
   std::vector<std::int64_t> record(words), result(words);
   record[0] = std::int64_t(nf);
   record[1] = std::int64_t(ns);
   record[2] = local_error.empty() ? std::numeric_limits<std::int64_t>::max() : rank;
-  for (std::size_t f = 0; f < nf; ++f) {
+  for (std::size_t f = 0; f < m_fields.size(); ++f) {
     record[header_words + f] = m_fields[f].value;
     record[header_words + nf + f] = m_fields[f].value;
   }
-  for (std::size_t s = 0; s < ns; ++s)
+  for (std::size_t s = 0; s < m_sums.size(); ++s)
     std::memcpy(&record[header_words + 2 * nf + s], &m_sums[s], sizeof(double));
+  for (std::size_t s = m_sums.size(); s < ns; ++s) {
+    const double zero = 0.0;
+    std::memcpy(&record[header_words + 2 * nf + s], &zero, sizeof(double));
+  }
   {
     AgreementMpiObjects mpi{static_cast<int>(words)};
     check_mpi(MPI_Allreduce(record.data(), result.data(), 1, mpi.type, mpi.op, comm),
               "MPI_Allreduce (agreement)");
   }
-  m_min.assign(result.begin() + header_words, result.begin() + header_words + nf);
-  m_max.assign(result.begin() + header_words + nf, result.begin() + header_words + 2 * nf);
-  for (std::size_t s = 0; s < ns; ++s)
+  m_min.assign(result.begin() + header_words, result.begin() + header_words + m_fields.size());
+  m_max.assign(result.begin() + header_words + nf, result.begin() + header_words + nf + m_fields.size());
+  for (std::size_t s = 0; s < m_sums.size(); ++s)
     std::memcpy(&m_sums[s], &result[header_words + 2 * nf + s], sizeof(double));
 
   if (result[2] != std::numeric_limits<std::int64_t>::max()) {

@@ -2,7 +2,6 @@
 
 #include "shampoo_engine.hpp"
 
-#include <sstream>
 
 namespace lather::optim {
 
@@ -79,48 +78,11 @@ std::vector<double> Shampoo<ExecutionSpace, Scalar>::preconditioner(int s) const
 
 template <class ExecutionSpace, class Scalar>
 std::vector<std::pair<std::string, std::string>> Shampoo<ExecutionSpace, Scalar>::describe() const {
-  const auto& o = options();
-  const auto str = [](auto value) {
-    std::ostringstream out;
-    out << std::boolalpha << value;
-    return out.str();
-  };
-  return {
-      {"optimizer", "shampoo"},
-      {"learning_rate", o.learning_rate.describe()},
-      {"block_size", str(o.block_size)},
-      {"beta1", str(o.beta1)},
-      {"beta2", str(o.beta2)},
-      {"diagonal_epsilon", str(o.diagonal_epsilon)},
-      {"matrix_epsilon", str(o.matrix_epsilon)},
-      {"weight_decay", str(o.weight_decay)},
-      {"start_preconditioning_step", str(o.start_preconditioning_step)},
-      {"preconditioning_compute_steps", str(o.preconditioning_compute_steps)},
-      {"statistics_compute_steps", str(o.statistics_compute_steps)},
-      {"best_effort_shape_interpretation", str(o.best_effort_shape_interpretation)},
-      {"graft_type", to_string(o.graft_type)},
-      {"nesterov", str(o.nesterov)},
-      {"exponent_override", str(o.exponent_override)},
-      {"shard_optimizer_states", str(o.shard_optimizer_states)},
-      {"best_effort_memory_usage_reduction", str(o.best_effort_memory_usage_reduction)},
-      {"inverse_failure_threshold", str(o.inverse_failure_threshold)},
-      {"moving_average_for_momentum", str(o.moving_average_for_momentum)},
-      {"skip_preconditioning_dim_size_gt", str(o.skip_preconditioning_dim_size_gt)},
-      {"clip_by_scaled_gradient_norm", str(o.clip_by_scaled_gradient_norm)},
-      {"relative_matrix_epsilon", str(o.relative_matrix_epsilon)},
-      {"merge_small_dims_block_size", str(o.merge_small_dims_block_size)},
-      {"skip_preconditioning_rank_lt", str(o.skip_preconditioning_rank_lt)},
-      {"decoupled_learning_rate", str(o.decoupled_learning_rate)},
-      {"decoupled_weight_decay", str(o.decoupled_weight_decay)},
-      {"root_method", linalg::to_string(o.root.method)},
-      {"root_compute_precision", linalg::to_string(o.root.compute_precision)},
-      {"root_max_iterations", str(o.root.max_iterations)},
-      {"root_tolerance", str(o.root.tolerance)},
-      {"retry_failed_roots_in_double", str(o.retry_failed_roots_in_double)},
-      {"max_consecutive_root_failures", str(o.max_consecutive_root_failures)},
-      {"statistics_precision", linalg::to_string(o.statistics_precision)},
-      {"balance_root_work", str(o.balance_root_work)},
-  };
+  std::vector<std::pair<std::string, std::string>> out = {{"optimizer", "shampoo"},
+                                                          {"learning_rate_schedule", options().learning_rate.describe()}};
+  for (const auto& name : option_names())
+    if (name != "learning_rate") out.emplace_back(name, option_value(options(), name));
+  return out;
 }
 
 template class Shampoo<DefaultExecutionSpace, float>;

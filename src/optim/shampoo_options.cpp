@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <sstream>
 
 namespace lather::optim {
 
@@ -119,6 +120,89 @@ const std::vector<std::string>& option_names() {
       "root_compute_precision", "root_max_iterations", "root_tolerance", "retry_failed_roots_in_double",
       "max_consecutive_root_failures", "statistics_precision", "balance_root_work"};
   return names;
+}
+
+std::string option_help(const std::string& name) {
+  static const std::pair<const char*, const char*> help[] = {
+      {"learning_rate", "step size (constant; drivers offer schedules)"},
+      {"block_size", "largest block: dimensions above it are split into blocks of this size"},
+      {"beta1", "momentum"},
+      {"beta2", "moving average of the statistics (1: a plain sum); also RMSProp graft's"},
+      {"diagonal_epsilon", "added to the root of the graft's diagonal statistics"},
+      {"matrix_epsilon", "ridge: added to the statistics before the inverse root, times lambda_max if relative"},
+      {"weight_decay", "L2 weight decay (added to the update; decoupled: see decoupled_weight_decay)"},
+      {"start_preconditioning_step", "steps before Shampoo's direction replaces the graft's"},
+      {"preconditioning_compute_steps", "inverse roots are recomputed every this many steps"},
+      {"statistics_compute_steps", "statistics are updated every this many steps"},
+      {"best_effort_shape_interpretation", "merge small dimensions (up to merge_small_dims_block_size)"},
+      {"graft_type", "SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED or SQRT_N"},
+      {"nesterov", "Nesterov momentum"},
+      {"exponent_override", "p of the inverse p-th root (0: 2 x rank of the block)"},
+      {"shard_optimizer_states", "each rank keeps only its share of the statistics and preconditioners"},
+      {"best_effort_memory_usage_reduction", "int8 momentum, int16 statistics and preconditioners"},
+      {"inverse_failure_threshold", "roots with an error at or above this keep the previous preconditioner"},
+      {"moving_average_for_momentum", "momentum as a moving average (weight 1 - beta1)"},
+      {"skip_preconditioning_dim_size_gt", "tensors with a dimension above this use the graft update"},
+      {"clip_by_scaled_gradient_norm", "clip the RMSProp graft by this scaled norm (0 or none: off)"},
+      {"relative_matrix_epsilon", "scale matrix_epsilon by the largest eigenvalue"},
+      {"merge_small_dims_block_size", "largest product of merged dimensions"},
+      {"skip_preconditioning_rank_lt", "tensors of lower rank use the graft update (2: biases too)"},
+      {"decoupled_learning_rate", "apply the learning rate after momentum (the reference's default)"},
+      {"decoupled_weight_decay", "weight decay added after momentum, times the learning rate"},
+      {"generate_training_metrics", "keep per-statistic inverse-root errors"},
+      {"root_method", "newton (coupled Newton iteration) or eigh (eigendecomposition)"},
+      {"root_compute_precision", "float32 or float64 for the inverse roots"},
+      {"root_max_iterations", "Newton iteration limit"},
+      {"root_tolerance", "Newton stops at max|M - I| <= this"},
+      {"retry_failed_roots_in_double", "recompute a failed float32 root in float64 before rejecting it"},
+      {"max_consecutive_root_failures", "error after this many failed roots in a row of one statistic (0: never)"},
+      {"statistics_precision", "float32 or float64 statistics and preconditioners"},
+      {"balance_root_work", "assign roots to ranks by n^3 cost (else even split by count)"},
+  };
+  for (const auto& [key, text] : help)
+    if (name == key) return text;
+  LATHER_FAIL("unknown Shampoo option '", name, "'");
+}
+
+std::string option_value(const ShampooOptions& o, const std::string& name) {
+  std::ostringstream out;
+  out << std::boolalpha;
+  if (name == "learning_rate") out << o.learning_rate.peak;
+  else if (name == "block_size") out << o.block_size;
+  else if (name == "beta1") out << o.beta1;
+  else if (name == "beta2") out << o.beta2;
+  else if (name == "diagonal_epsilon") out << o.diagonal_epsilon;
+  else if (name == "matrix_epsilon") out << o.matrix_epsilon;
+  else if (name == "weight_decay") out << o.weight_decay;
+  else if (name == "start_preconditioning_step") out << o.start_preconditioning_step;
+  else if (name == "preconditioning_compute_steps") out << o.preconditioning_compute_steps;
+  else if (name == "statistics_compute_steps") out << o.statistics_compute_steps;
+  else if (name == "best_effort_shape_interpretation") out << o.best_effort_shape_interpretation;
+  else if (name == "graft_type") out << to_string(o.graft_type);
+  else if (name == "nesterov") out << o.nesterov;
+  else if (name == "exponent_override") out << o.exponent_override;
+  else if (name == "shard_optimizer_states") out << o.shard_optimizer_states;
+  else if (name == "best_effort_memory_usage_reduction") out << o.best_effort_memory_usage_reduction;
+  else if (name == "inverse_failure_threshold") out << o.inverse_failure_threshold;
+  else if (name == "moving_average_for_momentum") out << o.moving_average_for_momentum;
+  else if (name == "skip_preconditioning_dim_size_gt") out << o.skip_preconditioning_dim_size_gt;
+  else if (name == "clip_by_scaled_gradient_norm") out << o.clip_by_scaled_gradient_norm;
+  else if (name == "relative_matrix_epsilon") out << o.relative_matrix_epsilon;
+  else if (name == "merge_small_dims_block_size") out << o.merge_small_dims_block_size;
+  else if (name == "skip_preconditioning_rank_lt") out << o.skip_preconditioning_rank_lt;
+  else if (name == "decoupled_learning_rate") out << o.decoupled_learning_rate;
+  else if (name == "decoupled_weight_decay") out << o.decoupled_weight_decay;
+  else if (name == "generate_training_metrics") out << o.generate_training_metrics;
+  else if (name == "root_method") out << linalg::to_string(o.root.method);
+  else if (name == "root_compute_precision") out << linalg::to_string(o.root.compute_precision);
+  else if (name == "root_max_iterations") out << o.root.max_iterations;
+  else if (name == "root_tolerance") out << o.root.tolerance;
+  else if (name == "retry_failed_roots_in_double") out << o.retry_failed_roots_in_double;
+  else if (name == "max_consecutive_root_failures") out << o.max_consecutive_root_failures;
+  else if (name == "statistics_precision") out << linalg::to_string(o.statistics_precision);
+  else if (name == "balance_root_work") out << o.balance_root_work;
+  else LATHER_FAIL("unknown Shampoo option '", name, "'");
+  return out.str();
 }
 
 void set_option(ShampooOptions& o, const std::string& name, const std::string& value) {

@@ -153,6 +153,11 @@ TEST(ReduceErrors, MismatchedListsAreAnErrorOnEveryRankNotAHang) {
     const auto tensors = make_inputs<T>(rank, {3});
     if (odd_one) reducer.mean(Exec(), tensors); else reducer.sum(Exec(), tensors);
   }, "operation");
+  // Different calls with different agreement records: still the operation is named.
+  expect_error([&] {
+    const auto tensors = make_inputs<T>(rank, {3});
+    if (odd_one) reducer.broadcast(Exec(), tensors, 0); else reducer.sum(Exec(), tensors);
+  }, "operation");
   // Same list, different fusion sizes (the buckets, hence the messages, would differ).
   ReduceOptions other;
   other.fusion_bytes = odd_one ? 1024 : 2048;

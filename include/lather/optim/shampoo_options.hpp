@@ -78,5 +78,9 @@ struct ShampooOptions {
 void set_option(ShampooOptions& options, const std::string& name, const std::string& value);
 /// The names set_option accepts, in documentation order.
 const std::vector<std::string>& option_names();
+/// One line on what an option means (for --help and the reference documentation).
+std::string option_help(const std::string& name);
+/// The option's current value in `options` as set_option would accept it.
+std::string option_value(const ShampooOptions& options, const std::string& name);
 
 }  // namespace lather::optim

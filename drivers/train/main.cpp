@@ -1,0 +1,49 @@
+// lather-train: trains an MLP on Fashion-MNIST with Shampoo (or Adam, AdamW, AdaGrad, SGD), data
+// parallel over MPI ranks, optionally with weight shards; see `lather-train --help` and
+// docs/reference/driver.md.
+#include "trainer.hpp"
+
+#include <lather/core/config.hpp>
+#include <lather/core/error.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <mpi.h>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int code = 0;
+  {
+    // Kokkos takes its --kokkos-* arguments out of argv before CLI11 reads the rest.
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    CLI::App app{"lather-train " LATHER_VERSION_STRING
+                 ": train a multilayer perceptron on Fashion-MNIST with Lather's optimizers, data parallel over "
+                 "MPI ranks. Run under mpiexec or srun; Kokkos options (--kokkos-num-threads, ...) are accepted too."};
+    lather::train::TrainOptions options;
+    lather::train::add_options(app, options);
+    try {
+      app.parse(argc, argv);
+      lather::train::install_termination_handler();
+      const auto result = lather::train::train(options, MPI_COMM_WORLD);
+      if (rank == 0 && !options.quiet)
+        std::printf("done: %ld steps in %.1f s, test accuracy %.2f%%%s\n", result.steps, result.seconds,
+                    100 * result.test_accuracy, result.interrupted ? " (interrupted)" : "");
+    } catch (const CLI::CallForHelp& e) {
+      if (rank == 0) app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+      if (rank == 0) app.exit(e);
+    } catch (const CLI::ParseError& e) {
+      // One line, exit code 2, as users of command-line tools expect.
+      if (rank == 0) std::fprintf(stderr, "lather-train: %s (see --help)\n", e.what());
+      code = 2;
+    } catch (const lather::Error& e) {
+      if (rank == 0) std::fprintf(stderr, "lather-train: %s\n", e.message().c_str());
+      code = 2;
+    }
+  }
+  MPI_Finalize();
+  return code;
+}

@@ -1,0 +1,37 @@
+#pragma once
+// The training loop of lather-train (and of lather-bench tta): Fashion-MNIST, an MLP, data
+// parallelism over replicas with optional weight shards, gradient reduction, any optimizer,
+// checkpoints, metrics, and SIGTERM handling.
+
+#include "training_options.hpp"
+
+#include <mpi.h>
+
+#include <functional>
+#include <string>
+
+namespace lather::train {
+
+struct TrainResult {
+  long steps = 0;
+  long epochs_completed = 0;
+  double seconds = 0;          ///< wall time of the training loop (evaluations included)
+  double test_accuracy = 0;    ///< of the last evaluation
+  double test_loss = 0;
+  double train_loss = 0;       ///< mean over the last logging window
+  bool reached_target = false;
+  long target_step = 0;        ///< first step at which the target accuracy was reached
+  double target_seconds = 0;   ///< seconds of training until then
+  bool interrupted = false;    ///< stopped by SIGTERM (after writing a checkpoint)
+  std::string last_checkpoint;
+};
+
+/// Runs one training job; collective over `world`. Progress and errors go to rank 0's stdout /
+/// stderr; `log` replaces stdout when set.
+TrainResult train(const TrainOptions& options, MPI_Comm world, const std::function<void(const std::string&)>& log = {});
+
+/// Installs the SIGTERM handler that makes train() checkpoint and return (what Slurm sends at the
+/// time limit). Idempotent.
+void install_termination_handler();
+
+}  // namespace lather::train

@@ -1,0 +1,193 @@
+#include "training_options.hpp"
+
+#include <lather/core/error.hpp>
+
+#include <cmath>
+#include <filesystem>
+
+namespace lather::train {
+
+double default_learning_rate(const std::string& optimizer) {
+  if (optimizer == "shampoo") return 2e-3;
+  if (optimizer == "adam" || optimizer == "adamw") return 1e-3;
+  if (optimizer == "adagrad") return 3e-2;
+  if (optimizer == "sgd") return 5e-2;
+  LATHER_FAIL("unknown optimizer '", optimizer, "' (expected shampoo, adam, adamw, adagrad or sgd)");
+}
+
+double TrainOptions::learning_rate() const { return lr >= 0 ? lr : default_learning_rate(optimizer); }
+
+namespace {
+optim::LearningRateSchedule schedule_of(const TrainOptions& o, long total_steps) {
+  optim::LearningRateSchedule s;
+  s.kind = optim::parse_schedule_kind(o.schedule);
+  s.peak = o.learning_rate();
+  s.warmup_steps = o.warmup_steps;
+  s.decay_steps = std::max(1L, total_steps - o.warmup_steps);
+  s.end_value = 0;
+  return s;
+}
+long planned_steps(const TrainOptions& o) {
+  const long samples = o.train_samples > 0 ? o.train_samples : 60000;
+  const long steps = long(o.epochs) * ((samples + o.batch_size - 1) / o.batch_size);
+  return o.max_steps > 0 ? std::min(steps, o.max_steps) : steps;
+}
+}  // namespace
+
+optim::ShampooOptions TrainOptions::shampoo_options() const {
+  optim::ShampooOptions s;
+  // Defaults of the driver (the sweep in docs/reference/driver.md): an RMSProp graft (Adam-like
+  // step sizes), biases on the diagonal path, roots every 20 steps by eigendecomposition.
+  s.graft_type = optim::GraftType::rmsprop;
+  s.beta2 = 0.999;
+  s.diagonal_epsilon = 1e-8;
+  s.matrix_epsilon = 1e-6;
+  s.start_preconditioning_step = 25;
+  s.preconditioning_compute_steps = 20;
+  s.block_size = 128;
+  s.skip_preconditioning_rank_lt = 2;
+  s.root.method = linalg::RootMethod::eigh;
+  s.weight_decay = weight_decay;
+  for (const auto& pair : shampoo) {
+    const auto eq = pair.find('=');
+    LATHER_REQUIRE(eq != std::string::npos, "--shampoo expects name=value, got '", pair, "'");
+    optim::set_option(s, pair.substr(0, eq), pair.substr(eq + 1));
+  }
+  s.learning_rate = schedule_of(*this, planned_steps(*this));
+  s.validate();
+  return s;
+}
+
+optim::SgdOptions TrainOptions::sgd_options() const {
+  optim::SgdOptions s;
+  s.learning_rate = schedule_of(*this, planned_steps(*this));
+  s.momentum = momentum;
+  s.nesterov = true;
+  s.weight_decay = weight_decay;
+  s.validate();
+  return s;
+}
+
+optim::AdagradOptions TrainOptions::adagrad_options() const {
+  optim::AdagradOptions s;
+  s.learning_rate = schedule_of(*this, planned_steps(*this));
+  s.weight_decay = weight_decay;
+  s.validate();
+  return s;
+}
+
+optim::AdamOptions TrainOptions::adam_options() const {
+  optim::AdamOptions s;
+  s.learning_rate = schedule_of(*this, planned_steps(*this));
+  s.weight_decay = optimizer == "adamw" && weight_decay == 0 ? 1e-4 : weight_decay;
+  s.decoupled_weight_decay = optimizer == "adamw";
+  s.validate();
+  return s;
+}
+
+void TrainOptions::validate() const {
+  LATHER_REQUIRE(epochs >= 1, "--epochs must be >= 1, got ", epochs);
+  LATHER_REQUIRE(batch_size >= 1, "--batch-size must be >= 1, got ", batch_size);
+  (void)default_learning_rate(optimizer);
+  LATHER_REQUIRE(std::isfinite(lr), "--lr must be finite");
+  LATHER_REQUIRE(!hidden.empty(), "--hidden needs at least one layer size");
+  for (int h : hidden) LATHER_REQUIRE(h >= 1, "--hidden sizes must be >= 1, got ", h);
+  LATHER_REQUIRE(weight_shards >= 1, "--weight-shards must be >= 1, got ", weight_shards);
+  LATHER_REQUIRE(accumulate >= 1, "--accumulate must be >= 1, got ", accumulate);
+  LATHER_REQUIRE(reduce == "mean" || reduce == "adasum" || reduce == "adasum-approx",
+                 "--reduce must be mean, adasum or adasum-approx, got '", reduce, "'");
+  LATHER_REQUIRE(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got ", checkpoint_every);
+  LATHER_REQUIRE(checkpoint_every == 0 || !checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
+  LATHER_REQUIRE(!resume || !checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  LATHER_REQUIRE(keep_checkpoints >= 1, "--keep-checkpoints must be >= 1, got ", keep_checkpoints);
+  LATHER_REQUIRE(log_every >= 0 && eval_every >= 0 && max_steps >= 0, "--log-every, --eval-every and --max-steps must be >= 0");
+  LATHER_REQUIRE(target_accuracy >= 0 && target_accuracy <= 1, "--target-accuracy must be in [0, 1], got ",
+                 target_accuracy);
+  LATHER_REQUIRE(wire_precision == "native" || wire_precision == "bf16" || wire_precision == "fp16",
+                 "--wire-precision must be native, bf16 or fp16, got '", wire_precision, "'");
+  LATHER_REQUIRE(std::filesystem::is_directory(data), "--data '", data,
+                 "' is not a directory (install the Debian package dataset-fashion-mnist or pass --data DIR)");
+  if (optimizer == "shampoo") (void)shampoo_options();
+}
+
+void add_options(CLI::App& app, TrainOptions& o) {
+  app.set_config("--config", "", "Read options from a TOML/INI file (keys are the long option names)");
+  app.add_option("--data", o.data, "Directory with Fashion-MNIST's train-/t10k-{images,labels}-idx?-ubyte[.gz]")
+      ->capture_default_str();
+  app.add_option("--epochs", o.epochs, "Passes over the training set")->capture_default_str();
+  app.add_option("--batch-size", o.batch_size,
+                 "Global batch: samples per optimizer step over all replicas, whatever the rank count")
+      ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "shampoo, adam, adamw, adagrad or sgd")
+      ->check(CLI::IsMember({"shampoo", "adam", "adamw", "adagrad", "sgd"}))
+      ->capture_default_str();
+  app.add_option("--lr", o.lr,
+                 "Learning rate (peak of the schedule); default per optimizer: shampoo 2e-3, adam/adamw 1e-3, "
+                 "adagrad 3e-2, sgd 5e-2");
+  app.add_option("--schedule", o.schedule, "Learning-rate schedule: constant, warmup, cosine, linear or rsqrt")
+      ->check(CLI::IsMember({"constant", "warmup", "cosine", "linear", "rsqrt"}))
+      ->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps of the schedule")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "Weight decay (adamw: decoupled, default 1e-4)")
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the initial weights and of the data order (same on all replicas)")
+      ->capture_default_str();
+  app.add_option("--hidden", o.hidden, "Hidden layer sizes, comma separated")->delimiter(',')->capture_default_str();
+  app.add_option("--weight-shards", o.weight_shards,
+                 "Split hidden layers column/row-parallel across this many ranks of each replica (must divide the "
+                 "rank count and the hidden sizes)")
+      ->capture_default_str();
+  app.add_option("--reduce", o.reduce, "Gradient reduction over replicas: mean, adasum or adasum-approx")
+      ->check(CLI::IsMember({"mean", "adasum", "adasum-approx"}))
+      ->capture_default_str();
+  app.add_option("--accumulate", o.accumulate,
+                 "Micro-batches per step: each replica's share of the global batch is processed in this many "
+                 "pieces, gradients accumulated, one reduction per step")
+      ->capture_default_str();
+  app.add_option("--wire-precision", o.wire_precision, "Gradient reduction on the wire: native, bf16 or fp16")
+      ->check(CLI::IsMember({"native", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of the HDF5 checkpoints");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "Write a checkpoint every N steps (and at the end, and on SIGTERM); 0: only at the end and on SIGTERM")
+      ->capture_default_str();
+  app.add_option("--keep-checkpoints", o.keep_checkpoints, "Checkpoints kept in --checkpoint-dir")
+      ->capture_default_str();
+  app.add_flag("--resume", o.resume, "Continue from the latest complete checkpoint in --checkpoint-dir (if any)");
+  app.add_option("--metrics", o.metrics,
+                 "Write JSON lines (epoch, step, loss, seconds, ...; test_accuracy at epoch ends) to this file");
+  app.add_option("--log-every", o.log_every, "Progress line every N steps (0: epoch ends only)")
+      ->capture_default_str();
+  app.add_option("--eval-every", o.eval_every, "Also evaluate on the test set every N steps (0: at epoch ends)")
+      ->capture_default_str();
+  app.add_option("--target-accuracy", o.target_accuracy, "Stop once the test accuracy reaches this (0: never)")
+      ->capture_default_str();
+  app.add_option("--max-steps", o.max_steps, "Stop after this many optimizer steps (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--train-samples", o.train_samples, "Train on the first N samples only (0: all 60000)")
+      ->capture_default_str();
+  app.add_option("--test-samples", o.test_samples, "Evaluate on the first N test samples only (0: all 10000)")
+      ->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "No progress lines on stdout");
+  auto* shampoo = app.add_option("--shampoo", o.shampoo,
+                                 "Shampoo option as name=value (repeatable), or use --shampoo-<name> below");
+  shampoo->delimiter(',');
+  const optim::ShampooOptions defaults = TrainOptions{}.shampoo_options();
+  for (const auto& name : optim::option_names()) {
+    if (name == "learning_rate") continue;  // --lr
+    std::string flag = "--shampoo-" + name;
+    for (auto& c : flag)
+      if (c == '_') c = '-';
+    auto* option = app.add_option_function<std::string>(
+        flag, [&o, name](const std::string& value) { o.shampoo.push_back(name + "=" + value); },
+        optim::option_help(name) + " [default " + optim::option_value(defaults, name) + "]");
+    option->group("Shampoo options (the JAX reference's names)");
+    option->type_name(name.find("type") != std::string::npos || name.find("method") != std::string::npos ||
+                              name.find("precision") != std::string::npos
+                          ? "TEXT"
+                          : "VALUE");
+  }
+}
+
+}  // namespace lather::train

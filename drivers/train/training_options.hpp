@@ -1,0 +1,65 @@
+#pragma once
+// Everything lather-train can be told, with its defaults, and how the command line (CLI11) and
+// config files map onto it. The defaults are the acceptance run: `mpiexec -n 2 lather-train`
+// trains 784-512-256-10 on Fashion-MNIST with Shampoo for 3 epochs.
+
+#include <lather/optim/first_order.hpp>
+#include <lather/optim/shampoo_options.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lather::train {
+
+struct TrainOptions {
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  int epochs = 3;
+  int batch_size = 128;  ///< global: samples per optimizer step over all replicas
+  std::string optimizer = "shampoo";
+  double lr = -1;  ///< < 0: the optimizer's default (default_learning_rate)
+  std::string schedule = "constant";
+  long warmup_steps = 0;
+  double weight_decay = 0;
+  std::uint64_t seed = 0;
+  std::vector<int> hidden = {512, 256};
+  int weight_shards = 1;
+  std::string reduce = "mean";
+  int accumulate = 1;
+  std::string checkpoint_dir;
+  long checkpoint_every = 0;
+  int keep_checkpoints = 3;
+  bool resume = false;
+  std::string metrics;
+  long log_every = 50;
+  long eval_every = 0;           ///< also evaluate on the test set every N steps (0: per epoch only)
+  double target_accuracy = 0;    ///< stop as soon as the test accuracy reaches this (0: never)
+  long max_steps = 0;            ///< stop after this many steps in all (0: no limit)
+  long train_samples = 0;        ///< use only the first N training samples (0: all)
+  long test_samples = 0;         ///< evaluate on the first N test samples (0: all)
+  std::string wire_precision = "native";
+  double momentum = 0.9;         ///< SGD
+  bool quiet = false;            ///< no progress lines (metrics file only)
+  std::vector<std::string> shampoo;  ///< name=value pairs, the reference's option names
+
+  /// The learning rate a run uses: --lr, or the optimizer's tuned default.
+  double learning_rate() const;
+  /// Throws lather::Error naming the first bad option.
+  void validate() const;
+  optim::ShampooOptions shampoo_options() const;
+  optim::SgdOptions sgd_options() const;
+  optim::AdagradOptions adagrad_options() const;
+  optim::AdamOptions adam_options() const;
+};
+
+/// The learning rates found by the sweep documented in docs/reference/driver.md.
+double default_learning_rate(const std::string& optimizer);
+
+/// Registers every option on `app`, including --config for TOML/INI files whose keys are the
+/// long option names (e.g. `epochs = 5`, `shampoo = ["block_size=128", ...]`) and one
+/// --shampoo-<name> option per Shampoo option.
+void add_options(CLI::App& app, TrainOptions& options);
+
+}  // namespace lather::train
