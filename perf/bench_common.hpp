@@ -3,6 +3,9 @@
 // one JSON object per line, each carrying its same-run baseline and the ratio to it.
 
 #include <CLI/CLI.hpp>
+#include <lather/optim/shampoo_options.hpp>
+#include <lather/optim/optimizer.hpp>
+
 #include <nlohmann/json.hpp>
 
 #include <iostream>
@@ -21,7 +24,17 @@ void add_list_option(CLI::App& app, const std::string& name, std::vector<T>& val
   app.add_option(name, values, help)->delimiter(',')->capture_default_str();
 }
 
+/// perf/parameter_sets.json from the source tree, or the installed copy.
+std::string default_parameter_sets_file();
+nlohmann::json read_parameter_sets(const std::string& path);
+/// The file's "shampoo_options" (the reference's names) as ShampooOptions.
+optim::ShampooOptions shampoo_options_of(const nlohmann::json& doc);
+/// The parameters of set `set`.
+std::vector<optim::ParameterSpec> parameter_specs_of(const nlohmann::json& doc, const std::string& set,
+                                                     const std::string& path);
+
 void register_root(CLI::App& app);
+void register_balance(CLI::App& app);
 void register_step(CLI::App& app);
 
 }  // namespace lather::bench

@@ -24,14 +24,6 @@ struct StepBenchOptions {
   int windows = 2;
 };
 
-std::string default_sets_file() {
-  for (const char* candidate : {LATHER_PERF_SOURCE_DIR "/parameter_sets.json", LATHER_PERF_INSTALL_DIR "/parameter_sets.json"}) {
-    std::ifstream in(candidate);
-    if (in) return candidate;
-  }
-  return LATHER_PERF_SOURCE_DIR "/parameter_sets.json";
-}
-
 /// Seconds per step, averaged over `windows` windows of `window` steps after one warm-up window.
 template <class Optimizer>
 double time_steps(Optimizer& optimizer, const TensorList<float, Mem>& params, const TensorList<float, Mem>& grads,
@@ -45,34 +37,22 @@ double time_steps(Optimizer& optimizer, const TensorList<float, Mem>& params, co
 }
 
 void run_step(const StepBenchOptions& o) {
-  const std::string path = o.file.empty() ? default_sets_file() : o.file;
-  std::ifstream in(path);
-  LATHER_REQUIRE(bool(in), "cannot open parameter sets file '", path, "'");
-  nlohmann::json doc;
-  try {
-    in >> doc;
-  } catch (const std::exception& e) {
-    LATHER_FAIL("parameter sets file '", path, "' is not valid JSON: ", e.what());
-  }
-  optim::ShampooOptions shampoo_options;
-  for (const auto& [key, value] : doc.at("shampoo_options").items())
-    optim::set_option(shampoo_options, key, value.is_string() ? value.get<std::string>() : value.dump());
+  const std::string path = o.file.empty() ? default_parameter_sets_file() : o.file;
+  const auto doc = read_parameter_sets(path);
+  const optim::ShampooOptions shampoo_options = shampoo_options_of(doc);
   const long window = shampoo_options.preconditioning_compute_steps;
 
   for (const auto& set : o.sets) {
-    LATHER_REQUIRE(doc.at("sets").contains(set), "parameter set '", set, "' is not in ", path);
-    std::vector<optim::ParameterSpec> specs;
+    const auto specs = parameter_specs_of(doc, set, path);
     TensorList<float, Mem> params, grads;
     Kokkos::Random_XorShift64_Pool<Space> pool(2024);
-    for (const auto& p : doc["sets"][set]) {
-      optim::ParameterSpec spec{p.at("name").get<std::string>(), p.at("shape").get<TensorShape>()};
+    for (const auto& spec : specs) {
       const auto n = element_count(spec.shape);
       FlatTensor<float, Mem> x("bench::param", n), g("bench::grad", n);
       Kokkos::fill_random(x, pool, -0.02f, 0.02f);
       Kokkos::fill_random(g, pool, -1.0f, 1.0f);
       params.push_back(x);
       grads.push_back(g);
-      specs.push_back(spec);
     }
     optim::AdamOptions adam_options;
     optim::FirstOrder<Space, float> adam(Space(), specs, adam_options);

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     lather::bench::register_root(app);
     lather::bench::register_step(app);
+    lather::bench::register_balance(app);
     try {
       app.parse(argc, argv);  // the chosen subcommand runs in its callback
     } catch (const CLI::ParseError& e) {
