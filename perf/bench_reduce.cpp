@@ -190,12 +190,13 @@ void run_reduce(const ReduceBenchOptions& o) {
   comm::GradientReducer<Space, float> adasum_reducer(world, native);
   std::unique_ptr<comm::Mesh> mesh;
   std::unique_ptr<comm::GradientReducer<Space, float>> grouped;
-  if (wants("grouped_mean") && n % 2 == 0) {
+  if (wants("grouped_mean") && n % 2 == 0 && n >= 4) {
     mesh = std::make_unique<comm::Mesh>(world, 2);
     grouped = std::make_unique<comm::GradientReducer<Space, float>>(mesh->data_parallel(), options);
   } else if (wants("grouped_mean") && print) {
     emit({{"bench", "reduce"}, {"op", "grouped_mean"}, {"ranks", n},
-          {"skipped", "grouped_mean needs an even rank count (a Mesh with 2 weight shards)"}});
+          {"skipped", "grouped_mean needs an even rank count of at least 4 (a Mesh with 2 weight "
+                      "shards and at least 2 replicas)"}});
   }
 
   for (const std::size_t bytes : sizes) {

@@ -25,6 +25,12 @@ int main(int argc, char** argv) {
     lather::bench::register_root(app);
     lather::bench::register_step(app);
     lather::bench::register_balance(app);
+#if LATHER_ENABLE_HDF5
+    lather::bench::register_checkpoint(app);
+#endif
+#if LATHER_ENABLE_MPI
+    lather::bench::register_reduce(app);
+#endif
     try {
       app.parse(argc, argv);  // the chosen subcommand runs in its callback
     } catch (const CLI::ParseError& e) {

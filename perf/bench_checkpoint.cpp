@@ -1,0 +1,150 @@
+// lather-bench checkpoint: write and read bandwidth of a checkpoint of a Shampoo-like state (a
+// statistics stack distributed by rows over the ranks, plus replicated parameters), beside the raw
+// bandwidth of the same disk in the same run: every rank writing (and reading back) its share with
+// plain POSIX I/O to its own file, fsync'ed, as the checkpoint is.
+#include "bench_common.hpp"
+
+#include <lather/checkpoint/checkpoint.hpp>
+#include <lather/core/error.hpp>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fcntl.h>
+#include <filesystem>
+#include <unistd.h>
+
+namespace lather::bench {
+namespace {
+
+struct CheckpointBenchOptions {
+  std::vector<double> bytes = {1024.0 * 1024 * 1024};
+  std::string directory = "lather-bench-checkpoint";
+  int repeats = 2;
+};
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+/// Seconds of the slowest rank for `work` (all ranks start together).
+template <class Work>
+double timed(Work&& work) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double start = now();
+  work();
+  double mine = now() - start, slowest = 0;
+  MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return slowest;
+}
+
+void write_raw(const std::string& path, const std::vector<char>& data) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  LATHER_REQUIRE(fd >= 0, "cannot create '", path, "'");
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    LATHER_REQUIRE(n > 0, "write to '", path, "' failed");
+    done += std::size_t(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void read_raw(const std::string& path, std::vector<char>& data) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  LATHER_REQUIRE(fd >= 0, "cannot open '", path, "'");
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
+    LATHER_REQUIRE(n > 0, "read of '", path, "' failed");
+    done += std::size_t(n);
+  }
+  ::close(fd);
+}
+
+void run_checkpoint(const CheckpointBenchOptions& o) {
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  namespace fs = std::filesystem;
+  if (rank == 0) fs::create_directories(o.directory);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::int64_t m = 128, row = m * m;  // 64 KiB float rows: statistics of block size 128
+  for (double requested : o.bytes) {
+    LATHER_REQUIRE(requested >= double(row * 4), "--bytes must be at least one 64 KiB row, got ", requested);
+    // 1/8 of the state in replicated parameters (written by rank 0), 7/8 in the stack.
+    const std::int64_t stack_rows = std::max<std::int64_t>(1, std::int64_t(requested * 7 / 8) / (row * 4));
+    const std::int64_t parameter_elements = std::max<std::int64_t>(1, std::int64_t(requested / 8) / 4);
+    const double total_bytes = double(stack_rows * row + parameter_elements) * 4;
+
+    checkpoint::ArraySlice stack;
+    stack.path = "optimizer/global/statistics";
+    stack.dtype = optim::DType::float32;
+    stack.shape = {stack_rows, m, m};
+    stack.selection = checkpoint::ArraySlice::Selection::rows;
+    for (std::int64_t r = rank; r < stack_rows; r += ranks) stack.rows.push_back(r);
+    std::vector<float> stack_data(stack.rows.size() * row);
+    for (std::size_t k = 0; k < stack_data.size(); ++k) stack_data[k] = float(k % 1000) * 1e-3f;
+    stack.data = stack_data.data();
+    checkpoint::ArraySlice parameters;
+    parameters.path = "parameters/all";
+    parameters.dtype = optim::DType::float32;
+    parameters.shape = {parameter_elements};
+    parameters.writer = rank == 0;
+    std::vector<float> parameter_data(parameter_elements, 0.5f);
+    parameters.data = parameter_data.data();
+
+    checkpoint::CheckpointOptions options;
+    options.directory = o.directory;
+    options.keep_last = 1;
+    checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+    // What each rank writes, for the raw baseline: the same bytes as its checkpoint share.
+    const std::size_t mine = stack_data.size() * 4 + (rank == 0 ? parameter_data.size() * 4 : 0);
+    std::vector<char> raw(mine, 1);
+    const std::string raw_path = (fs::path(o.directory) / ("raw-" + std::to_string(rank) + ".bin")).string();
+
+    double best_write = 1e300, best_read = 1e300, best_raw_write = 1e300, best_raw_read = 1e300;
+    for (int repeat = 0; repeat < o.repeats; ++repeat) {
+      best_raw_write = std::min(best_raw_write, timed([&] { write_raw(raw_path, raw); }));
+      best_raw_read = std::min(best_raw_read, timed([&] { read_raw(raw_path, raw); }));
+      std::string file;
+      best_write = std::min(best_write, timed([&] { file = checkpointer.save(repeat + 1, {stack, parameters}, {}); }));
+      auto read_parameters = parameters;  // every rank reads the replicated part back
+      best_read = std::min(best_read, timed([&] { checkpointer.load(file, {stack, read_parameters}); }));
+    }
+    std::error_code ec;
+    fs::remove(raw_path, ec);
+    const double gb = total_bytes / 1e9;
+    if (rank == 0)
+      emit({{"bench", "checkpoint"},
+            {"ranks", ranks},
+            {"bytes", total_bytes},
+            {"write_gbps", gb / best_write},
+            {"read_gbps", gb / best_read},
+            {"raw_write_gbps", gb / best_raw_write},
+            {"raw_read_gbps", gb / best_raw_read},
+            {"ratio_write", best_raw_write / best_write},
+            {"ratio_read", best_raw_read / best_read},
+            {"write_seconds", best_write},
+            {"read_seconds", best_read}});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) fs::remove_all(o.directory);
+}
+
+}  // namespace
+
+void register_checkpoint(CLI::App& app) {
+  auto options = std::make_shared<CheckpointBenchOptions>();
+  auto* sub = app.add_subcommand(
+      "checkpoint",
+      "Checkpoint write/read bandwidth (parallel HDF5, Fletcher32, fsync + rename) against raw POSIX "
+      "write/read of the same bytes on the same disk, same run. Run under mpiexec -n 1, 2, 4.");
+  add_list_option(*sub, "--bytes", options->bytes, "State sizes in bytes");
+  sub->add_option("--dir", options->directory, "Scratch directory on the disk to measure (removed afterwards)")
+      ->capture_default_str();
+  sub->add_option("--repeats", options->repeats, "Best of this many runs")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->callback([options] { run_checkpoint(*options); });
+}
+
+}  // namespace lather::bench
