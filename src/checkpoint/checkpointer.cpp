@@ -129,6 +129,60 @@ void check_slice(const ArraySlice& a) {
   LATHER_REQUIRE(a.elements() == 0 || a.data != nullptr, "checkpoint array '", a.path, "' has no buffer");
 }
 
+/// A memory dataspace shaped like this rank's selection (its rows, or its block), all selected:
+/// HDF5 maps same-shaped selections chunk by chunk, while a 1-D buffer against an N-D selection
+/// goes element by element, several times slower.
+hid_t memory_space_for(const ArraySlice& a, hssize_t selected) {
+  std::vector<hsize_t> dims;
+  switch (a.selection) {
+    case ArraySlice::Selection::whole: dims = stored_dims(a.shape); break;
+    case ArraySlice::Selection::rows:
+      dims = stored_dims(a.shape);
+      dims[0] = hsize_t(a.rows.size());
+      break;
+    case ArraySlice::Selection::block:
+      if (a.shape.empty())
+        dims = {1};
+      else
+        dims.assign(a.count.begin(), a.count.end());
+      break;
+  }
+  if (selected <= 0 || hsize_t(selected) != std::accumulate(dims.begin(), dims.end(), hsize_t(1), std::multiplies<>())) {
+    const hsize_t count = hsize_t(std::max<hssize_t>(selected, 1));
+    return H5Screate_simple(1, &count, nullptr);
+  }
+  return H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+}
+
+/// Runs of consecutive rows in ascending order: (first row, count), over the sorted rows.
+std::vector<std::pair<std::int64_t, std::int64_t>> row_runs(const ArraySlice& a) {
+  std::vector<std::int64_t> rows = a.rows;
+  std::sort(rows.begin(), rows.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;
+  for (std::size_t k = 0; k < rows.size();) {
+    std::size_t n = 1;
+    while (k + n < rows.size() && rows[k + n] == rows[k] + std::int64_t(n)) ++n;
+    runs.push_back({rows[k], std::int64_t(n)});
+    k += n;
+  }
+  return runs;
+}
+
+/// Selects rows [first, first + count) in `file` and the matching rows [at, at + count) of the
+/// memory space [rows, ...] (count 0 selects nothing in either).
+void select_run(hid_t file, hid_t memory, const std::vector<hsize_t>& dims, std::int64_t first, std::int64_t at,
+                std::int64_t count) {
+  check(H5Sselect_none(file), "selecting nothing");
+  check(H5Sselect_none(memory), "selecting nothing");
+  if (count == 0) return;
+  std::vector<hsize_t> start(dims.size(), 0), extent = dims;
+  start[0] = hsize_t(first);
+  extent[0] = hsize_t(count);
+  check(H5Sselect_hyperslab(file, H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr), "selecting rows");
+  start[0] = hsize_t(at);
+  check(H5Sselect_hyperslab(memory, H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr), "selecting rows");
+}
+
 /// HDF5 returns the points of a selection in file order, so rows listed out of order are moved
 /// through a buffer sorted by row. Returns the permutation (buffer row k is file row order[k]).
 std::vector<std::size_t> row_order(const ArraySlice& a) {
@@ -153,6 +207,87 @@ void permute_rows(const ArraySlice& a, const std::vector<std::size_t>& order, co
     else
       std::memcpy(to + order[k] * row_bytes, from + k * row_bytes, row_bytes);
   }
+}
+
+/// Rows written by scattered owners (Shampoo's balanced assignment) are first moved to the rank
+/// that writes a contiguous range of them, rank k taking rows [k N / P, (k + 1) N / P): one
+/// MPI_Alltoallv, and every rank then writes at most one run. `a` must have sorted rows and
+/// `data` in that order. Returns the rows this rank now writes (sorted) and their bytes.
+std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(MPI_Comm comm, const ArraySlice& a,
+                                                                              const char* data) {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  const std::int64_t n = a.shape[0];
+  std::size_t row_bytes = optim::size_of(a.dtype);
+  for (std::size_t d = 1; d < a.shape.size(); ++d) row_bytes *= std::size_t(a.shape[d]);
+  const auto target = [&](std::int64_t r) { return int((r * size) / n); };
+  std::vector<int> send_rows(size, 0), receive_rows(size, 0);
+  const std::vector<std::int64_t> mine = a.writer ? a.rows : std::vector<std::int64_t>{};
+  for (auto r : mine) ++send_rows[target(r)];
+  MPI_Alltoall(send_rows.data(), 1, MPI_INT, receive_rows.data(), 1, MPI_INT, comm);
+  std::vector<int> send_at(size, 0), receive_at(size, 0);
+  for (int k = 1; k < size; ++k) {
+    send_at[k] = send_at[k - 1] + send_rows[k - 1];
+    receive_at[k] = receive_at[k - 1] + receive_rows[k - 1];
+  }
+  const int received = receive_at[size - 1] + receive_rows[size - 1];
+  // Rows are sorted, so rows for each target are consecutive in `data`: send in place.
+  std::vector<std::int64_t> rows(received);
+  MPI_Alltoallv(mine.data(), send_rows.data(), send_at.data(), MPI_INT64_T, rows.data(), receive_rows.data(),
+                receive_at.data(), MPI_INT64_T, comm);
+  MPI_Datatype row_type;
+  MPI_Type_contiguous(int(row_bytes), MPI_BYTE, &row_type);
+  MPI_Type_commit(&row_type);
+  std::vector<char> bytes(std::size_t(received) * row_bytes);
+  MPI_Alltoallv(data, send_rows.data(), send_at.data(), row_type, bytes.data(), receive_rows.data(),
+                receive_at.data(), row_type, comm);
+  MPI_Type_free(&row_type);
+  // From different senders the rows interleave: sort them with their bytes.
+  std::vector<std::size_t> order(rows.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return rows[x] < rows[y]; });
+  std::vector<std::int64_t> sorted_rows(rows.size());
+  std::vector<char> sorted_bytes(bytes.size());
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    sorted_rows[k] = rows[order[k]];
+    std::memcpy(sorted_bytes.data() + k * row_bytes, bytes.data() + order[k] * row_bytes, row_bytes);
+  }
+  return {std::move(sorted_rows), std::move(sorted_bytes)};
+}
+
+/// The inverse of gather_contiguous_rows for loading: rank k has read rows [k N / P, (k+1) N / P)
+/// into `range` (`range_first` is k N / P); every rank receives the rows it asked for, sorted,
+/// into `out`. Two MPI_Alltoallv (the requests, then the rows).
+void scatter_contiguous_rows(MPI_Comm comm, const ArraySlice& a, const char* range, std::int64_t range_first,
+                             char* out) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  const std::int64_t n = a.shape[0];
+  std::size_t row_bytes = optim::size_of(a.dtype);
+  for (std::size_t d = 1; d < a.shape.size(); ++d) row_bytes *= std::size_t(a.shape[d]);
+  std::vector<std::int64_t> wanted = a.rows;
+  std::sort(wanted.begin(), wanted.end());
+  std::vector<int> ask(size, 0), asked(size, 0);
+  for (auto r : wanted) ++ask[int((r * size) / n)];
+  MPI_Alltoall(ask.data(), 1, MPI_INT, asked.data(), 1, MPI_INT, comm);
+  std::vector<int> ask_at(size, 0), asked_at(size, 0);
+  for (int k = 1; k < size; ++k) {
+    ask_at[k] = ask_at[k - 1] + ask[k - 1];
+    asked_at[k] = asked_at[k - 1] + asked[k - 1];
+  }
+  std::vector<std::int64_t> requests(std::size_t(asked_at[size - 1] + asked[size - 1]));
+  MPI_Alltoallv(wanted.data(), ask.data(), ask_at.data(), MPI_INT64_T, requests.data(), asked.data(),
+                asked_at.data(), MPI_INT64_T, comm);
+  std::vector<char> answers(requests.size() * row_bytes);
+  for (std::size_t k = 0; k < requests.size(); ++k)
+    std::memcpy(answers.data() + k * row_bytes, range + std::size_t(requests[k] - range_first) * row_bytes, row_bytes);
+  MPI_Datatype row_type;
+  MPI_Type_contiguous(int(row_bytes), MPI_BYTE, &row_type);
+  MPI_Type_commit(&row_type);
+  MPI_Alltoallv(answers.data(), asked.data(), asked_at.data(), row_type, out, ask.data(), ask_at.data(), row_type,
+                comm);
+  MPI_Type_free(&row_type);
 }
 
 /// A fingerprint of the array list (paths, types, shapes) that every rank must share.
@@ -356,18 +491,42 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
                             where + ": create"));
       if (a.shape.empty()) write_number_attribute<std::int64_t>(dataset.get(), "scalar", H5T_NATIVE_INT64, 1);
       if (empty) continue;
-      select(space.get(), a, true);
-      const hssize_t selected = H5Sget_select_npoints(space.get());
-      const hsize_t count = hsize_t(std::max<hssize_t>(selected, 1));
-      Dataspace memory(check(H5Screate_simple(1, &count, nullptr), where));
-      if (selected == 0) check(H5Sselect_none(memory.get()), where);
       std::vector<char> sorted;
       const void* source = a.data;
-      if (selected > 0 && !rows_sorted(a)) {
+      if (!rows_sorted(a) && a.elements() > 0) {
         sorted.resize(a.bytes());
         permute_rows(a, row_order(a), static_cast<const char*>(a.data), sorted.data(), true);
         source = sorted.data();
       }
+      if (a.selection == ArraySlice::Selection::rows) {
+        // Rows move to contiguous writers first; then one collective write per run (every rank
+        // makes as many calls as the rank with the most runs, normally one): same-shaped
+        // selections keep HDF5 on its chunk-wise path.
+        auto [rows, bytes] = gather_contiguous_rows(m_comm, a, static_cast<const char*>(source));
+        ArraySlice contiguous = a;
+        contiguous.rows = rows;
+        contiguous.writer = true;
+        source = bytes.data();
+        const auto runs = row_runs(contiguous);
+        std::int64_t mine = std::int64_t(runs.size()), most = 0;
+        MPI_Allreduce(&mine, &most, 1, MPI_INT64_T, MPI_MAX, m_comm);
+        auto memory_dims = dims;
+        memory_dims[0] = std::max<hsize_t>(1, hsize_t(contiguous.rows.size()));
+        Dataspace memory(check(H5Screate_simple(int(memory_dims.size()), memory_dims.data(), nullptr), where));
+        std::int64_t at = 0;
+        for (std::int64_t k = 0; k < most; ++k) {
+          const bool has = k < mine;
+          select_run(space.get(), memory.get(), dims, has ? runs[k].first : 0, at, has ? runs[k].second : 0);
+          check(H5Dwrite(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(), source),
+                where + ": write");
+          if (k < mine) at += runs[k].second;
+        }
+        continue;
+      }
+      select(space.get(), a, true);
+      const hssize_t selected = H5Sget_select_npoints(space.get());
+      Dataspace memory(check(memory_space_for(a, selected), where));
+      if (selected == 0) check(H5Sselect_none(memory.get()), where);
       check(H5Dwrite(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(),
                      selected > 0 ? source : nullptr),
             where + ": write");
@@ -459,13 +618,13 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         const std::string where = "checkpoint '" + file + "' dataset '" + a.path + "'";
         Dataset dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where));
         Dataspace space(check(H5Dget_space(dataset.get()), where));
+        if (a.selection == ArraySlice::Selection::rows) continue;  // below, with every rank
         select(space.get(), a, false);
         const hssize_t selected = H5Sget_select_npoints(space.get());
         if (selected <= 0) continue;
         LATHER_REQUIRE(hsize_t(selected) == hsize_t(a.elements()), where, ": selection of ", selected,
                        " elements for a buffer of ", a.elements());
-        const hsize_t count = hsize_t(selected);
-        Dataspace memory(check(H5Screate_simple(1, &count, nullptr), where));
+        Dataspace memory(check(memory_space_for(a, selected), where));
         std::vector<char> sorted;
         if (!rows_sorted(a)) sorted.resize(a.bytes());
         check(H5Dread(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(),
@@ -476,6 +635,41 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       if (attributes) *attributes = read_root_attributes(f.get());
     } catch (const Error& e) {
       error = e.message();
+    }
+    // Arrays read by rows: each rank reads one contiguous range and the rows travel to the ranks
+    // that asked for them. Collective, so every rank takes part even after a failure above.
+    for (const auto& a : arrays) {
+      if (a.selection != ArraySlice::Selection::rows || element_count(a.shape) == 0) continue;
+      const std::int64_t n = a.shape[0];
+      const std::int64_t first = (std::int64_t(m_rank) * n) / m_size, last = (std::int64_t(m_rank + 1) * n) / m_size;
+      ArraySlice range = a;
+      range.rows.clear();
+      for (std::int64_t r = first; r < last; ++r) range.rows.push_back(r);
+      std::vector<char> bytes(range.bytes(), 0);
+      if (error.empty() && last > first) {
+        try {
+          const std::string where = "checkpoint '" + file + "' dataset '" + a.path + "'";
+          Dataset dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where));
+          Dataspace space(check(H5Dget_space(dataset.get()), where));
+          const auto dims = stored_dims(a.shape);
+          auto memory_dims = dims;
+          memory_dims[0] = hsize_t(last - first);
+          Dataspace memory(check(H5Screate_simple(int(memory_dims.size()), memory_dims.data(), nullptr), where));
+          select_run(space.get(), memory.get(), dims, first, 0, last - first);
+          PropertyList dxpl(check(H5Pcreate(H5P_DATASET_XFER), "creating a transfer list"));
+          check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_INDEPENDENT), "setting independent transfers");
+          check(H5Dread(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(), bytes.data()),
+                where + ": read failed (corrupted or truncated?)");
+        } catch (const Error& e) {
+          error = e.message();
+        }
+      }
+      std::vector<char> sorted(a.bytes());
+      scatter_contiguous_rows(m_comm, a, bytes.data(), first, sorted.data());
+      if (rows_sorted(a))
+        std::memcpy(a.data, sorted.data(), sorted.size());
+      else
+        permute_rows(a, row_order(a), sorted.data(), static_cast<char*>(a.data), false);
     }
     f.reset();  // collective close on every rank, whatever happened above
     LATHER_REQUIRE(error.empty(), error);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -97,6 +98,8 @@ TEST_P(ReferenceTrajectory, ThirtyStepsMatchJax) {
         const double relative = std::sqrt(diff / std::max(norm, 1e-300));
         worst = std::max(worst, relative);
         EXPECT_LE(relative, 1e-4) << doc.at("name") << ": parameter " << specs[p].name << " after step " << t + 1;
+        if (std::getenv("LATHER_TRACE"))  // per-parameter errors, for diagnosing a failure
+          std::printf("  step %d %-8s %.3g\n", t + 1, specs[p].name.c_str(), relative);
       }
       ++next_record;
     }
