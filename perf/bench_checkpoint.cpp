@@ -22,6 +22,7 @@ struct CheckpointBenchOptions {
   std::vector<double> bytes = {1024.0 * 1024 * 1024};
   std::string directory = "lather-bench-checkpoint";
   int repeats = 2;
+  bool scattered = false;  ///< rows owned round-robin (worst case of the balanced assignment)
 };
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -82,7 +83,10 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     stack.dtype = optim::DType::float32;
     stack.shape = {stack_rows, m, m};
     stack.selection = checkpoint::ArraySlice::Selection::rows;
-    for (std::int64_t r = rank; r < stack_rows; r += ranks) stack.rows.push_back(r);
+    if (o.scattered)
+      for (std::int64_t r = rank; r < stack_rows; r += ranks) stack.rows.push_back(r);
+    else
+      for (std::int64_t r = stack_rows * rank / ranks; r < stack_rows * (rank + 1) / ranks; ++r) stack.rows.push_back(r);
     std::vector<float> stack_data(stack.rows.size() * row);
     for (std::size_t k = 0; k < stack_data.size(); ++k) stack_data[k] = float(k % 1000) * 1e-3f;
     stack.data = stack_data.data();
@@ -119,6 +123,7 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
       emit({{"bench", "checkpoint"},
             {"ranks", ranks},
             {"bytes", total_bytes},
+            {"layout", o.scattered ? "scattered" : "contiguous"},
             {"write_gbps", gb / best_write},
             {"read_gbps", gb / best_read},
             {"raw_write_gbps", gb / best_raw_write},
@@ -143,6 +148,9 @@ void register_checkpoint(CLI::App& app) {
   add_list_option(*sub, "--bytes", options->bytes, "State sizes in bytes");
   sub->add_option("--dir", options->directory, "Scratch directory on the disk to measure (removed afterwards)")
       ->capture_default_str();
+  sub->add_flag("--scattered", options->scattered,
+                "Statistic rows owned round-robin (worst case of the balanced root assignment) instead of in "
+                "contiguous ranges");
   sub->add_option("--repeats", options->repeats, "Best of this many runs")->check(CLI::PositiveNumber)->capture_default_str();
   sub->callback([options] { run_checkpoint(*options); });
 }

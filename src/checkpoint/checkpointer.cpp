@@ -209,6 +209,16 @@ void permute_rows(const ArraySlice& a, const std::vector<std::size_t>& order, co
   }
 }
 
+/// Rank k of `size` handles rows [first_row(k), first_row(k + 1)) of `n`.
+std::int64_t first_row(std::int64_t k, std::int64_t n, int size) { return (k * n) / size; }
+/// The rank whose range holds row r (the inverse of first_row).
+int row_owner(std::int64_t r, std::int64_t n, int size) {
+  int k = int(((r + 1) * size - 1) / n);  // first guess, then settle on the exact range
+  while (k > 0 && first_row(k, n, size) > r) --k;
+  while (k + 1 < size && first_row(k + 1, n, size) <= r) ++k;
+  return k;
+}
+
 /// Rows written by scattered owners (Shampoo's balanced assignment) are first moved to the rank
 /// that writes a contiguous range of them, rank k taking rows [k N / P, (k + 1) N / P): one
 /// MPI_Alltoallv, and every rank then writes at most one run. `a` must have sorted rows and
@@ -221,7 +231,7 @@ std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(M
   const std::int64_t n = a.shape[0];
   std::size_t row_bytes = optim::size_of(a.dtype);
   for (std::size_t d = 1; d < a.shape.size(); ++d) row_bytes *= std::size_t(a.shape[d]);
-  const auto target = [&](std::int64_t r) { return int((r * size) / n); };
+  const auto target = [&](std::int64_t r) { return row_owner(r, n, size); };
   std::vector<int> send_rows(size, 0), receive_rows(size, 0);
   const std::vector<std::int64_t> mine = a.writer ? a.rows : std::vector<std::int64_t>{};
   for (auto r : mine) ++send_rows[target(r)];
@@ -269,7 +279,7 @@ void scatter_contiguous_rows(MPI_Comm comm, const ArraySlice& a, const char* ran
   std::vector<std::int64_t> wanted = a.rows;
   std::sort(wanted.begin(), wanted.end());
   std::vector<int> ask(size, 0), asked(size, 0);
-  for (auto r : wanted) ++ask[int((r * size) / n)];
+  for (auto r : wanted) ++ask[row_owner(r, n, size)];
   MPI_Alltoall(ask.data(), 1, MPI_INT, asked.data(), 1, MPI_INT, comm);
   std::vector<int> ask_at(size, 0), asked_at(size, 0);
   for (int k = 1; k < size; ++k) {
@@ -641,7 +651,7 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
     for (const auto& a : arrays) {
       if (a.selection != ArraySlice::Selection::rows || element_count(a.shape) == 0) continue;
       const std::int64_t n = a.shape[0];
-      const std::int64_t first = (std::int64_t(m_rank) * n) / m_size, last = (std::int64_t(m_rank + 1) * n) / m_size;
+      const std::int64_t first = first_row(m_rank, n, m_size), last = first_row(m_rank + 1, n, m_size);
       ArraySlice range = a;
       range.rows.clear();
       for (std::int64_t r = first; r < last; ++r) range.rows.push_back(r);

@@ -254,7 +254,9 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   std::vector<double> statistic(int s) const override { return read_matrix(s, false); }
   std::vector<double> preconditioner(int s) const override { return read_matrix(s, true); }
 
- private:
+  // Public, not private: nvcc rejects an extended __host__ __device__ lambda (KOKKOS_LAMBDA) whose
+  // enclosing member function is private or protected. The class is local to this file.
+ public:
   struct LocalState {
     BlockTable<memory_space> blocks;
     V1<Scalar> diagonal, momentum, diagonal_momentum;

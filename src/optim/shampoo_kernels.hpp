@@ -60,6 +60,12 @@ BlockTable<MemorySpace> make_block_table(const BlockPartition& partition, const 
   return make_block_table<MemorySpace>(partition.shape(), partition.blocks(), label);
 }
 
+/// Tensor strides captured by value into repack_blocks' kernel. At namespace scope because nvcc
+/// rejects a function-local type in the captures of an extended __host__ __device__ lambda.
+struct BlockStrides {
+  std::int64_t s[max_block_rank];
+};
+
 /// Moves elements between a tensor (row-major in its interpreted shape) and the packed buffer in
 /// which every block is contiguous and row-major. to_packed: packed = Out(tensor); else the reverse.
 template <class ExecutionSpace, class In, class Out, class MemorySpace>
@@ -69,9 +75,7 @@ void repack_blocks(const ExecutionSpace& space, const BlockTable<MemorySpace>& t
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   const auto table = t.table;
   const int rank = t.rank;
-  struct Strides {
-    std::int64_t s[max_block_rank];
-  } st;  // captured by value into the kernel
+  BlockStrides st;  // captured by value into the kernel
   for (int d = 0; d < max_block_rank; ++d) st.s[d] = t.strides[d];
   Kokkos::parallel_for(
       "Lather::Shampoo::repack_blocks", Kokkos::TeamPolicy<ExecutionSpace>(space, t.blocks, Kokkos::AUTO),

@@ -67,7 +67,9 @@ template <class T>
 TensorList<T, Memory> make_inputs(int rank, const std::vector<std::int64_t>& sizes, int salt = 0) {
   TensorList<T, Memory> tensors;
   for (std::size_t t = 0; t < sizes.size(); ++t) {
-    std::vector<double> values(std::size_t(sizes[t]));
+    // static_cast, not std::size_t(sizes[t]): that spelling parses as a function declaration (the
+    // most vexing parse), which clang and nvcc follow; only GCC reads it as a vector.
+    std::vector<double> values(static_cast<std::size_t>(sizes[t]));
     for (std::int64_t i = 0; i < sizes[t]; ++i) values[i] = input_value(rank, int(t), i, salt);
     tensors.push_back(make_view<T>(values, "input_" + std::to_string(t)));
   }

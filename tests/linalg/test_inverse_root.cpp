@@ -116,7 +116,9 @@ TEST_P(RootAccuracy, MatchesEigendecompositionReference) {
   EXPECT_GE(result.lambda_max[0], top * (method == RootMethod::eigh ? 1 - 1e-12 : 1 - 1e-3));
   EXPECT_DOUBLE_EQ(result.ridge[0], 1e-6 * std::max(result.lambda_max[0], 1e-6));
   const double ridge = result.ridge[0];
-  const auto want = spectrum.function([&](double x) { return std::pow(x + ridge, -1.0 / c.p); });
+  // Capture by name, not [&]: capturing the structured binding c is C++20 (clang < 16 rejects it).
+  const auto want =
+      spectrum.function([ridge, p = c.p](double x) { return std::pow(x + ridge, -1.0 / p); });
   const auto got = leading_block(roots, 0, c.n);
   EXPECT_LE(relative_frobenius_error(got, want), 1e-6) << "n=" << c.n << " p=" << c.p;
   if (method == RootMethod::newton) {

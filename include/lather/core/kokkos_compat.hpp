@@ -36,7 +36,7 @@ void fence(const ExecutionSpace& space, [[maybe_unused]] const std::string& why)
 #endif
 }
 
-/// A profiler region for the lifetime of the object (Kokkos::Profiling::ScopedRegion in Kokkos >= 4).
+/// A profiler region for the lifetime of the object (Kokkos::Profiling::ScopedRegion from Kokkos 4.1).
 class ScopedRegion {
  public:
   explicit ScopedRegion(const std::string& name) { Kokkos::Profiling::pushRegion(name); }

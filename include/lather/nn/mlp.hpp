@@ -67,10 +67,13 @@ class Mlp {
   /// Forward only: loss sum and correct count.
   BatchResult evaluate(const Matrix& inputs, const Labels& labels);
 
- private:
-  void allocate_activations(int rows);
+  // Implementation steps. Public only because nvcc rejects an extended __host__ __device__ lambda
+  // (KOKKOS_LAMBDA) whose enclosing member function is private or protected; not for users.
   void forward(const Matrix& inputs, int rows);
   BatchResult loss_and_gradient(const Labels& labels, int rows, bool backward);
+
+ private:
+  void allocate_activations(int rows);
 
   ExecutionSpace m_space;
   std::vector<Layer> m_layers;

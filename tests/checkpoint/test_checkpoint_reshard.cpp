@@ -1,0 +1,66 @@
+// Re-sharding: a distributed Shampoo state (sharded mode: each rank stores only its share of the
+// statistics) written by 4 ranks is continued by 2 ranks, whose checkpoint is continued by 3; the
+// parameters then equal a single-rank run of the same steps. One phase per ctest entry:
+//   LATHER_RESHARD_PHASE = 1 (steps 0-4, save), 2 (load, steps 5-9, save), 3 (load, steps 10-14, compare)
+//   LATHER_RESHARD_DIR   = the checkpoint directory the phases share
+#include "checkpoint_test_support.hpp"
+
+#include <lather/comm/work_group.hpp>
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdlib>
+
+namespace {
+
+using namespace lather;
+using namespace lather::test;
+
+TEST(CheckpointReshard, ContinuesOnAnotherRankCount) {
+  const char* phase_env = std::getenv("LATHER_RESHARD_PHASE");
+  const char* dir_env = std::getenv("LATHER_RESHARD_DIR");
+  if (!phase_env || !dir_env) GTEST_SKIP() << "run through ctest (LATHER_RESHARD_PHASE, LATHER_RESHARD_DIR)";
+  const int phase = std::atoi(phase_env);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+
+  checkpoint::CheckpointOptions options;
+  options.directory = dir_env;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  auto optimizer = make_optimizer<float>(Kind::shampoo_float, comm::make_work_group(MPI_COMM_WORLD), /*sharded=*/true);
+  auto params = make_params<float>(model_specs());
+  auto grads = make_like(params);
+  long start = 0;
+  if (phase > 1) {
+    const std::string latest = checkpointer.latest();
+    ASSERT_FALSE(latest.empty());
+    const auto state = checkpoint::load_training_state(checkpointer, latest, *optimizer, params);
+    start = optimizer->step_count();
+    EXPECT_EQ(start, 5 * (phase - 1));
+    EXPECT_EQ(state.world_size, phase == 2 ? 4 : 2);  // who wrote it
+  }
+  for (long s = start; s < 5 * phase; ++s) {
+    fill_gradients(params, grads, s);
+    optimizer->step(params, grads);
+  }
+  if (phase < 3) {
+    checkpoint::TrainingState state;
+    checkpoint::save_training_state(checkpointer, *optimizer, params, state, {rank == 0, rank == 0, 0});
+    return;
+  }
+  // Single-rank reference of all 15 steps, on every rank.
+  auto reference = make_optimizer<float>(Kind::shampoo_float);
+  auto reference_params = make_params<float>(model_specs());
+  for (long s = 0; s < 15; ++s) {
+    fill_gradients(reference_params, grads, s);
+    reference->step(reference_params, grads);
+  }
+  const auto got = to_host(params), want = to_host(reference_params);
+  for (std::size_t p = 0; p < got.size(); ++p)
+    for (std::size_t k = 0; k < got[p].size(); ++k)
+      ASSERT_NEAR(got[p][k], want[p][k], 1e-6f * (1 + std::fabs(want[p][k]))) << "parameter " << p << " element " << k;
+}
+
+}  // namespace
