@@ -156,7 +156,11 @@ std::string save_training_state(Checkpointer& checkpointer, optim::Optimizer<Exe
   attributes.integers["world_size"] = world;
   attributes.integers["weight_shards"] = state.weight_shards;
   attributes.strings["optimizer"] = optimizer.name();
-  for (const auto& [key, value] : optimizer.describe()) attributes.strings["optimizer." + key] = value;
+  // All options in one attribute, one "name = value" per line: every attribute costs a collective
+  // operation in parallel HDF5, and an optimizer has dozens of options.
+  std::string options;
+  for (const auto& [key, value] : optimizer.describe()) options += key + " = " + value + "\n";
+  attributes.strings["optimizer_options"] = options;
   return checkpointer.save(optimizer.step_count(), arrays, attributes);
 }
 

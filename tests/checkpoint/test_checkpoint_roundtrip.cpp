@@ -105,8 +105,12 @@ TEST(CheckpointRoundTrip, Adam) { round_trip<double>(Kind::adam); }
 // A run interrupted by a checkpoint and resumed from it reproduces the uninterrupted run bit for
 // bit, across inverse-root recomputations (every 2 steps) and for every optimizer kind.
 TEST(CheckpointResume, ResumedRunEqualsUninterrupted) {
-  int rank = 0;
+  int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  // Every rank repeats the same run here; more ranks add time, not coverage (the re-shard test
+  // continues runs across rank counts).
+  if (ranks > 2) GTEST_SKIP() << "covered on 1 and 2 ranks";
   for (Kind kind : {Kind::shampoo_float, Kind::shampoo_quantized, Kind::adam}) {
     const std::string dir = shared_directory("resume");
     checkpoint::CheckpointOptions options;
