@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -114,6 +115,15 @@ TrainResult train(const TrainOptions& o, MPI_Comm world, const std::function<voi
   data::LabelledImages test_set = data::load_mnist_like(o.data, "t10k");
   if (o.train_samples > 0) train_set.count = std::min<long>(train_set.count, o.train_samples);
   if (o.test_samples > 0) test_set.count = std::min<long>(test_set.count, o.test_samples);
+  // Standardize the pixels with the training set's mean and deviation (the same on every rank).
+  {
+    double sum = 0, squares = 0;
+    const std::size_t n = std::size_t(train_set.count * train_set.features);
+    for (std::size_t k = 0; k < n; ++k) sum += train_set.images[k], squares += double(train_set.images[k]) * train_set.images[k];
+    const double mean = sum / double(n), deviation = std::sqrt(std::max(squares / double(n) - mean * mean, 1e-12));
+    for (auto* set : {&train_set, &test_set})
+      for (auto& x : set->images) x = float((x - mean) / deviation);
+  }
   const int replicas = mesh.replicas(), replica = mesh.replica();
 
   // Model, split over the shards of the replica when asked.
@@ -143,8 +153,9 @@ TrainResult train(const TrainOptions& o, MPI_Comm world, const std::function<voi
   // Optimizer: Shampoo's root work is shared by the replicas of a shard.
   std::unique_ptr<optim::Optimizer<Space, float>> optimizer;
   if (o.optimizer == "shampoo")
-    optimizer = std::make_unique<optim::Shampoo<Space, float>>(space, model.parameter_specs(), o.shampoo_options(),
-                                                               comm::make_work_group(mesh.data_parallel()));
+    optimizer = std::make_unique<optim::Shampoo<Space, float>>(
+        space, model.parameter_specs(), o.shampoo_options(), comm::make_work_group(mesh.data_parallel()),
+        mesh.weight_shards() > 1 ? comm::make_work_group(mesh.shards()) : nullptr);
   else if (o.optimizer == "sgd")
     optimizer = std::make_unique<optim::FirstOrder<Space, float>>(space, model.parameter_specs(), o.sgd_options());
   else if (o.optimizer == "adagrad")

@@ -53,6 +53,10 @@ class MpiWorkGroup final : public optim::WorkGroup {
     MPI_Allreduce(MPI_IN_PLACE, values.data(), int(values.size()), MPI_INT64_T, MPI_MAX, m_comm.get());
   }
 
+  void sum_in_place(std::vector<double>& values) override {
+    MPI_Allreduce(MPI_IN_PLACE, values.data(), int(values.size()), MPI_DOUBLE, MPI_SUM, m_comm.get());
+  }
+
  private:
   Communicator m_comm;
   int m_size = 1, m_rank = 0;

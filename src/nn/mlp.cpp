@@ -45,7 +45,9 @@ Mlp<ExecutionSpace>::Mlp(const ExecutionSpace& space, std::vector<int> sizes, st
     Layer layer;
     layer.in = sizes[l];
     layer.out = sizes[l + 1];
-    if (shards > 1 && l < hidden) layer.split = (l % 2 == 0) ? Split::column : Split::row;
+    // Hidden layers are column- then row-parallel whatever the shard count (one shard holds the
+    // whole layer), so that optimizers see the same parameter layout for every shard count.
+    if (l < hidden) layer.split = (l % 2 == 0) ? Split::column : Split::row;
     layer.local_in = layer.in;
     layer.local_out = layer.out;
     if (layer.split == Split::column) {
@@ -113,7 +115,8 @@ void Mlp<ExecutionSpace>::allocate_activations(int rows) {
     const int width = layer.split == Split::column ? layer.local_out : layer.out;
     m_z[l] = Matrix(Kokkos::view_alloc(m_space, Kokkos::WithoutInitializing, "Lather::Mlp::z"), rows, width);
     m_a[l + 1] = Matrix(Kokkos::view_alloc(m_space, Kokkos::WithoutInitializing, "Lather::Mlp::a"), rows, width);
-    const bool gathers = layer.split == Split::column && (l + 1 == n || m_layers[l + 1].split != Split::row);
+    const bool gathers = m_group.shards > 1 && layer.split == Split::column &&
+                         (l + 1 == n || m_layers[l + 1].split != Split::row);
     if (gathers)
       m_gathered[l] = Matrix(Kokkos::view_alloc(m_space, Kokkos::WithoutInitializing, "Lather::Mlp::gathered"), rows,
                              layer.out);
@@ -138,7 +141,7 @@ void Mlp<ExecutionSpace>::forward(const Matrix& inputs, int rows) {
     const auto b = m_params[2 * l + 1];
     const auto z = Kokkos::subview(m_z[l], r, Kokkos::ALL);
     gemm(m_space, "N", "N", input, w, 0.0f, z);
-    if (layer.split == Split::row) m_group.sum(z);  // the one all-reduce of the forward pass
+    if (layer.split == Split::row && m_group.shards > 1) m_group.sum(z);  // the forward pass's all-reduce
     const bool last = l + 1 == m_layers.size();
     const auto a = Kokkos::subview(m_a[l + 1], r, Kokkos::ALL);
     const int width = int(z.extent(1));
@@ -250,7 +253,7 @@ BatchResult Mlp<ExecutionSpace>::train_batch(const Matrix& inputs, const Labels&
     const int in_width = int(input.extent(1));
     const Contiguous da(other, rows, in_width);
     gemm(m_space, "N", "T", dz, w, 0.0f, da);
-    if (layer.split == Split::column) m_group.sum(Matrix(da));  // column-parallel input gradient: all-reduce
+    if (layer.split == Split::column && m_group.shards > 1) m_group.sum(Matrix(da));  // input gradient all-reduce
     // If the previous layer's output was all-gathered, keep this shard's slice of the gradient.
     const int before_width = before.split == Split::column ? before.local_out : before.out;
     const int slice = m_gathered[l - 1].data() ? m_group.shard * before_width : 0;

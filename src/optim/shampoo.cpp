@@ -7,15 +7,16 @@ namespace lather::optim {
 
 template <class ExecutionSpace, class Scalar>
 Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
-                                         ShampooOptions options, std::shared_ptr<WorkGroup> group)
+                                         ShampooOptions options, std::shared_ptr<WorkGroup> group,
+                                         std::shared_ptr<WorkGroup> shards)
     : Optimizer<ExecutionSpace, Scalar>(space, std::move(parameters)) {
   options.validate();
   if (options.statistics_precision == linalg::Precision::float64)
     m_engine = Impl::make_shampoo_engine<ExecutionSpace, Scalar, double>(space, this->m_parameters, options,
-                                                                         std::move(group));
+                                                                         std::move(group), std::move(shards));
   else
     m_engine = Impl::make_shampoo_engine<ExecutionSpace, Scalar, float>(space, this->m_parameters, options,
-                                                                        std::move(group));
+                                                                        std::move(group), std::move(shards));
 }
 
 template <class ExecutionSpace, class Scalar>

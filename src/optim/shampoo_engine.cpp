@@ -45,8 +45,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   using ConstMatrix = Kokkos::View<const T**, Kokkos::LayoutRight, memory_space, Unmanaged>;
 
   ShampooEngine(const ExecutionSpace& space, const std::vector<ParameterSpec>& parameters,
-                const ShampooOptions& options, std::shared_ptr<WorkGroup> group)
-      : m_space(space), m_options(options), m_group(std::move(group)) {
+                const ShampooOptions& options, std::shared_ptr<WorkGroup> group, std::shared_ptr<WorkGroup> shards)
+      : m_space(space), m_options(options), m_group(std::move(group)), m_shards(std::move(shards)) {
     m_options.validate();
     m_plan = make_plan(parameters, m_options);
     m_ranks = m_group ? m_group->size() : 1;
@@ -432,6 +432,20 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
                      m_plan.parameters[p].spec.name,
                      "' contains NaN or Inf; the optimizer state was not changed");
     }
+    // Split tensors: the norm of the whole tensor, over the shards (one collective for all).
+    std::vector<double> split;
+    for (std::size_t p = 0; p < grads.size(); ++p)
+      if (sums_over_shards(int(p))) split.push_back(m_gradient_norm2[p]);
+    if (split.empty()) return;
+    m_shards->sum_in_place(split);
+    for (std::size_t p = 0, k = 0; p < grads.size(); ++p)
+      if (sums_over_shards(int(p))) m_gradient_norm2[p] = split[k++];
+  }
+
+  /// True for a parameter split over the shard group, whose per-tensor norms are group sums.
+  bool sums_over_shards(int p) const {
+    return m_shards && m_shards->size() > 1 && m_plan.parameters[p].spec.split() &&
+           m_plan.parameters[p].spec.shape != m_plan.parameters[p].spec.global();
   }
 
   /// Packs the gradient of parameter p into m_packed_a (statistics precision, blocks contiguous).
@@ -840,11 +854,19 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     if (o.graft_type == GraftType::adagrad_normalized || o.graft_type == GraftType::rmsprop_normalized)
       s.gradient_scale = Scalar(1.0 / (std::sqrt(m_gradient_norm2[p]) + 1e-16));
     graft_direction<ExecutionSpace, Scalar, memory_space>(m_space, s, g, l.diagonal, graft);
-    const double graft_norm_raw = std::sqrt(squared_norm<ExecutionSpace, Scalar, memory_space>(m_space, graft));
+    // Squared norms of the graft and of the preconditioned gradient (summed over the shards for a
+    // split tensor, so that it is grafted as a whole).
+    std::vector<double> norms2 = {squared_norm<ExecutionSpace, Scalar, memory_space>(m_space, graft), 0.0};
+    if (pp.preconditioned) {
+      precondition(p, grad);
+      norms2[1] = squared_norm<ExecutionSpace, Scalar, memory_space>(m_space, direction);
+    }
+    if (sums_over_shards(p)) m_shards->sum_in_place(norms2);
+    const double graft_norm_raw = std::sqrt(norms2[0]);
     double graft_multiplier = 1.0;
     if ((o.graft_type == GraftType::rmsprop || o.graft_type == GraftType::rmsprop_normalized) &&
         o.clip_by_scaled_gradient_norm > 0) {
-      const double scaled_norm = graft_norm_raw / std::sqrt(double(elements));
+      const double scaled_norm = graft_norm_raw / std::sqrt(double(element_count(pp.spec.global())));
       graft_multiplier = 1.0 / std::max(1.0, scaled_norm / o.clip_by_scaled_gradient_norm);
     }
     if (!o.decoupled_learning_rate) graft_multiplier *= lr;
@@ -853,9 +875,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     double shampoo_multiplier;
     V1<const Scalar> dir;
     if (pp.preconditioned) {
-      precondition(p, grad);
-      const double norm = std::sqrt(squared_norm<ExecutionSpace, Scalar, memory_space>(m_space, direction));
-      shampoo_multiplier = graft_norm / (norm + 1e-16);
+      shampoo_multiplier = graft_norm / (std::sqrt(norms2[1]) + 1e-16);
       dir = direction;
     } else {
       // The reference sets precond_grad = grafting_update for parameters it skips.
@@ -922,6 +942,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   linalg::InverseRootOptions m_root_options;
   ShampooPlan m_plan;
   std::shared_ptr<WorkGroup> m_group;
+  std::shared_ptr<WorkGroup> m_shards;  // ranks holding the other slices of split parameters
   int m_ranks = 1, m_rank = 0;
   bool m_quantized = false, m_sharded = false;
   std::vector<int> m_owner;   // per statistic: rank computing its root (-1: another shard's)
@@ -958,15 +979,17 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
 template <class ExecutionSpace, class Scalar, class T>
 std::unique_ptr<ShampooEngineBase<ExecutionSpace, Scalar>> make_shampoo_engine(
     const ExecutionSpace& space, const std::vector<ParameterSpec>& parameters, const ShampooOptions& options,
-    std::shared_ptr<WorkGroup> group) {
-  return std::make_unique<ShampooEngine<ExecutionSpace, Scalar, T>>(space, parameters, options, std::move(group));
+    std::shared_ptr<WorkGroup> group, std::shared_ptr<WorkGroup> shards) {
+  return std::make_unique<ShampooEngine<ExecutionSpace, Scalar, T>>(space, parameters, options, std::move(group),
+                                                                    std::move(shards));
 }
 
 #define LATHER_INSTANTIATE_SHAMPOO_ENGINE(SCALAR, T)                                                  \
   template std::unique_ptr<ShampooEngineBase<DefaultExecutionSpace, SCALAR>>                        \
   make_shampoo_engine<DefaultExecutionSpace, SCALAR, T>(const DefaultExecutionSpace&,                \
                                                          const std::vector<ParameterSpec>&,          \
-                                                         const ShampooOptions&, std::shared_ptr<WorkGroup>);
+                                                         const ShampooOptions&, std::shared_ptr<WorkGroup>,    \
+                                                         std::shared_ptr<WorkGroup>);
 LATHER_INSTANTIATE_SHAMPOO_ENGINE(float, float)
 LATHER_INSTANTIATE_SHAMPOO_ENGINE(float, double)
 LATHER_INSTANTIATE_SHAMPOO_ENGINE(double, float)

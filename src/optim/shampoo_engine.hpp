@@ -40,6 +40,6 @@ class ShampooEngineBase {
 template <class ExecutionSpace, class Scalar, class T>
 std::unique_ptr<ShampooEngineBase<ExecutionSpace, Scalar>> make_shampoo_engine(
     const ExecutionSpace& space, const std::vector<ParameterSpec>& parameters,
-    const ShampooOptions& options, std::shared_ptr<WorkGroup> group);
+    const ShampooOptions& options, std::shared_ptr<WorkGroup> group, std::shared_ptr<WorkGroup> shards);
 
 }  // namespace lather::optim::Impl

@@ -8,34 +8,32 @@ namespace lather::optim::Impl {
 
 namespace {
 
-/// Where the split axis of `spec` lands in the interpreted shapes; -1 if the parameter is whole.
-/// Throws when interpretation merges the split axis with others (the slice would not be a box).
-int interpreted_split_dimension(const ParameterSpec& spec, const TensorShape& global, const TensorShape& local) {
-  if (!spec.split() || global == local) return -1;
-  LATHER_REQUIRE(global.size() == local.size(), "Shampoo: parameter '", spec.name, "' is split along axis ",
-                 spec.split_axis, ", which best_effort_shape_interpretation merges with others (global ",
-                 lather::to_string(global), ", local ", lather::to_string(local),
-                 "); turn it off or change merge_small_dims_block_size");
-  int found = -1;
-  for (std::size_t d = 0; d < global.size(); ++d)
-    if (global[d] != local[d]) {
-      LATHER_REQUIRE(found < 0 && global[d] == spec.global()[spec.split_axis] && local[d] == spec.shape[spec.split_axis],
-                     "Shampoo: parameter '", spec.name, "' is split along axis ", spec.split_axis,
-                     ", which best_effort_shape_interpretation merges with others; turn it off or change "
-                     "merge_small_dims_block_size");
-      found = int(d);
-    }
-  return found;
+/// merge_small_dims of a part of a shape: a part of all ones merges to nothing.
+TensorShape merge_part(const TensorShape& part, std::int64_t max_dim) {
+  if (std::all_of(part.begin(), part.end(), [](std::int64_t d) { return d == 1; })) return {};
+  return merge_small_dims(part, max_dim);
+}
+
+/// The reference's shape interpretation, except that a split parameter keeps its split axis as a
+/// dimension of its own, merging the dimensions before and after it separately: the same rule for
+/// the whole tensor and for a slice makes their blocks line up. Returns the interpreted shape and
+/// where the split axis landed (-1: not split).
+std::pair<TensorShape, int> interpret(const TensorShape& shape, int split_axis, const ShampooOptions& options) {
+  if (!options.best_effort_shape_interpretation) return {shape, split_axis};
+  const auto max_dim = options.merge_small_dims_block_size;
+  if (split_axis < 0) return {merge_small_dims(shape, max_dim), -1};
+  TensorShape out = merge_part(TensorShape(shape.begin(), shape.begin() + split_axis), max_dim);
+  const int split = int(out.size());
+  out.push_back(shape[split_axis]);
+  const TensorShape after = merge_part(TensorShape(shape.begin() + split_axis + 1, shape.end()), max_dim);
+  out.insert(out.end(), after.begin(), after.end());
+  return {out, split};
 }
 
 }  // namespace
 
 ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const ShampooOptions& options) {
   ShampooPlan plan;
-  const auto interpret = [&](const TensorShape& shape) {
-    return options.best_effort_shape_interpretation ? merge_small_dims(shape, options.merge_small_dims_block_size)
-                                                    : shape;
-  };
   for (std::size_t p = 0; p < parameters.size(); ++p) {
     ParameterPlan pp;
     pp.spec = parameters[p];
@@ -47,13 +45,14 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
       return d > options.skip_preconditioning_dim_size_gt;
     });
     pp.preconditioned = int(shape.size()) >= options.skip_preconditioning_rank_lt && !too_large;
-    const TensorShape global = interpret(shape);
-    pp.local_shape = interpret(pp.spec.shape);
+    const auto [global, split] = interpret(shape, pp.spec.split_axis, options);
+    pp.local_shape = interpret(pp.spec.shape, pp.spec.split_axis, options).first;
     pp.partition = BlockPartition(global, options.block_size);
     pp.quantized_momentum = options.best_effort_memory_usage_reduction && pp.spec.shape.size() > 1;
     if (pp.preconditioned && pp.partition.rank() == 0) pp.preconditioned = false;
     if (pp.preconditioned) {
-      const int split = interpreted_split_dimension(pp.spec, global, pp.local_shape);
+      LATHER_REQUIRE(split < 0 || global.size() == pp.local_shape.size(), "Shampoo: parameter '", pp.spec.name,
+                     "': its slice and the whole tensor are interpreted differently");
       const std::int64_t begin = split >= 0 ? pp.spec.split_offset : 0;
       const std::int64_t end = split >= 0 ? begin + pp.local_shape[split] : 0;
       pp.exponent = options.exponent_override > 0 ? options.exponent_override : 2 * pp.partition.rank();

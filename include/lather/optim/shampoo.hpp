@@ -45,9 +45,11 @@ class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
   using typename Optimizer<ExecutionSpace, Scalar>::memory_space;
 
   /// `group` (optional) is the set of ranks that hold this same state and split the root work; it
-  /// must be the data-parallel group over which the gradients were reduced.
+  /// must be the data-parallel group over which the gradients were reduced. `shards` (optional,
+  /// with weight sharding) is the set of ranks holding the other slices of split parameters: the
+  /// per-tensor norms of grafting are summed over it, so a split tensor is grafted as a whole.
   Shampoo(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, ShampooOptions options,
-          std::shared_ptr<WorkGroup> group = nullptr);
+          std::shared_ptr<WorkGroup> group = nullptr, std::shared_ptr<WorkGroup> shards = nullptr);
   ~Shampoo() override;
   Shampoo(const Shampoo&) = delete;
   Shampoo& operator=(const Shampoo&) = delete;

@@ -20,6 +20,8 @@ class WorkGroup {
                           const std::vector<std::size_t>& counts) = 0;
   /// Element-wise maximum over the group, in place; used to agree before collectives.
   virtual void max_in_place(std::vector<std::int64_t>& values) = 0;
+  /// Element-wise sum over the group, in place (e.g. squared norms of a tensor split over it).
+  virtual void sum_in_place(std::vector<double>& values) = 0;
 };
 
 /// How statistics are assigned to the ranks of a group for their inverse roots.

@@ -1,0 +1,163 @@
+// Integration tests of the training driver's loop (lather-train's train()) under mpiexec -n 4, on
+// a small model and a slice of Fashion-MNIST: the loss curve does not depend on the rank count
+// (1, 2, 4 ranks, from sub-communicators), on weight shards (2 shards x 2 replicas vs 4 replicas),
+// or on gradient accumulation; runs are deterministic; bad options are clear errors.
+#include "trainer.hpp"
+
+#include <lather/core/error.hpp>
+#include <lather/data/idx.hpp>
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+using namespace lather::train;
+namespace fs = std::filesystem;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+TrainOptions small_run(const std::string& optimizer) {
+  TrainOptions o;
+  o.data = lather::data::default_fashion_mnist_directory;
+  o.epochs = 1;
+  o.batch_size = 64;
+  o.hidden = {32, 16};
+  o.train_samples = 1536;  // 24 steps
+  o.test_samples = 512;
+  o.optimizer = optimizer;
+  o.log_every = 4;
+  o.quiet = true;
+  // matrix_epsilon 1e-3 keeps the roots of these nearly rank-deficient statistics from amplifying
+  // the reduction-order differences between rank counts beyond float tolerance.
+  if (optimizer == "shampoo")
+    o.shampoo = {"block_size=16", "start_preconditioning_step=2", "preconditioning_compute_steps=4",
+                 "matrix_epsilon=1e-3"};
+  return o;
+}
+
+/// Runs train() on `comm` (ranks outside it skip) and returns the losses of its metrics lines.
+std::vector<double> losses(TrainOptions o, MPI_Comm comm, const std::string& tag) {
+  std::vector<double> out;
+  if (comm == MPI_COMM_NULL) return out;
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  o.metrics = (fs::temp_directory_path() / ("lather-test-" + tag + "-" + std::to_string(getpid()) + ".jsonl")).string();
+  train(o, comm, [](const std::string&) {});
+  if (rank == 0) {
+    std::ifstream in(o.metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto record = nlohmann::json::parse(line);
+      if (record.contains("train_accuracy")) out.push_back(record.at("loss"));
+    }
+    fs::remove(o.metrics);
+  }
+  return out;
+}
+
+/// Two loss curves agree to `tolerance` relative (the reduction order differs between rank
+/// counts: float sums over 64-sample batches, ~1e-6 relative per step, growing slowly).
+void expect_same_curve(const std::vector<double>& a, const std::vector<double>& b, double tolerance,
+                       const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  ASSERT_FALSE(a.empty()) << what;
+  for (std::size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], tolerance * std::fabs(b[k])) << what << " at line " << k;
+}
+
+MPI_Comm first_ranks(int n) {
+  MPI_Comm comm;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < n ? 0 : MPI_UNDEFINED, world_rank(), &comm);
+  return comm;
+}
+
+class RankCounts : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RankCounts, LossCurveDoesNotDependOnRankCount) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) GTEST_SKIP() << "needs 4 ranks";
+  const auto o = small_run(GetParam());
+  std::vector<std::vector<double>> curves;
+  for (int n : {1, 2, 4}) {
+    MPI_Comm comm = first_ranks(n);
+    curves.push_back(losses(o, comm, GetParam() + std::to_string(n)));
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+  if (world_rank() == 0) {
+    expect_same_curve(curves[1], curves[0], 1e-4, GetParam() + ": 2 ranks vs 1");
+    expect_same_curve(curves[2], curves[0], 1e-4, GetParam() + ": 4 ranks vs 1");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, RankCounts, ::testing::Values("shampoo", "adam"));
+
+TEST(Training, WeightShardsMatchReplicas) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) GTEST_SKIP() << "needs 4 ranks";
+  auto o = small_run("shampoo");
+  const auto replicas = losses(o, MPI_COMM_WORLD, "shards1");
+  o.weight_shards = 2;
+  const auto sharded = losses(o, MPI_COMM_WORLD, "shards2");
+  if (world_rank() == 0) expect_same_curve(sharded, replicas, 1e-4, "--weight-shards 2 vs 1");
+}
+
+TEST(Training, AccumulationEqualsOneBigBatch) {
+  auto o = small_run("adam");
+  const auto whole = losses(o, MPI_COMM_WORLD, "accumulate1");
+  o.accumulate = 4;
+  const auto pieces = losses(o, MPI_COMM_WORLD, "accumulate4");
+  if (world_rank() == 0) expect_same_curve(pieces, whole, 1e-4, "--accumulate 4 vs 1");
+}
+
+TEST(Training, SameSeedSameNumbers) {
+  const auto o = small_run("shampoo");
+  const auto a = losses(o, MPI_COMM_WORLD, "seed-a"), b = losses(o, MPI_COMM_WORLD, "seed-b");
+  if (world_rank() == 0) EXPECT_EQ(a, b);
+}
+
+TEST(Training, AdasumTrains) {
+  for (const char* reduce : {"adasum", "adasum-approx"}) {
+    auto o = small_run("adam");
+    o.reduce = reduce;
+    const auto curve = losses(o, MPI_COMM_WORLD, reduce);
+    if (world_rank() == 0) {
+      ASSERT_GE(curve.size(), 2u);
+      EXPECT_LT(curve.back(), curve.front()) << reduce;
+    }
+  }
+}
+
+TEST(Training, BadOptionsAreClearErrors) {
+  const auto expect_error = [](TrainOptions o, const std::string& fragment) {
+    try {
+      train(o, MPI_COMM_WORLD, [](const std::string&) {});
+      ADD_FAILURE() << "no error, expected one about " << fragment;
+    } catch (const lather::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  auto o = small_run("adam");
+  o.data = "/no/such/directory";
+  expect_error(o, "'/no/such/directory' is not a directory");
+  o = small_run("adam");
+  o.weight_shards = 3;
+  expect_error(o, "weight");  // 3 does not divide 4 ranks (or 1, 2 ranks: also refused)
+  o = small_run("shampoo");
+  o.shampoo = {"graft_type=ADAM"};
+  expect_error(o, "unknown graft type 'ADAM'");
+  o = small_run("adam");
+  o.checkpoint_every = 5;
+  expect_error(o, "--checkpoint-every needs --checkpoint-dir");
+}
+
+}  // namespace
