@@ -28,7 +28,7 @@ struct RootBenchOptions {
 };
 
 /// Statistics-like SPD matrices: A = G diag(s) G^T / m with G normal n x 2n and column scales s
-/// spread over six decades, as the Gram matrices of real gradients are.
+/// weighted over three decades, as the Gram matrices of real gradients are.
 Stack make_statistics(int batch, int n, unsigned seed) {
   const int m = 2 * n;
   Stack stack("bench::statistics", batch, n, n);

@@ -3,6 +3,7 @@
 
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
 
 #include <Kokkos_Core.hpp>
 #if LATHER_ENABLE_MPI
@@ -18,7 +19,7 @@ int main(int argc, char** argv) {
   int code = 0;
   {
     // Kokkos takes its own --kokkos-* arguments out of argv before CLI11 sees the rest.
-    Kokkos::ScopeGuard kokkos(argc, argv);
+    lather::KokkosSession kokkos(argc, argv);
     CLI::App app{"lather-bench: Lather's benchmarks. Each subcommand prints one JSON object per "
                  "line with a baseline measured in the same run and the ratio to it."};
     app.require_subcommand(1);
@@ -27,6 +28,9 @@ int main(int argc, char** argv) {
     lather::bench::register_balance(app);
 #if LATHER_ENABLE_HDF5
     lather::bench::register_checkpoint(app);
+#endif
+#if defined(LATHER_BENCH_TTA)
+    lather::bench::register_tta(app);
 #endif
 #if LATHER_ENABLE_MPI
     lather::bench::register_reduce(app);

@@ -5,6 +5,7 @@
 
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
@@ -18,7 +19,7 @@ int main(int argc, char** argv) {
   int code = 0;
   {
     // Kokkos takes its --kokkos-* arguments out of argv before CLI11 reads the rest.
-    Kokkos::ScopeGuard kokkos(argc, argv);
+    lather::KokkosSession kokkos(argc, argv);
     CLI::App app{"lather-train " LATHER_VERSION_STRING
                  ": train a multilayer perceptron on Fashion-MNIST with Lather's optimizers, data parallel over "
                  "MPI ranks. Run under mpiexec or srun; Kokkos options (--kokkos-num-threads, ...) are accepted too."};

@@ -8,8 +8,8 @@
 namespace lather::train {
 
 double default_learning_rate(const std::string& optimizer) {
-  if (optimizer == "shampoo") return 2e-3;
-  if (optimizer == "adam" || optimizer == "adamw") return 1e-3;
+  if (optimizer == "shampoo") return 1e-2;
+  if (optimizer == "adam" || optimizer == "adamw") return 2e-3;
   if (optimizer == "adagrad") return 3e-2;
   if (optimizer == "sgd") return 5e-2;
   LATHER_FAIL("unknown optimizer '", optimizer, "' (expected shampoo, adam, adamw, adagrad or sgd)");
@@ -36,11 +36,11 @@ long planned_steps(const TrainOptions& o) {
 
 optim::ShampooOptions TrainOptions::shampoo_options() const {
   optim::ShampooOptions s;
-  // Defaults of the driver (the sweep in docs/reference/driver.md): an RMSProp graft (Adam-like
-  // step sizes), biases on the diagonal path, roots every 20 steps by eigendecomposition.
-  s.graft_type = optim::GraftType::rmsprop;
+  // Defaults of the driver (the sweep in docs/reference/driver.md): an AdaGrad graft, biases on
+  // the diagonal path, roots every 20 steps by eigendecomposition.
+  s.graft_type = optim::GraftType::adagrad;
   s.beta2 = 0.999;
-  s.diagonal_epsilon = 1e-8;
+  s.diagonal_epsilon = 1e-10;
   s.matrix_epsilon = 1e-6;
   s.start_preconditioning_step = 25;
   s.preconditioning_compute_steps = 20;
@@ -122,7 +122,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
       ->check(CLI::IsMember({"shampoo", "adam", "adamw", "adagrad", "sgd"}))
       ->capture_default_str();
   app.add_option("--lr", o.lr,
-                 "Learning rate (peak of the schedule); default per optimizer: shampoo 2e-3, adam/adamw 1e-3, "
+                 "Learning rate (peak of the schedule); default per optimizer: shampoo 1e-2, adam/adamw 2e-3, "
                  "adagrad 3e-2, sgd 5e-2");
   app.add_option("--schedule", o.schedule, "Learning-rate schedule: constant, warmup, cosine, linear or rsqrt")
       ->check(CLI::IsMember({"constant", "warmup", "cosine", "linear", "rsqrt"}))

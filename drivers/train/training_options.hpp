@@ -20,8 +20,8 @@ struct TrainOptions {
   int batch_size = 128;  ///< global: samples per optimizer step over all replicas
   std::string optimizer = "shampoo";
   double lr = -1;  ///< < 0: the optimizer's default (default_learning_rate)
-  std::string schedule = "constant";
-  long warmup_steps = 0;
+  std::string schedule = "cosine";
+  long warmup_steps = 100;
   double weight_decay = 0;
   std::uint64_t seed = 0;
   std::vector<int> hidden = {512, 256};

@@ -3,7 +3,10 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace lather {
 
@@ -51,4 +54,31 @@ inline constexpr bool host_accessible =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
 
 }  // namespace Impl
+
+/// Kokkos for the lifetime of a command-line program: initializes Kokkos from the arguments
+/// (taking out its --kokkos-* ones) and leaves the rest in argc/argv for the program's own
+/// parser. --help and -h are kept from Kokkos, which would otherwise print its own help first.
+class KokkosSession {
+ public:
+  KokkosSession(int& argc, char**& argv) {
+    std::vector<char*> kokkos_args, help;
+    for (int i = 0; i < argc; ++i) {
+      const bool is_help = i > 0 && (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0);
+      (is_help ? help : kokkos_args).push_back(argv[i]);
+    }
+    int count = int(kokkos_args.size());
+    kokkos_args.push_back(nullptr);
+    m_guard = std::make_unique<Kokkos::ScopeGuard>(count, kokkos_args.data());
+    m_args.assign(kokkos_args.begin(), kokkos_args.begin() + count);
+    m_args.insert(m_args.end(), help.begin(), help.end());
+    m_args.push_back(nullptr);
+    argc = int(m_args.size()) - 1;
+    argv = m_args.data();
+  }
+
+ private:
+  std::unique_ptr<Kokkos::ScopeGuard> m_guard;
+  std::vector<char*> m_args;
+};
+
 }  // namespace lather

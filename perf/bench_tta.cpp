@@ -1,0 +1,76 @@
+// lather-bench tta: time to accuracy on Fashion-MNIST -- optimizer steps and wall-clock seconds
+// until the test accuracy first reaches a target, for Shampoo and for Adam (the same-run
+// baseline), each with the learning rate of the sweep in docs/reference/driver.md. Runs over the
+// MPI ranks it is launched with (data parallel), like lather-train.
+#include "bench_common.hpp"
+
+#include "trainer.hpp"
+
+#include <mpi.h>
+
+namespace lather::bench {
+namespace {
+
+struct TtaOptions {
+  std::vector<std::string> optimizers = {"adam", "shampoo"};
+  double target = 0.88;
+  long eval_every = 50;
+  int epochs = 5;
+  std::string data = "/usr/share/datasets/fashion-mnist";
+};
+
+void run_tta(const TtaOptions& o) {
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  double baseline_steps = 0, baseline_seconds = 0;
+  for (const auto& name : o.optimizers) {
+    train::TrainOptions t;
+    t.data = o.data;
+    t.optimizer = name;
+    t.epochs = o.epochs;
+    t.eval_every = o.eval_every;
+    t.target_accuracy = o.target;
+    t.quiet = true;
+    const auto result = train::train(t, MPI_COMM_WORLD, [](const std::string&) {});
+    const double steps = result.reached_target ? double(result.target_step) : -1.0;
+    const double seconds = result.reached_target ? result.target_seconds : -1.0;
+    if (name == o.optimizers.front()) baseline_steps = steps, baseline_seconds = seconds;
+    if (rank == 0)
+      emit({{"bench", "tta"},
+            {"optimizer", name},
+            {"target", o.target},
+            {"reached", result.reached_target},
+            {"steps", steps},
+            {"seconds", seconds},
+            {"learning_rate", t.learning_rate()},
+            {"schedule", t.schedule},
+            {"batch_size", t.batch_size},
+            {"ranks", ranks},
+            {"eval_every", o.eval_every},
+            {"final_test_accuracy", result.test_accuracy},
+            {"baseline", o.optimizers.front()},
+            {"ratio_steps", steps > 0 && baseline_steps > 0 ? steps / baseline_steps : -1.0},
+            {"ratio_seconds", seconds > 0 && baseline_seconds > 0 ? seconds / baseline_seconds : -1.0}});
+  }
+}
+
+}  // namespace
+
+void register_tta(CLI::App& app) {
+  auto options = std::make_shared<TtaOptions>();
+  auto* sub = app.add_subcommand(
+      "tta",
+      "Time to accuracy on Fashion-MNIST: steps and seconds to reach --target test accuracy, for each "
+      "optimizer with lather-train's defaults (the first optimizer listed is the baseline of the ratios)");
+  add_list_option(*sub, "--optimizers", options->optimizers, "Optimizers, baseline first");
+  sub->add_option("--target", options->target, "Target test accuracy")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  sub->add_option("--eval-every", options->eval_every, "Evaluate the test accuracy every N steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--epochs", options->epochs, "Give up after this many epochs")->capture_default_str();
+  sub->add_option("--data", options->data, "Fashion-MNIST directory")->capture_default_str();
+  sub->callback([options] { run_tta(*options); });
+}
+
+}  // namespace lather::bench
