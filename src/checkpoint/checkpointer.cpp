@@ -12,6 +12,7 @@
 #include <ctime>
 #include <functional>
 #include <numeric>
+#include <tuple>
 
 namespace lather::checkpoint {
 
@@ -253,6 +254,7 @@ std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(M
   MPI_Alltoallv(data, send_rows.data(), send_at.data(), row_type, bytes.data(), receive_rows.data(),
                 receive_at.data(), row_type, comm);
   MPI_Type_free(&row_type);
+  if (std::is_sorted(rows.begin(), rows.end())) return {std::move(rows), std::move(bytes)};
   // From different senders the rows interleave: sort them with their bytes.
   std::vector<std::size_t> order(rows.size());
   std::iota(order.begin(), order.end(), 0);
@@ -264,6 +266,23 @@ std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(M
     std::memcpy(sorted_bytes.data() + k * row_bytes, bytes.data() + order[k] * row_bytes, row_bytes);
   }
   return {std::move(sorted_rows), std::move(sorted_bytes)};
+}
+
+/// Whether every rank's rows (for writing: only a writer's) are exactly its range [first_row(k),
+/// first_row(k + 1)) in order -- the layout of a restart on the same rank count -- so that rows go
+/// straight between the caller's buffer and the file. One small allreduce.
+bool rows_in_place(MPI_Comm comm, const ArraySlice& a, bool writing) {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  const std::int64_t n = a.shape[0], first = first_row(rank, n, size), last = first_row(rank + 1, n, size);
+  const std::vector<std::int64_t> empty;
+  const auto& mine = writing && !a.writer ? empty : a.rows;
+  int here = std::int64_t(mine.size()) == last - first ? 1 : 0;
+  for (std::size_t k = 0; here && k < mine.size(); ++k) here = mine[k] == first + std::int64_t(k);
+  int everywhere = 0;
+  MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, comm);
+  return everywhere == 1;
 }
 
 /// The inverse of gather_contiguous_rows for loading: rank k has read rows [k N / P, (k+1) N / P)
@@ -512,11 +531,15 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         // Rows move to contiguous writers first; then one collective write per run (every rank
         // makes as many calls as the rank with the most runs, normally one): same-shaped
         // selections keep HDF5 on its chunk-wise path.
-        auto [rows, bytes] = gather_contiguous_rows(m_comm, a, static_cast<const char*>(source));
         ArraySlice contiguous = a;
-        contiguous.rows = rows;
         contiguous.writer = true;
-        source = bytes.data();
+        std::vector<char> bytes;
+        if (!rows_in_place(m_comm, a, true)) {
+          std::tie(contiguous.rows, bytes) = gather_contiguous_rows(m_comm, a, static_cast<const char*>(source));
+          source = bytes.data();
+        } else if (!a.writer) {
+          contiguous.rows.clear();
+        }
         const auto runs = row_runs(contiguous);
         std::int64_t mine = std::int64_t(runs.size()), most = 0;
         MPI_Allreduce(&mine, &most, 1, MPI_INT64_T, MPI_MAX, m_comm);
@@ -655,7 +678,10 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       ArraySlice range = a;
       range.rows.clear();
       for (std::int64_t r = first; r < last; ++r) range.rows.push_back(r);
-      std::vector<char> bytes(range.bytes(), 0);
+      // Same rank count and layout as written: read straight into the caller's buffer.
+      const bool in_place = rows_in_place(m_comm, a, false);
+      std::vector<char> bytes(in_place ? 0 : range.bytes());
+      char* into = in_place ? static_cast<char*>(a.data) : bytes.data();
       if (error.empty() && last > first) {
         try {
           const std::string where = "checkpoint '" + file + "' dataset '" + a.path + "'";
@@ -668,12 +694,13 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
           select_run(space.get(), memory.get(), dims, first, 0, last - first);
           PropertyList dxpl(check(H5Pcreate(H5P_DATASET_XFER), "creating a transfer list"));
           check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_INDEPENDENT), "setting independent transfers");
-          check(H5Dread(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(), bytes.data()),
+          check(H5Dread(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(), into),
                 where + ": read failed (corrupted or truncated?)");
         } catch (const Error& e) {
           error = e.message();
         }
       }
+      if (in_place) continue;
       std::vector<char> sorted(a.bytes());
       scatter_contiguous_rows(m_comm, a, bytes.data(), first, sorted.data());
       if (rows_sorted(a))
