@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
       if (rank == 0 && !options.quiet)
         std::printf("done: %ld steps in %.1f s, test accuracy %.2f%%%s\n", result.steps, result.seconds,
                     100 * result.test_accuracy, result.interrupted ? " (interrupted)" : "");
+      // Stopped by SIGTERM with its checkpoint written: a job script can tell it from the end.
+      if (result.interrupted) code = lather::train::interrupted_exit_code;
     } catch (const CLI::CallForHelp& e) {
       if (rank == 0) app.exit(e);
     } catch (const CLI::CallForVersion& e) {

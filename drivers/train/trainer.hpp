@@ -34,4 +34,8 @@ TrainResult train(const TrainOptions& options, MPI_Comm world, const std::functi
 /// time limit). Idempotent.
 void install_termination_handler();
 
+/// lather-train's exit status after SIGTERM stopped it with its checkpoint written (0: finished,
+/// 2: an error Lather reports), so a job script knows to requeue.
+constexpr int interrupted_exit_code = 3;
+
 }  // namespace lather::train

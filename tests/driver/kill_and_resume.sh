@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kill and resume, as Slurm does it: lather-train is sent SIGTERM in the middle of a run (every
-# rank, as srun signals every task), writes a final checkpoint and exits 0; a second run with
+# rank, as srun signals every task), writes a final checkpoint and exits with status 3; a second run with
 # --resume finishes the job. Its final parameters and optimizer state must be bit for bit those
 # of an uninterrupted run (h5diff without tolerance).
 #   kill_and_resume.sh MPIEXEC RANKS LATHER-TRAIN WORK-DIR [mpiexec flags...]
@@ -28,7 +28,9 @@ for _ in $(seq 1200); do  # up to 120 s for the run to reach step 20
 done
 # SIGTERM to the lather-train processes themselves (not mpiexec), the way Slurm signals tasks.
 pkill -TERM -f "^$train .*--checkpoint-dir $work/killed" || fail "no lather-train process to signal"
-wait "$job" || fail "the signalled run exited with status $?: $(tail -3 "$work/killed.log")"
+status=0
+wait "$job" || status=$?
+[ "$status" -eq 3 ] || fail "the signalled run exited with status $status, expected 3: $(tail -3 "$work/killed.log")"
 grep -q "SIGTERM: checkpoint .* written at step" "$work/killed.log" ||
   fail "no SIGTERM checkpoint line (did the run end before the signal?): $(tail -3 "$work/killed.log")"
 grep "SIGTERM" "$work/killed.log"
