@@ -178,7 +178,10 @@ TrainResult train(const TrainOptions& o, MPI_Comm world, const std::function<voi
   const checkpoint::WriterRoles roles{root, replica == 0, mesh.shard()};
   long start_epoch = 0, start_sample = 0;
   if (o.resume && checkpointer) {
-    const std::string latest = checkpointer->latest();
+    std::vector<std::string> skipped;
+    const std::string latest = checkpointer->latest(&skipped);
+    // A damaged newer checkpoint must not be passed over in silence: the run goes back further.
+    for (const auto& why : skipped) say("warning: resume skips an unreadable checkpoint: " + why);
     if (latest.empty()) {
       say("resume: no checkpoint in " + o.checkpoint_dir + ", starting from scratch");
     } else {

@@ -593,16 +593,20 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   return final;
 }
 
-std::vector<std::string> Checkpointer::list() const {
+std::vector<std::string> Checkpointer::list(std::vector<std::string>* skipped) const {
   QuietHdf5 quiet;
+  // One line per file; a skipped file's line starts with '\x01' and carries the reason.
   std::string joined;
   if (m_rank == 0) {
     for (const auto& [step, path] : list_final(m_options.directory, m_options.prefix)) {
       try {
         inspect(path, {});
         joined += path + '\n';
-      } catch (const Error&) {
-        // Not complete or not ours: never offered as a checkpoint.
+      } catch (const Error& e) {
+        // Not complete or not ours: never offered as a checkpoint, but reported.
+        std::string reason = e.what();
+        std::replace(reason.begin(), reason.end(), '\n', ' ');
+        joined += '\x01' + path + ": " + reason + '\n';
       }
     }
   }
@@ -611,14 +615,21 @@ std::vector<std::string> Checkpointer::list() const {
   joined.resize(length);
   MPI_Bcast(joined.data(), length, MPI_CHAR, 0, m_comm);
   std::vector<std::string> files;
+  if (skipped) skipped->clear();
   std::size_t start = 0;
-  for (std::size_t end; (end = joined.find('\n', start)) != std::string::npos; start = end + 1)
-    files.push_back(joined.substr(start, end - start));
+  for (std::size_t end; (end = joined.find('\n', start)) != std::string::npos; start = end + 1) {
+    std::string line = joined.substr(start, end - start);
+    if (!line.empty() && line[0] == '\x01') {
+      if (skipped) skipped->push_back(line.substr(1));
+    } else {
+      files.push_back(std::move(line));
+    }
+  }
   return files;
 }
 
-std::string Checkpointer::latest() const {
-  const auto files = list();
+std::string Checkpointer::latest(std::vector<std::string>* skipped) const {
+  const auto files = list(skipped);
   return files.empty() ? std::string() : files.back();
 }
 

@@ -197,7 +197,11 @@ TEST(CheckpointIntegrity, TruncationIsRefusedAndNeverLatest) {
   checkpoint::CheckpointOptions options;
   options.directory = f.dir;
   checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
-  EXPECT_EQ(checkpointer.latest(), f.file);
+  std::vector<std::string> skipped;
+  EXPECT_EQ(checkpointer.latest(&skipped), f.file);
+  // ... and the caller learns, on every rank, which file was passed over.
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("checkpoint-000000000009.h5: "), std::string::npos) << skipped[0];
 }
 
 TEST(CheckpointIntegrity, ForeignFilesAreRefused) {

@@ -75,10 +75,12 @@ class Checkpointer {
   /// Writes one checkpoint for `step` (collective). Returns the final file name.
   std::string save(long step, const std::vector<ArraySlice>& arrays, const Attributes& attributes);
   /// The newest complete checkpoint in the directory, "" when there is none (collective: rank 0
-  /// scans, everyone gets its answer). Files that fail to open as checkpoints are skipped.
-  std::string latest() const;
-  /// All complete checkpoints, oldest first (rank 0's view, broadcast).
-  std::vector<std::string> list() const;
+  /// scans, everyone gets its answer). Files that fail to open as checkpoints are skipped; when
+  /// `skipped` is given it receives one "file: reason" line per skipped file, so that a caller
+  /// can say why it did not resume from a newer (damaged) checkpoint.
+  std::string latest(std::vector<std::string>* skipped = nullptr) const;
+  /// All complete checkpoints, oldest first (rank 0's view, broadcast); `skipped` as in latest().
+  std::vector<std::string> list(std::vector<std::string>* skipped = nullptr) const;
   /// Reads each array's selection into its buffer and the root attributes into `attributes`
   /// (collective). Shapes and types in the file must match exactly; any problem on any rank
   /// throws lather::Error on every rank naming the file and the dataset.
