@@ -339,8 +339,21 @@ TrainResult train(const TrainOptions& o, MPI_Comm world, const std::function<voi
                         o.epochs, step, planned, result.train_loss, 100 * accuracy, rate, format_duration(eta).c_str());
           say(line);
         }
-        record({{"epoch", epoch + 1}, {"step", step}, {"loss", result.train_loss}, {"train_accuracy", accuracy},
-                {"seconds", seconds}, {"samples_per_second", rate}, {"learning_rate", o.learning_rate()}});
+        nlohmann::json values = {{"epoch", epoch + 1}, {"step", step}, {"loss", result.train_loss},
+                                 {"train_accuracy", accuracy}, {"seconds", seconds},
+                                 {"samples_per_second", rate}, {"learning_rate", o.learning_rate()}};
+        if (const auto* shampoo = dynamic_cast<const optim::Shampoo<Space, float>*>(optimizer.get())) {
+          // The reference's training metrics, summarised over rank 0's statistics.
+          double worst = 0;
+          long failures = 0;
+          for (const auto& m : shampoo->metrics()) {
+            worst = std::max(worst, m.error);
+            failures += m.failures;
+          }
+          values["root_error_max"] = worst;
+          values["root_failures"] = failures;
+        }
+        record(values);
         window[0] = window[1] = window[2] = 0;
       }
       if (o.eval_every > 0 && step % o.eval_every == 0 && b + 1 != steps_per_epoch) {
