@@ -11,6 +11,8 @@
 
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/reduce.hpp>
+#include <lather/core/config.hpp>
+#include <lather/core/kokkos_compat.hpp>
 #include <lather/core/error.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -250,11 +252,26 @@ void run_reduce(const ReduceBenchOptions& o) {
       const auto fused = [&] { reducer.mean(Space(), tensors); };
       const long messages = messages_of_one_call(reducer, fused);
       const auto t = time_against_raw(world, o, raw_model, fused);
-      // Without fusion: one MPI_Allreduce per tensor, in place.
+      // Without fusion: one MPI_Allreduce per tensor, in place. MPI may only be handed the tensors
+      // themselves when it can read their memory (host memory, or a GPU-aware MPI); otherwise each
+      // tensor goes through a host mirror, as an unfused application would have to.
+      constexpr bool mpi_reads_tensors =
+          ::lather::Impl::host_accessible<Space::memory_space> || LATHER_ENABLE_CUDA_AWARE_MPI;
+      std::vector<Tensors::value_type::HostMirror> staged;
+      if constexpr (!mpi_reads_tensors)
+        for (const auto& tensor : tensors) staged.push_back(Kokkos::create_mirror_view(tensor));
       const auto unfused = time_against_raw(world, o, raw_model, [&] {
         Kokkos::fence();
-        for (const auto& tensor : tensors)
-          MPI_Allreduce(MPI_IN_PLACE, tensor.data(), int(tensor.extent(0)), MPI_FLOAT, MPI_SUM, world);
+        for (std::size_t t = 0; t < tensors.size(); ++t) {
+          const auto& tensor = tensors[t];
+          if constexpr (mpi_reads_tensors) {
+            MPI_Allreduce(MPI_IN_PLACE, tensor.data(), int(tensor.extent(0)), MPI_FLOAT, MPI_SUM, world);
+          } else {
+            Kokkos::deep_copy(staged[t], tensor);
+            MPI_Allreduce(MPI_IN_PLACE, staged[t].data(), int(tensor.extent(0)), MPI_FLOAT, MPI_SUM, world);
+            Kokkos::deep_copy(tensor, staged[t]);
+          }
+        }
       });
       if (print)
         emit_result("model200", n, n, total * sizeof(float), model.size(), t, o,
