@@ -6,7 +6,12 @@ set(LATHER_TEST_RANKS 1 2 3 4 8 CACHE STRING "Rank counts the MPI tests run with
 set(LATHER_MPIEXEC_PREFLAGS "" CACHE STRING "Extra flags for mpiexec before the program")
 set(LATHER_TEST_THREADS 1 CACHE STRING "OMP_NUM_THREADS for each test process (OpenMP backends)")
 # BLAS stays single-threaded: its threads would fight Kokkos' and the oversubscribed MPI ranks.
-set(_lather_test_environment "OMP_NUM_THREADS=${LATHER_TEST_THREADS};OPENBLAS_NUM_THREADS=1")
+# OpenMP threads sleep instead of spinning at barriers: MPI tests run up to 8 ranks x
+# LATHER_TEST_THREADS threads on however few cores there are, and spinning threads then take the
+# cores from the ones with work (test_training_np4 with 2 threads on 2 busy cores: > 900 s with
+# libgomp's default spin, 50 s with PASSIVE).
+set(_lather_test_environment
+    "OMP_NUM_THREADS=${LATHER_TEST_THREADS};OPENBLAS_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 if(MPIEXEC_EXECUTABLE AND NOT LATHER_MPIEXEC_PREFLAGS)
   # Open MPI refuses more ranks than cores unless told; MPICH oversubscribes by default.
   execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _mpiexec_version
