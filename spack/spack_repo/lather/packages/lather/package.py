@@ -67,6 +67,10 @@ class Lather(CMakePackage, CudaPackage, ROCmPackage):
     # On the host, KokkosBlas::gemm calls the BLAS provider only with kokkos-kernels+blas (off in
     # the builtin recipe); without it the GEMMs of training run 1.5-6x slower (docs/spack.md).
     depends_on("kokkos-kernels+blas+lapack", when="~cuda ~rocm")
+    # On NVIDIA GPUs the same GEMMs go to cuBLAS (Lather's Newton iterations are GEMM chains).
+    # Not done for ROCm: with spack-packages v2025.11, kokkos-kernels+rocblas concretizes only
+    # with Kokkos 4.2; add ^kokkos-kernels+rocblas by hand where your ROCm stack allows it.
+    depends_on("kokkos-kernels+cublas", when="+cuda")
     depends_on("kokkos+openmp", when="+openmp")
     depends_on("kokkos-kernels+openmp", when="+openmp")
 
