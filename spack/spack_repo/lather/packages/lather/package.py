@@ -28,7 +28,7 @@ class Lather(CMakePackage, CudaPackage, ROCmPackage):
     # Without network, point these at a local clone (docs/spack.md, "Installing from a local
     # clone"): packages.yaml  packages: lather: package_attributes: git: file:///path/to/clone
     version("main", branch="main")
-    version("0.1.0", tag="v0.1.0")
+    version("0.1.0", tag="v0.1.0", commit="da9dfb2c54ae56b84d29f2e9c7dc55bad38548bb")
 
     variant("shared", default=True, description="Build liblather as a shared library")
     variant("mpi", default=True, description="Collectives, distributed Shampoo and checkpoints over MPI")
