@@ -6,6 +6,8 @@
 #include <lather/optim/first_order.hpp>
 #include <lather/optim/shampoo.hpp>
 
+#include "common/host_copies.hpp"
+
 #include <cmath>
 #include <memory>
 #include <string>
@@ -51,17 +53,6 @@ template <class Scalar>
 TensorList<Scalar, Mem> make_like(const TensorList<Scalar, Mem>& params) {
   TensorList<Scalar, Mem> out;
   for (const auto& p : params) out.push_back(FlatTensor<Scalar, Mem>("grad", p.size()));
-  return out;
-}
-
-template <class Scalar>
-std::vector<std::vector<Scalar>> to_host(const TensorList<Scalar, Mem>& tensors) {
-  std::vector<std::vector<Scalar>> out;
-  for (const auto& t : tensors) {
-    auto h = Kokkos::create_mirror_view(t);
-    Kokkos::deep_copy(h, t);
-    out.emplace_back(h.data(), h.data() + h.size());
-  }
   return out;
 }
 

@@ -57,7 +57,7 @@ TEST(CheckpointReshard, ContinuesOnAnotherRankCount) {
     fill_gradients(reference_params, grads, s);
     reference->step(reference_params, grads);
   }
-  const auto got = to_host(params), want = to_host(reference_params);
+  const auto got = host_vectors(params), want = host_vectors(reference_params);
   for (std::size_t p = 0; p < got.size(); ++p)
     for (std::size_t k = 0; k < got[p].size(); ++k)
       ASSERT_NEAR(got[p][k], want[p][k], 1e-6f * (1 + std::fabs(want[p][k]))) << "parameter " << p << " element " << k;

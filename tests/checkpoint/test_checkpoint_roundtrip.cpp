@@ -85,7 +85,7 @@ void round_trip(Kind kind) {
   EXPECT_EQ(loaded.rng, state.rng);
   EXPECT_EQ(loaded.extra.strings.at("note"), "round trip");
   EXPECT_EQ(restored->step_count(), 3);
-  EXPECT_EQ(to_host(restored_params), to_host(params)) << name(kind);
+  EXPECT_EQ(host_vectors(restored_params), host_vectors(params)) << name(kind);
   EXPECT_EQ(state_bytes(*restored), state_bytes(*optimizer)) << name(kind);
 
   // Both continue identically.
@@ -93,7 +93,7 @@ void round_trip(Kind kind) {
   optimizer->step(params, grads);
   fill_gradients(restored_params, grads, 3);
   restored->step(restored_params, grads);
-  EXPECT_EQ(to_host(restored_params), to_host(params)) << name(kind);
+  EXPECT_EQ(host_vectors(restored_params), host_vectors(params)) << name(kind);
   remove_directory(dir);
 }
 
@@ -139,7 +139,7 @@ TEST(CheckpointResume, ResumedRunEqualsUninterrupted) {
     auto resumed_params = make_params<float>(model_specs());
     const auto loaded = checkpoint::load_training_state(checkpointer, file, *resumed, resumed_params);
     run(*resumed, resumed_params, loaded.sample_offset, 9);
-    EXPECT_EQ(to_host(resumed_params), to_host(straight_params)) << name(kind);
+    EXPECT_EQ(host_vectors(resumed_params), host_vectors(straight_params)) << name(kind);
     EXPECT_EQ(resumed->step_count(), 9);
     remove_directory(dir);
   }

@@ -4,6 +4,8 @@
 #include <lather/comm/comm.hpp>
 #include <lather/nn/mlp.hpp>
 
+#include "common/host_copies.hpp"
+
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -13,12 +15,6 @@ namespace {
 
 using Space = Kokkos::DefaultExecutionSpace;
 using Mem = Space::memory_space;
-
-std::vector<float> host(const lather::FlatTensor<float, Mem>& v) {
-  auto h = Kokkos::create_mirror_view(v);
-  Kokkos::deep_copy(h, v);
-  return std::vector<float>(h.data(), h.data() + h.size());
-}
 
 // Both runs sum the same products in a different order (a split GEMM plus an all-reduce), so
 // they agree to float rounding: ~1e-6 relative on sums of a few dozen terms.
@@ -60,7 +56,8 @@ TEST(MlpSharded, MatchesWholeModel) {
 
   const auto& specs = sharded.parameter_specs();
   for (std::size_t p = 0; p < specs.size(); ++p) {
-    const auto full = host(whole.gradients()[p]), mine = host(sharded.gradients()[p]);
+    const auto full = lather::test::host_vector(whole.gradients()[p]),
+               mine = lather::test::host_vector(sharded.gradients()[p]);
     const auto& spec = specs[p];
     ASSERT_EQ(spec.global(), whole.parameter_specs()[p].shape) << spec.name;
     // Element (i, j) of this shard's slice is element (i, j + offset) or (i + offset, j) globally.

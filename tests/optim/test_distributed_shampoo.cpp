@@ -5,6 +5,8 @@
 #include <lather/comm/work_group.hpp>
 #include <lather/optim/shampoo.hpp>
 
+#include "common/host_copies.hpp"
+
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -29,16 +31,6 @@ TensorList<float, Mem> tensors(double phase) {
     for (std::int64_t k = 0; k < n; ++k) h(k) = float(std::cos(0.3 * k + phase + out.size()));
     Kokkos::deep_copy(v, h);
     out.push_back(v);
-  }
-  return out;
-}
-
-std::vector<std::vector<float>> host(const TensorList<float, Mem>& t) {
-  std::vector<std::vector<float>> out;
-  for (const auto& v : t) {
-    auto h = Kokkos::create_mirror_view(v);
-    Kokkos::deep_copy(h, v);
-    out.emplace_back(h.data(), h.data() + h.size());
   }
   return out;
 }
@@ -74,7 +66,7 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
     distributed.step(p1, g);
     single.step(p2, g);
   }
-  const auto a = host(p1), b = host(p2);
+  const auto a = test::host_vectors(p1), b = test::host_vectors(p2);
   for (std::size_t p = 0; p < a.size(); ++p)
     for (std::size_t k = 0; k < a[p].size(); ++k)
       ASSERT_NEAR(a[p][k], b[p][k], 1e-6f * (1 + std::fabs(b[p][k]))) << mode.name << " parameter " << p;

@@ -2,6 +2,7 @@
 // by option, plus hand-checkable closed forms and the failure rules.
 #include <lather/optim/shampoo.hpp>
 
+#include "common/host_copies.hpp"
 #include "optim/reference_shampoo.hpp"
 
 #include <gtest/gtest.h>
@@ -34,15 +35,10 @@ lather::TensorList<T, Mem> to_device(const std::vector<std::vector<double>>& hos
   return out;
 }
 
+/// Parameters of either precision, in double for the reference.
 template <class T>
 std::vector<std::vector<double>> to_host(const lather::TensorList<T, Mem>& tensors) {
-  std::vector<std::vector<double>> out;
-  for (const auto& v : tensors) {
-    auto h = Kokkos::create_mirror_view(v);
-    Kokkos::deep_copy(h, v);
-    out.emplace_back(h.data(), h.data() + h.size());
-  }
-  return out;
+  return lather::test::host_vectors<double>(tensors);
 }
 
 /// Deterministic gradients that depend on the parameters, so errors would compound.
