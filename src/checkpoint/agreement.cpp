@@ -2,8 +2,6 @@
 
 #include <lather/core/error.hpp>
 
-#include <vector>
-
 namespace lather::checkpoint::Impl {
 
 void agree(MPI_Comm comm, const std::string& error) {
@@ -14,15 +12,18 @@ void agree(MPI_Comm comm, const std::string& error) {
   int first = size;
   MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
   if (first == size) return;
-  int length = rank == first ? int(error.size()) : 0;
-  MPI_Bcast(&length, 1, MPI_INT, first, comm);
-  std::vector<char> text(length);
-  if (rank == first) text.assign(error.begin(), error.end());
-  MPI_Bcast(text.data(), length, MPI_CHAR, first, comm);
-  std::string message(text.begin(), text.end());
+  std::string message = error;
+  broadcast(comm, first, message);
   if (size > 1) message += " (reported by rank " + std::to_string(first) + ")";
   // The text already names the file, the dataset and the source location where it failed.
   throw ::lather::Error(message, nullptr, 0);
+}
+
+void broadcast(MPI_Comm comm, int root, std::string& text) {
+  int length = int(text.size());
+  MPI_Bcast(&length, 1, MPI_INT, root, comm);
+  text.resize(length);
+  MPI_Bcast(text.data(), length, MPI_CHAR, root, comm);
 }
 
 }  // namespace lather::checkpoint::Impl

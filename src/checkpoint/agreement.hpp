@@ -11,6 +11,9 @@ namespace lather::checkpoint::Impl {
 /// `error` is empty on ranks that succeeded. Throws lather::Error on every rank if any failed.
 void agree(MPI_Comm comm, const std::string& error);
 
+/// `text` := root's `text` on every rank (collective).
+void broadcast(MPI_Comm comm, int root, std::string& text);
+
 /// Runs `work` and agrees on its outcome: an exception on any rank becomes one on every rank.
 template <class Work>
 void agreed(MPI_Comm comm, Work&& work) {

@@ -490,10 +490,7 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
     remove_temporaries(m_options.directory, m_options.prefix);
     temporary = temporary_name(m_options.directory, m_options.prefix, step);
   });
-  int length = int(temporary.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, m_comm);
-  temporary.resize(length);
-  MPI_Bcast(temporary.data(), length, MPI_CHAR, 0, m_comm);
+  broadcast(m_comm, 0, temporary);
 
   agreed(m_comm, [&] {
     auto fapl = mpio_access(m_comm);
@@ -610,10 +607,7 @@ std::vector<std::string> Checkpointer::list(std::vector<std::string>* skipped) c
       }
     }
   }
-  int length = int(joined.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, m_comm);
-  joined.resize(length);
-  MPI_Bcast(joined.data(), length, MPI_CHAR, 0, m_comm);
+  broadcast(m_comm, 0, joined);
   std::vector<std::string> files;
   if (skipped) skipped->clear();
   std::size_t start = 0;
