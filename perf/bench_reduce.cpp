@@ -11,7 +11,6 @@
 
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/reduce.hpp>
-#include <lather/core/config.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/core/error.hpp>
 
@@ -255,8 +254,7 @@ void run_reduce(const ReduceBenchOptions& o) {
       // Without fusion: one MPI_Allreduce per tensor, in place. MPI may only be handed the tensors
       // themselves when it can read their memory (host memory, or a GPU-aware MPI); otherwise each
       // tensor goes through a host mirror, as an unfused application would have to.
-      constexpr bool mpi_reads_tensors =
-          ::lather::Impl::host_accessible<Space::memory_space> || LATHER_ENABLE_CUDA_AWARE_MPI;
+      constexpr bool mpi_reads_tensors = ::lather::Impl::mpi_accessible<Space::memory_space>;
       std::vector<Tensors::value_type::HostMirror> staged;
       if constexpr (!mpi_reads_tensors)
         for (const auto& tensor : tensors) staged.push_back(Kokkos::create_mirror_view(tensor));

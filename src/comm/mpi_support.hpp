@@ -17,13 +17,8 @@ namespace lather::comm::Impl {
 
 using ::lather::Impl::fence;
 using ::lather::Impl::host_accessible;
+using ::lather::Impl::mpi_accessible;
 using ::lather::Impl::ScopedRegion;
-
-/// MPI may read and write Views of this memory space in place: host memory, or any memory when
-/// the build declares a GPU-aware MPI (LATHER_ENABLE_CUDA_AWARE_MPI). Otherwise data is staged
-/// through host buffers.
-template <class MemorySpace>
-inline constexpr bool mpi_accessible = host_accessible<MemorySpace> || LATHER_ENABLE_CUDA_AWARE_MPI;
 
 /// Largest element count handed to one MPI call: counts are `int`.
 inline constexpr std::size_t max_mpi_count = std::size_t(1) << 30;

@@ -1,6 +1,8 @@
 #pragma once
 // The few places where Kokkos 3.4 (Debian) and Kokkos >= 4 differ, behind one spelling each.
 
+#include <lather/core/config.hpp>
+
 #include <Kokkos_Core.hpp>
 
 #include <cstring>
@@ -52,6 +54,12 @@ class ScopedRegion {
 template <class MemorySpace>
 inline constexpr bool host_accessible =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
+
+/// MPI may read and write Views of this memory space in place: host memory, or any memory when
+/// the build declares a GPU-aware MPI (LATHER_ENABLE_CUDA_AWARE_MPI). Otherwise data is staged
+/// through host buffers.
+template <class MemorySpace>
+inline constexpr bool mpi_accessible = host_accessible<MemorySpace> || LATHER_ENABLE_CUDA_AWARE_MPI;
 
 }  // namespace Impl
 
