@@ -5,6 +5,7 @@
 #include "bench_common.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
+#include <lather/comm/group.hpp>
 #include <lather/core/error.hpp>
 
 #include <mpi.h>
@@ -29,13 +30,11 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 
 /// Seconds of the slowest rank for `work` (all ranks start together).
 template <class Work>
-double timed(Work&& work) {
-  MPI_Barrier(MPI_COMM_WORLD);
+double timed(const comm::Group& world, Work&& work) {
+  world.barrier();
   const double start = now();
   work();
-  double mine = now() - start, slowest = 0;
-  MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return slowest;
+  return world.allreduce(now() - start, comm::Combine::max);
 }
 
 void write_raw(const std::string& path, const std::vector<char>& data) {
@@ -64,12 +63,11 @@ void read_raw(const std::string& path, std::vector<char>& data) {
 }
 
 void run_checkpoint(const CheckpointBenchOptions& o) {
-  int rank = 0, ranks = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  const comm::Group world(MPI_COMM_WORLD);
+  const int rank = world.rank(), ranks = world.size();
   namespace fs = std::filesystem;
   if (rank == 0) fs::create_directories(o.directory);
-  MPI_Barrier(MPI_COMM_WORLD);
+  world.barrier();
   const std::int64_t m = 128, row = m * m;  // 64 KiB float rows: statistics of block size 128
   for (double requested : o.bytes) {
     LATHER_REQUIRE(requested >= double(row * 4), "--bytes must be at least one 64 KiB row, got ", requested);
@@ -101,7 +99,7 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     checkpoint::CheckpointOptions options;
     options.directory = o.directory;
     options.keep_last = 1;
-    checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+    checkpoint::Checkpointer checkpointer(world, options);
     // What each rank writes, for the raw baseline: the same bytes as its checkpoint share.
     const std::size_t mine = stack_data.size() * 4 + (rank == 0 ? parameter_data.size() * 4 : 0);
     std::vector<char> raw(mine, 1);
@@ -109,12 +107,12 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
 
     double best_write = 1e300, best_read = 1e300, best_raw_write = 1e300, best_raw_read = 1e300;
     for (int repeat = 0; repeat < o.repeats; ++repeat) {
-      best_raw_write = std::min(best_raw_write, timed([&] { write_raw(raw_path, raw); }));
-      best_raw_read = std::min(best_raw_read, timed([&] { read_raw(raw_path, raw); }));
+      best_raw_write = std::min(best_raw_write, timed(world, [&] { write_raw(raw_path, raw); }));
+      best_raw_read = std::min(best_raw_read, timed(world, [&] { read_raw(raw_path, raw); }));
       std::string file;
-      best_write = std::min(best_write, timed([&] { file = checkpointer.save(repeat + 1, {stack, parameters}, {}); }));
+      best_write = std::min(best_write, timed(world, [&] { file = checkpointer.save(repeat + 1, {stack, parameters}, {}); }));
       auto read_parameters = parameters;  // every rank reads the replicated part back
-      best_read = std::min(best_read, timed([&] { checkpointer.load(file, {stack, read_parameters}); }));
+      best_read = std::min(best_read, timed(world, [&] { checkpointer.load(file, {stack, read_parameters}); }));
     }
     std::error_code ec;
     fs::remove(raw_path, ec);
@@ -133,7 +131,7 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
             {"write_seconds", best_write},
             {"read_seconds", best_read}});
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  world.barrier();
   if (rank == 0) fs::remove_all(o.directory);
 }
 

@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -62,16 +63,7 @@ std::size_t parse_bytes(const std::string& text) {
   return std::size_t(bytes);
 }
 
-int size_of(MPI_Comm comm) {
-  int n = 0;
-  MPI_Comm_size(comm, &n);
-  return n;
-}
-int rank_of(MPI_Comm comm) {
-  int r = 0;
-  MPI_Comm_rank(comm, &r);
-  return r;
-}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 struct Timing {
   double seconds = 0, raw_seconds = 0;          ///< medians
@@ -81,24 +73,23 @@ struct Timing {
 /// Times `call` and the raw baseline `raw` alternately (raw, call, raw, call, ...) for at least
 /// `min_seconds` and 3 pairs, so that load from other processes hits both alike. Returns the
 /// medians and minima of the slowest rank. Every rank takes the same number of repetitions.
-Timing time_against_raw(MPI_Comm comm, const ReduceBenchOptions& o, const std::function<void()>& raw,
+Timing time_against_raw(const comm::Group& group, const ReduceBenchOptions& o, const std::function<void()>& raw,
                         const std::function<void()>& call) {
   raw();  // warm-up: first-touch allocations, communicator set-up
   call();
-  MPI_Barrier(comm);
-  double estimate = MPI_Wtime();
+  group.barrier();
+  double estimate = now();
   raw();
   call();
-  estimate = MPI_Wtime() - estimate;
-  MPI_Allreduce(MPI_IN_PLACE, &estimate, 1, MPI_DOUBLE, MPI_MAX, comm);
+  estimate = group.allreduce(now() - estimate, comm::Combine::max);
   const int repeats = std::clamp(int(std::ceil(o.min_seconds / std::max(estimate, 1e-7))), 3, o.max_repeats);
   std::vector<double> raw_times, times;
   for (int k = 0; k < repeats; ++k) {
     for (int which = 0; which < 2; ++which) {
-      MPI_Barrier(comm);
-      const double start = MPI_Wtime();
+      group.barrier();
+      const double start = now();
       (which == 0 ? raw : call)();
-      (which == 0 ? raw_times : times).push_back(MPI_Wtime() - start);
+      (which == 0 ? raw_times : times).push_back(now() - start);
     }
   }
   auto median = [](std::vector<double> v) {
@@ -107,7 +98,7 @@ Timing time_against_raw(MPI_Comm comm, const ReduceBenchOptions& o, const std::f
   };
   double out[4] = {median(times), median(raw_times), *std::min_element(times.begin(), times.end()),
                    *std::min_element(raw_times.begin(), raw_times.end())};
-  MPI_Allreduce(MPI_IN_PLACE, out, 4, MPI_DOUBLE, MPI_MAX, comm);
+  group.allreduce(out, 4, comm::Combine::max);
   return Timing{out[0], out[1], out[2], out[3]};
 }
 
@@ -176,9 +167,9 @@ void run_reduce(const ReduceBenchOptions& o) {
   for (const auto& text : o.bytes) sizes.push_back(parse_bytes(text));
   auto wants = [&](const std::string& op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
 
-  MPI_Comm world = MPI_COMM_WORLD;
-  const int n = size_of(world);
-  const bool print = rank_of(world) == 0;
+  const comm::Group world(MPI_COMM_WORLD);
+  const int n = world.size();
+  const bool print = world.rank() == 0;
   comm::ReduceOptions options;
   options.fusion_bytes = o.fusion_bytes;
   options.wire_precision = comm::parse_wire_precision(o.wire);
@@ -204,7 +195,9 @@ void run_reduce(const ReduceBenchOptions& o) {
     const std::size_t count = bytes / sizeof(float);
     Kokkos::View<float*, Kokkos::HostSpace> raw_buffer("bench::raw", count);
     Kokkos::deep_copy(raw_buffer, 1.0f);
-    auto raw_on = [&](MPI_Comm comm, std::size_t elements) {
+    // The baseline is MPI itself: the one raw MPI call of Lather's tree outside src/comm.
+    auto raw_on = [&](const comm::Group& group, std::size_t elements) {
+      const MPI_Comm comm = group.native();
       return [&raw_buffer, comm, elements] {
         MPI_Allreduce(MPI_IN_PLACE, raw_buffer.data(), int(elements), MPI_FLOAT, MPI_SUM, comm);
       };
@@ -221,7 +214,7 @@ void run_reduce(const ReduceBenchOptions& o) {
       if (print) emit_result("mean", n, n, bytes, 1, t, o);
     }
     if (grouped) {
-      const int group = size_of(mesh->data_parallel());
+      const int group = mesh->data_parallel().size();
       const auto tensors = make_tensors({count}, 1.0f);
       // The baseline runs on the same group: raw MPI_Allreduce over the data-parallel communicator.
       const auto t = time_against_raw(world, o, raw_on(mesh->data_parallel(), count),
@@ -245,7 +238,7 @@ void run_reduce(const ReduceBenchOptions& o) {
       for (auto s : model) total += s;
       Kokkos::View<float*, Kokkos::HostSpace> model_raw("bench::model_raw", total);
       const auto raw_model = [&] {
-        MPI_Allreduce(MPI_IN_PLACE, model_raw.data(), int(total), MPI_FLOAT, MPI_SUM, world);
+        MPI_Allreduce(MPI_IN_PLACE, model_raw.data(), int(total), MPI_FLOAT, MPI_SUM, world.native());
       };
       const auto tensors = make_tensors(model, 1.0f);
       const auto fused = [&] { reducer.mean(Space(), tensors); };
@@ -263,10 +256,10 @@ void run_reduce(const ReduceBenchOptions& o) {
         for (std::size_t t = 0; t < tensors.size(); ++t) {
           const auto& tensor = tensors[t];
           if constexpr (mpi_reads_tensors) {
-            MPI_Allreduce(MPI_IN_PLACE, tensor.data(), int(tensor.extent(0)), MPI_FLOAT, MPI_SUM, world);
+            MPI_Allreduce(MPI_IN_PLACE, tensor.data(), int(tensor.extent(0)), MPI_FLOAT, MPI_SUM, world.native());
           } else {
             Kokkos::deep_copy(staged[t], tensor);
-            MPI_Allreduce(MPI_IN_PLACE, staged[t].data(), int(tensor.extent(0)), MPI_FLOAT, MPI_SUM, world);
+            MPI_Allreduce(MPI_IN_PLACE, staged[t].data(), int(tensor.extent(0)), MPI_FLOAT, MPI_SUM, world.native());
             Kokkos::deep_copy(tensor, staged[t]);
           }
         }

@@ -28,11 +28,12 @@ struct StepBenchOptions {
 template <class Optimizer>
 double time_steps(Optimizer& optimizer, const TensorList<float, Mem>& params, const TensorList<float, Mem>& grads,
                   long window, int windows) {
-  for (long s = 0; s < window; ++s) optimizer.step(params, grads);
-  Kokkos::fence();
+  const Space space;
+  for (long s = 0; s < window; ++s) optimizer.step(space, params, grads);
+  space.fence();
   Kokkos::Timer timer;
-  for (long s = 0; s < window * windows; ++s) optimizer.step(params, grads);
-  Kokkos::fence();
+  for (long s = 0; s < window * windows; ++s) optimizer.step(space, params, grads);
+  space.fence();
   return timer.seconds() / double(window * windows);
 }
 

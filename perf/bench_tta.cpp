@@ -6,6 +6,8 @@
 
 #include "trainer.hpp"
 
+#include <lather/comm/group.hpp>
+
 #include <mpi.h>
 
 namespace lather::bench {
@@ -20,9 +22,8 @@ struct TtaOptions {
 };
 
 void run_tta(const TtaOptions& o) {
-  int rank = 0, ranks = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  const comm::Group world(MPI_COMM_WORLD);
+  const int rank = world.rank(), ranks = world.size();
   double baseline_steps = 0, baseline_seconds = 0;
   for (const auto& name : o.optimizers) {
     train::TrainOptions t;
@@ -32,7 +33,7 @@ void run_tta(const TtaOptions& o) {
     t.eval_every = o.eval_every;
     t.target_accuracy = o.target;
     t.quiet = true;
-    const auto result = train::train(t, MPI_COMM_WORLD, [](const std::string&) {});
+    const auto result = train::train(t, world, [](const std::string&) {});
     const double steps = result.reached_target ? double(result.target_step) : -1.0;
     const double seconds = result.reached_target ? result.target_seconds : -1.0;
     if (name == o.optimizers.front()) baseline_steps = steps, baseline_seconds = seconds;

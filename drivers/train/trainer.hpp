@@ -5,7 +5,7 @@
 
 #include "training_options.hpp"
 
-#include <mpi.h>
+#include <lather/comm/group.hpp>
 
 #include <functional>
 #include <string>
@@ -16,19 +16,22 @@ struct TrainResult {
   long steps = 0;
   long epochs_completed = 0;
   double seconds = 0;          ///< wall time of the training loop (evaluations included)
+  double training_seconds = 0; ///< the same without the time spent in evaluations
   double test_accuracy = 0;    ///< of the last evaluation
   double test_loss = 0;
   double train_loss = 0;       ///< mean over the last logging window
   bool reached_target = false;
   long target_step = 0;        ///< first step at which the target accuracy was reached
-  double target_seconds = 0;   ///< seconds of training until then
+  double target_seconds = 0;   ///< seconds of the loop until then (evaluations included)
+  double target_training_seconds = 0;  ///< the same without the evaluations
   bool interrupted = false;    ///< stopped by SIGTERM (after writing a checkpoint)
   std::string last_checkpoint;
 };
 
 /// Runs one training job; collective over `world`. Progress and errors go to rank 0's stdout /
 /// stderr; `log` replaces stdout when set.
-TrainResult train(const TrainOptions& options, MPI_Comm world, const std::function<void(const std::string&)>& log = {});
+TrainResult train(const TrainOptions& options, const comm::Group& world,
+                  const std::function<void(const std::string&)>& log = {});
 
 /// Installs the SIGTERM handler that makes train() checkpoint and return (what Slurm sends at the
 /// time limit). Idempotent.

@@ -1,9 +1,11 @@
 #pragma once
 // Lather's public API in one include.
 
+#include <lather/comm/comm.hpp>
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
+#include <lather/core/parameters.hpp>
 #include <lather/core/tensor.hpp>
 #include <lather/linalg/inverse_root.hpp>
 #include <lather/optim/first_order.hpp>
@@ -13,13 +15,7 @@
 #include <lather/optim/schedule.hpp>
 #include <lather/optim/shampoo.hpp>
 #include <lather/optim/shampoo_options.hpp>
-#include <lather/optim/work_group.hpp>
 
-#if LATHER_ENABLE_MPI
-#include <lather/comm/comm.hpp>
-#include <lather/comm/work_group.hpp>
-#endif
 #if LATHER_ENABLE_HDF5
 #include <lather/checkpoint/checkpoint.hpp>
-#include <lather/checkpoint/training_state.hpp>
 #endif

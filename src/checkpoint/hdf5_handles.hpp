@@ -54,7 +54,6 @@ class Handle {
 };
 
 using File = Handle<H5Fclose>;
-using Group = Handle<H5Gclose>;
 using Dataset = Handle<H5Dclose>;
 using Dataspace = Handle<H5Sclose>;
 using Datatype = Handle<H5Tclose>;

@@ -1,4 +1,4 @@
-#include <lather/checkpoint/training_state.hpp>
+#include <lather/checkpoint/checkpoint.hpp>
 
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
@@ -18,7 +18,7 @@ using HostBytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Ko
 struct Staged {
   ArraySlice slice;
   std::vector<char> host;
-  std::function<void()> to_device;  // after a load
+  std::function<void()> to_device;  // after a load: copies on the caller's execution space
   bool partial_write = false;
   ArraySlice write;
   std::vector<char> write_host;
@@ -40,8 +40,8 @@ void place_like_parameter(ArraySlice& slice, const optim::ParameterSpec& spec, c
   slice.writer = roles.replica_root;
 }
 
-template <class MemorySpace>
-std::unique_ptr<Staged> stage_state(const optim::StateArray<MemorySpace>& a,
+template <class ExecutionSpace, class MemorySpace>
+std::unique_ptr<Staged> stage_state(const ExecutionSpace& space, const optim::StateArray<MemorySpace>& a,
                                     const std::vector<optim::ParameterSpec>& specs, const WriterRoles& roles,
                                     bool copy_out) {
   auto s = std::make_unique<Staged>();
@@ -70,8 +70,11 @@ std::unique_ptr<Staged> stage_state(const optim::StateArray<MemorySpace>& a,
     s->to_device = [target, host] { std::memcpy(target.data(), host.data(), host.size()); };
   } else {
     const auto device = a.device_bytes;
-    if (copy_out) Kokkos::deep_copy(host, device);
-    s->to_device = [device, host] { Kokkos::deep_copy(device, host); };
+    if (copy_out) {
+      Kokkos::deep_copy(space, host, device);
+      ::lather::Impl::fence(space, "Lather::Checkpointer: optimizer state on the host");
+    }
+    s->to_device = [space, device, host] { Kokkos::deep_copy(space, device, host); };
   }
   // Rows of parameters that every weight shard holds are written by shard 0 only.
   if (s->slice.selection == ArraySlice::Selection::rows && !a.row_parameter.empty()) {
@@ -93,11 +96,13 @@ std::unique_ptr<Staged> stage_state(const optim::StateArray<MemorySpace>& a,
   return s;
 }
 
+/// Host staging of parameters and optimizer state; with `copy_out` the device data is copied in,
+/// and the caller fences `space` before reading it.
 template <class ExecutionSpace, class Scalar>
-std::vector<std::unique_ptr<Staged>> stage_all(optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+std::vector<std::unique_ptr<Staged>> stage_all(const ExecutionSpace& space,
+                                               optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
                                                const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
                                                const WriterRoles& roles, bool copy_out) {
-  using memory_space = typename ExecutionSpace::memory_space;
   const auto& specs = optimizer.parameters();
   LATHER_REQUIRE(params.size() == specs.size(), "checkpoint: ", params.size(), " parameter tensors for an optimizer of ",
                  specs.size(), " parameters");
@@ -112,13 +117,13 @@ std::vector<std::unique_ptr<Staged>> stage_all(optim::Optimizer<ExecutionSpace, 
     s->host.resize(params[p].size() * sizeof(Scalar));
     Kokkos::View<Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(
         reinterpret_cast<Scalar*>(s->host.data()), params[p].size());
-    if (copy_out) Kokkos::deep_copy(host, params[p]);
+    if (copy_out) Kokkos::deep_copy(space, host, params[p]);
     const auto device = params[p];
-    s->to_device = [device, host] { Kokkos::deep_copy(device, host); };
+    s->to_device = [space, device, host] { Kokkos::deep_copy(space, device, host); };
     staged.push_back(std::move(s));
   }
   for (const auto& a : optimizer.state_arrays())
-    staged.push_back(stage_state<memory_space>(a, specs, roles, copy_out));
+    staged.push_back(stage_state(space, a, specs, roles, copy_out));
   for (auto& s : staged) {
     s->slice.data = s->host.data();
     s->write.data = s->write_host.data();
@@ -129,12 +134,12 @@ std::vector<std::unique_ptr<Staged>> stage_all(optim::Optimizer<ExecutionSpace, 
 }  // namespace
 
 template <class ExecutionSpace, class Scalar>
-std::string save_training_state(Checkpointer& checkpointer, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
-                                const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
-                                const TrainingState& state, const WriterRoles& roles) {
-  ::lather::Impl::ScopedRegion region("Lather::checkpoint::save_training_state");
-  Kokkos::fence();
-  auto staged = stage_all(optimizer, params, roles, true);
+std::string Checkpointer::save(const ExecutionSpace& space, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                               const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
+                               const TrainingState& state, const WriterRoles& roles) {
+  ::lather::Impl::ScopedRegion region("Lather::Checkpointer::save");
+  auto staged = stage_all(space, optimizer, params, roles, true);
+  ::lather::Impl::fence(space, "Lather::Checkpointer::save: state copied to the host");
   std::vector<ArraySlice> arrays;
   for (const auto& s : staged) arrays.push_back(s->partial_write ? s->write : s->slice);
   std::vector<std::uint64_t> rng = state.rng;
@@ -151,9 +156,7 @@ std::string save_training_state(Checkpointer& checkpointer, optim::Optimizer<Exe
   attributes.integers["sample_offset"] = state.sample_offset;
   attributes.integers["optimizer_step"] = optimizer.step_count();
   attributes.integers["rng_words"] = std::int64_t(rng.size());
-  int world = 1;
-  MPI_Comm_size(checkpointer.communicator(), &world);
-  attributes.integers["world_size"] = world;
+  attributes.integers["world_size"] = m_group.size();
   attributes.integers["weight_shards"] = state.weight_shards;
   attributes.strings["optimizer"] = optimizer.name();
   // All options in one attribute, one "name = value" per line: every attribute costs a collective
@@ -161,15 +164,15 @@ std::string save_training_state(Checkpointer& checkpointer, optim::Optimizer<Exe
   std::string options;
   for (const auto& [key, value] : optimizer.describe()) options += key + " = " + value + "\n";
   attributes.strings["optimizer_options"] = options;
-  return checkpointer.save(optimizer.step_count(), arrays, attributes);
+  return save(optimizer.step_count(), arrays, attributes);
 }
 
 template <class ExecutionSpace, class Scalar>
-TrainingState load_training_state(const Checkpointer& checkpointer, const std::string& file,
-                                  optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
-                                  const TensorList<Scalar, typename ExecutionSpace::memory_space>& params) {
-  ::lather::Impl::ScopedRegion region("Lather::checkpoint::load_training_state");
-  const Attributes root = checkpointer.read_attributes(file);
+TrainingState Checkpointer::restore(const ExecutionSpace& space, const std::string& file,
+                                    optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                                    const TensorList<Scalar, typename ExecutionSpace::memory_space>& params) const {
+  ::lather::Impl::ScopedRegion region("Lather::Checkpointer::restore");
+  const Attributes root = read_attributes(file);
   const auto integer = [&](const char* name) -> std::int64_t {
     const auto it = root.integers.find(name);
     LATHER_REQUIRE(it != root.integers.end(), "checkpoint '", file, "' has no root attribute '", name, "'");
@@ -183,7 +186,7 @@ TrainingState load_training_state(const Checkpointer& checkpointer, const std::s
   const std::int64_t words = integer("rng_words");
   LATHER_REQUIRE(words >= 0 && words <= 4096, "checkpoint '", file, "': implausible rng_words ", words);
 
-  auto staged = stage_all(optimizer, params, WriterRoles{false, false, 0}, false);
+  auto staged = stage_all(space, optimizer, params, WriterRoles{false, false, 0}, false);
   std::vector<ArraySlice> arrays;
   for (const auto& s : staged) {
     ArraySlice read = s->slice;
@@ -200,26 +203,32 @@ TrainingState load_training_state(const Checkpointer& checkpointer, const std::s
     rng.data = state.rng.data();
     arrays.push_back(rng);
   }
-  checkpointer.load(file, arrays, nullptr);
+  load(file, arrays, nullptr);
   for (const auto& s : staged) s->to_device();
-  Kokkos::fence();
+  // The host staging is freed when this returns.
+  ::lather::Impl::fence(space, "Lather::Checkpointer::restore: state copied to the device");
   optimizer.state_restored(long(integer("optimizer_step")));
   state.epoch = long(integer("epoch"));
   state.sample_offset = long(integer("sample_offset"));
   state.world_size = int(integer("world_size"));
   state.weight_shards = int(integer("weight_shards"));
   state.extra = root;
+  state.file = file;
   return state;
 }
 
-#define LATHER_INSTANTIATE_TRAINING_STATE(SCALAR)                                                                 \
-  template std::string save_training_state<DefaultExecutionSpace, SCALAR>(                                        \
-      Checkpointer&, optim::Optimizer<DefaultExecutionSpace, SCALAR>&,                                            \
-      const TensorList<SCALAR, DefaultExecutionSpace::memory_space>&, const TrainingState&, const WriterRoles&);  \
-  template TrainingState load_training_state<DefaultExecutionSpace, SCALAR>(                                      \
-      const Checkpointer&, const std::string&, optim::Optimizer<DefaultExecutionSpace, SCALAR>&,                  \
-      const TensorList<SCALAR, DefaultExecutionSpace::memory_space>&);
-LATHER_INSTANTIATE_TRAINING_STATE(float)
-LATHER_INSTANTIATE_TRAINING_STATE(double)
+#define LATHER_INSTANTIATE_TRAINING_STATE(SPACE, SCALAR)                                                          \
+  template std::string Checkpointer::save<SPACE, SCALAR>(const SPACE&, optim::Optimizer<SPACE, SCALAR>&,           \
+                                                         const TensorList<SCALAR, SPACE::memory_space>&,            \
+                                                         const TrainingState&, const WriterRoles&);                 \
+  template TrainingState Checkpointer::restore<SPACE, SCALAR>(const SPACE&, const std::string&,                    \
+                                                              optim::Optimizer<SPACE, SCALAR>&,                     \
+                                                              const TensorList<SCALAR, SPACE::memory_space>&) const;
+LATHER_INSTANTIATE_TRAINING_STATE(DefaultExecutionSpace, float)
+LATHER_INSTANTIATE_TRAINING_STATE(DefaultExecutionSpace, double)
+#if LATHER_HOST_SPACE_DIFFERS
+LATHER_INSTANTIATE_TRAINING_STATE(DefaultHostExecutionSpace, float)
+LATHER_INSTANTIATE_TRAINING_STATE(DefaultHostExecutionSpace, double)
+#endif
 
 }  // namespace lather::checkpoint

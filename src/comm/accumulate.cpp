@@ -1,7 +1,7 @@
 #include <lather/comm/accumulate.hpp>
 
-#include "kernels.hpp"
-#include "mpi_support.hpp"
+#include <lather/comm/impl/kernels.hpp>
+#include <lather/comm/impl/support.hpp>
 
 #include <cmath>
 
@@ -13,7 +13,7 @@ std::string to_string(AccumulationMode mode) {
 
 namespace {
 /// Checks the count before the reducer's collective construction (every rank checks the same).
-MPI_Comm checked_group(MPI_Comm group, int micro_batches) {
+const Group& checked_group(const Group& group, int micro_batches) {
   LATHER_REQUIRE(micro_batches >= 1, "GradientAccumulator: micro_batches must be >= 1, got ",
                  micro_batches);
   return group;
@@ -21,7 +21,7 @@ MPI_Comm checked_group(MPI_Comm group, int micro_batches) {
 }  // namespace
 
 template <class ExecutionSpace, class Scalar>
-GradientAccumulator<ExecutionSpace, Scalar>::GradientAccumulator(MPI_Comm group, int micro_batches,
+GradientAccumulator<ExecutionSpace, Scalar>::GradientAccumulator(const Group& group, int micro_batches,
                                                                  AccumulationMode mode,
                                                                  const ReduceOptions& options)
     : m_reducer(checked_group(group, micro_batches), options),

@@ -1,8 +1,4 @@
-#include "agreement.hpp"
-
-#include "mpi_support.hpp"
-
-#include <lather/comm/communicator.hpp>
+#include <lather/comm/impl/agreement.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -11,6 +7,15 @@
 namespace lather::comm::Impl {
 
 namespace {
+
+#if LATHER_ENABLE_MPI
+void check_mpi(int status, const char* call) {
+  if (status == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int length = 0;
+  MPI_Error_string(status, text, &length);
+  LATHER_FAIL(call, " failed: ", std::string(text, std::size_t(length)));
+}
 
 // One record of int64 words: [fields F, sums S, lowest failing rank, min x F, max x F, sums x S]
 // (sums stored as the bits of doubles). The header makes the operation self-describing.
@@ -59,15 +64,15 @@ struct AgreementMpiObjects {
   AgreementMpiObjects& operator=(const AgreementMpiObjects&) = delete;
 };
 
-constexpr int message_capacity = 1024;
+#endif
 
 }  // namespace
 
-Agreement::Agreement(MPI_Comm comm, std::string context, std::vector<AgreementField> fields,
+Agreement::Agreement(const Group& group, std::string context, std::vector<AgreementField> fields,
                      std::vector<double> sums, const std::string& local_error)
     : m_context(std::move(context)), m_fields(std::move(fields)), m_sums(std::move(sums)) {
-  const int rank = comm_rank(comm);
-  m_size = comm_size(comm);
+  const int rank = group.rank();
+  m_size = group.size();
   // A fixed record size (at least 16 fields, 2 sums, padded with zeros) keeps the MPI message
   // the same on every rank even when ranks are in different calls, which then disagree on the
   // operation field instead of mismatching the collective. Only the per-tensor size agreement,
@@ -89,10 +94,14 @@ Agreement::Agreement(MPI_Comm comm, std::string context, std::vector<AgreementFi
     const double zero = 0.0;
     std::memcpy(&record[header_words + 2 * nf + s], &zero, sizeof(double));
   }
-  {
+  if (m_size == 1) {
+    result = record;
+  } else {
+#if LATHER_ENABLE_MPI
     AgreementMpiObjects mpi{static_cast<int>(words)};
-    check_mpi(MPI_Allreduce(record.data(), result.data(), 1, mpi.type, mpi.op, comm),
+    check_mpi(MPI_Allreduce(record.data(), result.data(), 1, mpi.type, mpi.op, group.native()),
               "MPI_Allreduce (agreement)");
+#endif
   }
   m_min.assign(result.begin() + header_words, result.begin() + header_words + m_fields.size());
   m_max.assign(result.begin() + header_words + nf, result.begin() + header_words + nf + m_fields.size());
@@ -102,10 +111,8 @@ Agreement::Agreement(MPI_Comm comm, std::string context, std::vector<AgreementFi
   if (result[2] != std::numeric_limits<std::int64_t>::max()) {
     // Some rank found its arguments invalid: everyone learns its message and throws it.
     const int failing = int(result[2]);
-    char message[message_capacity] = {0};
-    if (rank == failing) std::strncpy(message, local_error.c_str(), message_capacity - 1);
-    check_mpi(MPI_Bcast(message, message_capacity, MPI_CHAR, failing, comm),
-              "MPI_Bcast (agreement error)");
+    std::string message = rank == failing ? local_error : std::string();
+    group.broadcast(message, failing);
     LATHER_FAIL(m_context, ": ", message, " (on group rank ", failing, " of ", m_size,
                 failing == rank ? ", this rank" : "", ")");
   }

@@ -1,7 +1,5 @@
-#include <lather/comm/communicator.hpp>
+#include <lather/comm/impl/support.hpp>
 #include <lather/comm/replicas.hpp>
-
-#include "mpi_support.hpp"
 
 #include <zlib.h>
 
@@ -11,12 +9,12 @@
 
 namespace lather::comm {
 
-std::uint64_t agree_seed(MPI_Comm group, std::uint64_t seed, int root) {
+std::uint64_t agree_seed(const Group& group, std::uint64_t seed, int root) {
   // Every rank checks the root against the same size: the same error everywhere, or none.
-  const int size = comm_size(group);
+  const int size = group.size();
   LATHER_REQUIRE(root >= 0 && root < size, "agree_seed: root ", root, " is not a rank of the group of ",
                  size);
-  Impl::check_mpi(MPI_Bcast(&seed, 1, MPI_UINT64_T, root, group), "MPI_Bcast (seed)");
+  group.broadcast(&seed, 1, root);
   return seed;
 }
 
@@ -94,27 +92,27 @@ std::string ReplicaReport::describe() const {
 }
 
 template <class ExecutionSpace, class Scalar>
-ReplicaReport check_replicas(const ExecutionSpace& space, MPI_Comm group,
+ReplicaReport check_replicas(const ExecutionSpace& space, const Group& group,
                              const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,
-                             MPI_Comm world) {
+                             const Group* world) {
   Impl::ScopedRegion region("Lather::comm::check_replicas");
   ReplicaReport report;
-  const int size = comm_size(group);
+  const int size = group.size();
   report.group_size = size;
-  report.world_ranks = world_ranks(group, world);
+  report.world_ranks = group.ranks_in(world ? *world : group);
 
   std::uint32_t whole = 0;
   const auto per_tensor = tensor_checksums(space, tensors, whole);
-  std::uint64_t size_hash = Impl::fnv1a(Impl::fnv1a_start, tensors.size());
+  Impl::Fnv1a size_hash;
+  size_hash.add(tensors.size());
   std::int64_t elements = 0;
   for (const auto& tensor : tensors) {
-    size_hash = Impl::fnv1a(size_hash, tensor.extent(0));
+    size_hash.add(tensor.extent(0));
     elements += std::int64_t(tensor.extent(0));
   }
-  const std::uint64_t mine[4] = {std::uint64_t(tensors.size()), std::uint64_t(elements), size_hash, whole};
+  const std::uint64_t mine[4] = {std::uint64_t(tensors.size()), std::uint64_t(elements), size_hash.value(), whole};
   std::vector<std::uint64_t> all(4 * std::size_t(size));
-  Impl::check_mpi(MPI_Allgather(mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, group),
-                  "MPI_Allgather (replica checksums)");
+  group.allgather(mine, 4, all.data());
 
   // The reference is the (layout, checksum) most ranks hold; ties go to the lowest rank.
   std::map<std::vector<std::uint64_t>, int> votes;
@@ -141,9 +139,7 @@ ReplicaReport check_replicas(const ExecutionSpace& space, MPI_Comm group,
   if (!report.consistent() && same_layouts && !tensors.empty()) {
     // Every rank knows the layouts agree and something differs: name the tensors.
     std::vector<std::uint32_t> every(per_tensor.size() * std::size_t(size));
-    Impl::check_mpi(MPI_Allgather(per_tensor.data(), int(per_tensor.size()), MPI_UINT32_T, every.data(),
-                                  int(per_tensor.size()), MPI_UINT32_T, group),
-                    "MPI_Allgather (tensor checksums)");
+    group.allgather(per_tensor.data(), per_tensor.size(), every.data());
     for (std::size_t t = 0; t < per_tensor.size(); ++t)
       for (int r = 0; r < size; ++r)
         if (every[r * per_tensor.size() + t] != every[best * per_tensor.size() + t]) {
@@ -155,9 +151,9 @@ ReplicaReport check_replicas(const ExecutionSpace& space, MPI_Comm group,
 }
 
 template <class ExecutionSpace, class Scalar>
-void require_consistent_replicas(const ExecutionSpace& space, MPI_Comm group,
+void require_consistent_replicas(const ExecutionSpace& space, const Group& group,
                                  const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,
-                                 MPI_Comm world) {
+                                 const Group* world) {
   const auto report = check_replicas(space, group, tensors, world);
   LATHER_REQUIRE(report.consistent(), report.describe());
 }
@@ -166,9 +162,9 @@ void require_consistent_replicas(const ExecutionSpace& space, MPI_Comm group,
   template std::uint32_t checksum<SPACE, SCALAR>(const SPACE&,                                       \
                                                  const TensorList<SCALAR, SPACE::memory_space>&);    \
   template ReplicaReport check_replicas<SPACE, SCALAR>(                                              \
-      const SPACE&, MPI_Comm, const TensorList<SCALAR, SPACE::memory_space>&, MPI_Comm);             \
+      const SPACE&, const Group&, const TensorList<SCALAR, SPACE::memory_space>&, const Group*);      \
   template void require_consistent_replicas<SPACE, SCALAR>(                                          \
-      const SPACE&, MPI_Comm, const TensorList<SCALAR, SPACE::memory_space>&, MPI_Comm);
+      const SPACE&, const Group&, const TensorList<SCALAR, SPACE::memory_space>&, const Group*);
 
 LATHER_COMM_REPLICAS_INSTANTIATE(DefaultExecutionSpace, float)
 LATHER_COMM_REPLICAS_INSTANTIATE(DefaultExecutionSpace, double)

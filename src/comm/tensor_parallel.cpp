@@ -1,10 +1,9 @@
-#include <lather/comm/communicator.hpp>
+#include <lather/comm/impl/agreement.hpp>
+#include <lather/comm/impl/support.hpp>
+#include <lather/comm/impl/transport.hpp>
 #include <lather/comm/tensor_parallel.hpp>
 
-#include "agreement.hpp"
-#include "mpi_support.hpp"
 #include "tensor_parallel_kernels.hpp"
-#include "transport.hpp"
 
 #include <climits>
 #include <cmath>
@@ -19,23 +18,6 @@ ShardRange shard_range(int total, int shards, int shard) {
 }
 
 namespace {
-
-/// Shard count, shard and the agreed feature counts of a layer: collective construction.
-struct ShardInfo {
-  MPI_Comm comm = MPI_COMM_NULL;
-  int shards = 1, shard = 0;
-};
-
-ShardInfo agree_layer(MPI_Comm shards, const std::string& context, std::vector<Impl::AgreementField> fields,
-                      const std::string& local_error) {
-  ShardInfo info;
-  info.comm = shards;
-  info.shards = comm_size(shards);
-  info.shard = comm_rank(shards);
-  Impl::Agreement agreement(shards, context, std::move(fields), {}, local_error);
-  agreement.require_agreement();
-  return info;
-}
 
 std::string shape(std::size_t rows, std::size_t columns) {
   return "[" + std::to_string(rows) + ", " + std::to_string(columns) + "]";
@@ -61,7 +43,7 @@ std::string first_error(std::initializer_list<std::string> errors) {
 
 /// Per-call agreement on the batch size and argument validity, unless switched off. Without it a
 /// local error still throws, locally.
-void agree_call(const ShardInfo& info, bool verify, const std::string& context, std::int64_t batch,
+void agree_call(const Group& shards, bool verify, const std::string& context, std::int64_t batch,
                 const std::string& local_error, std::vector<Impl::AgreementField> extra = {}) {
   if (!verify) {
     LATHER_REQUIRE(local_error.empty(), context, ": ", local_error);
@@ -69,67 +51,101 @@ void agree_call(const ShardInfo& info, bool verify, const std::string& context, 
   }
   std::vector<Impl::AgreementField> fields = {{"batch size", batch}};
   for (auto& f : extra) fields.push_back(std::move(f));
-  Impl::Agreement(info.comm, context, std::move(fields), {}, local_error).require_agreement();
+  Impl::Agreement(shards, context, std::move(fields), {}, local_error).require_agreement();
 }
 
 }  // namespace
 
-// ---- ColumnParallelLinear -----------------------------------------------------------------------
+// ---- the shared part of the column- and row-parallel layers -------------------------------------
 
+namespace Impl {
 template <class ExecutionSpace, class Scalar>
-struct ColumnParallelLinear<ExecutionSpace, Scalar>::State {
-  ShardInfo info;
+struct ParallelLinearState {
+  using memory_space = typename ExecutionSpace::memory_space;
+  std::string name;
+  Group shards;
   int in = 0, out = 0;
+  bool split_inputs = false;
   ShardRange range;
   TensorParallelOptions options;
-  Impl::Transport<ExecutionSpace, Scalar> transport;
+  Transport<ExecutionSpace, Scalar> transport;
+
+  /// This shard's weight shape [rows, columns].
+  std::size_t weight_rows() const { return std::size_t(split_inputs ? range.count : in); }
+  std::size_t weight_columns() const { return std::size_t(split_inputs ? out : range.count); }
+  std::size_t x_columns() const { return weight_rows(); }
+  std::size_t y_columns() const { return split_inputs ? std::size_t(out) : std::size_t(range.count); }
+
+  /// What is wrong with the Views of a call ("" if nothing); empty dx / dweight / dbias are not
+  /// checked (forward passes none of them, backward may skip dx).
+  template <class X, class W, class B, class Y, class DX, class DW>
+  std::string check(std::size_t batch, const X& x, const W& weight, const B& bias, const Y& y, const DX& dx,
+                    const DW& dweight, bool backward) const {
+    return first_error(
+        {expect_shape("x", x, batch, x_columns()), expect_shape("weight", weight, weight_rows(), weight_columns()),
+         expect_length(backward ? "dbias" : "bias", bias, y_columns()),
+         expect_shape(backward ? "dy" : "y", y, batch, y_columns()),
+         dx.data() ? expect_shape("dx", dx, batch, x_columns()) : std::string(),
+         backward ? expect_shape("dweight", dweight, weight_rows(), weight_columns()) : std::string()});
+  }
 };
+}  // namespace Impl
 
 template <class ExecutionSpace, class Scalar>
-ColumnParallelLinear<ExecutionSpace, Scalar>::ColumnParallelLinear(MPI_Comm shards, int in_features,
-                                                                   int out_features,
-                                                                   const TensorParallelOptions& options)
-    : m_state(std::make_unique<State>()) {
+ParallelLinear<ExecutionSpace, Scalar>::ParallelLinear(const char* name, const Group& shards, int in_features,
+                                                       int out_features, bool split_inputs,
+                                                       const TensorParallelOptions& options)
+    : m_state(std::make_unique<Impl::ParallelLinearState<ExecutionSpace, Scalar>>()) {
   const std::string error =
       in_features >= 1 && out_features >= 1
           ? std::string()
           : ::lather::Impl::concat("in_features ", in_features, " and out_features ", out_features,
                                    " must be >= 1");
-  m_state->info = agree_layer(shards, "ColumnParallelLinear",
-                              {{"in_features", in_features}, {"out_features", out_features}}, error);
-  m_state->in = in_features;
-  m_state->out = out_features;
-  m_state->range = shard_range(out_features, m_state->info.shards, m_state->info.shard);
-  m_state->options = options;
-  m_state->transport = Impl::Transport<ExecutionSpace, Scalar>(shards, std::size_t(1) << 24,
-                                                               "Lather::ColumnParallelLinear");
+  Impl::Agreement(shards, name, {{"in_features", in_features}, {"out_features", out_features}}, {}, error)
+      .require_agreement();
+  auto& st = *m_state;
+  st.name = name;
+  st.shards = shards;
+  st.in = in_features;
+  st.out = out_features;
+  st.split_inputs = split_inputs;
+  st.range = shard_range(split_inputs ? in_features : out_features, shards.size(), shards.rank());
+  st.options = options;
+  st.transport = Impl::Transport<ExecutionSpace, Scalar>(shards, std::size_t(1) << 24, std::string("Lather::") + name);
 }
 
 template <class ExecutionSpace, class Scalar>
-ColumnParallelLinear<ExecutionSpace, Scalar>::~ColumnParallelLinear() = default;
+ParallelLinear<ExecutionSpace, Scalar>::~ParallelLinear() = default;
 template <class ExecutionSpace, class Scalar>
-ColumnParallelLinear<ExecutionSpace, Scalar>::ColumnParallelLinear(ColumnParallelLinear&&) noexcept = default;
+ParallelLinear<ExecutionSpace, Scalar>::ParallelLinear(ParallelLinear&&) noexcept = default;
 template <class ExecutionSpace, class Scalar>
-ColumnParallelLinear<ExecutionSpace, Scalar>& ColumnParallelLinear<ExecutionSpace, Scalar>::operator=(
-    ColumnParallelLinear&&) noexcept = default;
+ParallelLinear<ExecutionSpace, Scalar>& ParallelLinear<ExecutionSpace, Scalar>::operator=(ParallelLinear&&) noexcept =
+    default;
 template <class ExecutionSpace, class Scalar>
-int ColumnParallelLinear<ExecutionSpace, Scalar>::in_features() const { return m_state->in; }
+int ParallelLinear<ExecutionSpace, Scalar>::in_features() const { return m_state->in; }
 template <class ExecutionSpace, class Scalar>
-int ColumnParallelLinear<ExecutionSpace, Scalar>::out_features() const { return m_state->out; }
+int ParallelLinear<ExecutionSpace, Scalar>::out_features() const { return m_state->out; }
 template <class ExecutionSpace, class Scalar>
-ShardRange ColumnParallelLinear<ExecutionSpace, Scalar>::local_out() const { return m_state->range; }
+ShardRange ParallelLinear<ExecutionSpace, Scalar>::local() const { return m_state->range; }
+
+// ---- ColumnParallelLinear -----------------------------------------------------------------------
+
+template <class ExecutionSpace, class Scalar>
+ColumnParallelLinear<ExecutionSpace, Scalar>::ColumnParallelLinear(const Group& shards, int in_features,
+                                                                   int out_features,
+                                                                   const TensorParallelOptions& options)
+    : ParallelLinear<ExecutionSpace, Scalar>("ColumnParallelLinear", shards, in_features, out_features, false,
+                                             options) {}
 
 template <class ExecutionSpace, class Scalar>
 void ColumnParallelLinear<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, const const_matrix& x,
                                                            const const_matrix& weight,
                                                            const const_vector& bias, const matrix& y) const {
   Impl::ScopedRegion region("Lather::ColumnParallelLinear::forward");
-  const auto& st = *m_state;
-  const std::size_t batch = x.extent(0), in = std::size_t(st.in), out = std::size_t(st.range.count);
-  const auto error = first_error({expect_shape("x", x, batch, in), expect_shape("weight", weight, in, out),
-                                  expect_length("bias", bias, out), expect_shape("y", y, batch, out)});
+  const auto& st = *this->m_state;
+  const auto error = st.check(x.extent(0), x, weight, bias, y, matrix(), matrix(), false);
   LATHER_REQUIRE(error.empty(), "ColumnParallelLinear::forward: ", error);
-  Impl::gemm(space, "N", "N", x, weight, y);
+  Impl::gemm(space, "N", "N", Scalar(1), x, weight, Scalar(0), y);
   Impl::add_bias(space, y, bias);
 }
 
@@ -137,153 +153,141 @@ template <class ExecutionSpace, class Scalar>
 void ColumnParallelLinear<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, const const_matrix& x,
                                                             const const_matrix& weight, const const_matrix& dy,
                                                             const matrix& dx, const matrix& dweight,
-                                                            const vector& dbias) {
+                                                            const vector& dbias, bool accumulate) {
   Impl::ScopedRegion region("Lather::ColumnParallelLinear::backward");
-  auto& st = *m_state;
-  const std::size_t batch = x.extent(0), in = std::size_t(st.in), out = std::size_t(st.range.count);
-  const auto error = first_error({expect_shape("x", x, batch, in), expect_shape("weight", weight, in, out),
-                                  expect_shape("dy", dy, batch, out), expect_shape("dx", dx, batch, in),
-                                  expect_shape("dweight", dweight, in, out), expect_length("dbias", dbias, out)});
-  agree_call(st.info, st.options.verify_shapes, "ColumnParallelLinear::backward", std::int64_t(batch), error);
-  LATHER_REQUIRE(dx.span_is_contiguous(), "ColumnParallelLinear::backward: dx must be contiguous");
-  Impl::gemm(space, "T", "N", x, dy, dweight);
-  Impl::column_sums(space, dy, dbias);
-  Impl::gemm(space, "N", "T", dy, weight, dx);
+  auto& st = *this->m_state;
+  const std::size_t batch = x.extent(0), in = std::size_t(st.in);
+  std::string error = st.check(batch, x, weight, dbias, dy, dx, dweight, true);
+  if (error.empty() && dx.data() && !dx.span_is_contiguous()) error = "dx must be contiguous";
+  const bool reduces = dx.data() && st.shards.size() > 1;
+  if (reduces)
+    agree_call(st.shards, st.options.verify_shapes, "ColumnParallelLinear::backward", std::int64_t(batch), error);
+  else
+    LATHER_REQUIRE(error.empty(), "ColumnParallelLinear::backward: ", error);
+  const Scalar beta = accumulate ? Scalar(1) : Scalar(0);
+  Impl::gemm(space, "T", "N", Scalar(1), x, dy, beta, dweight);
+  Impl::column_sums(space, dy, dbias, accumulate);
+  if (!dx.data()) return;
+  Impl::gemm(space, "N", "T", Scalar(1), dy, weight, Scalar(0), dx);
   // The one all-reduce of the layer: every shard's contribution to the input gradient.
-  if (st.info.shards > 1 && batch * in > 0)
-    st.transport.allreduce_sum(space, Kokkos::View<Scalar*, memory_space>(dx.data(), batch * in));
-  Impl::fence(space, "Lather::ColumnParallelLinear::backward: gradients ready");
+  if (reduces && batch * in > 0) st.transport.allreduce(space, Kokkos::View<Scalar*, memory_space>(dx.data(), batch * in));
 }
 
 // ---- RowParallelLinear --------------------------------------------------------------------------
 
 template <class ExecutionSpace, class Scalar>
-struct RowParallelLinear<ExecutionSpace, Scalar>::State {
-  ShardInfo info;
-  int in = 0, out = 0;
-  ShardRange range;
-  TensorParallelOptions options;
-  Impl::Transport<ExecutionSpace, Scalar> transport;
-};
-
-template <class ExecutionSpace, class Scalar>
-RowParallelLinear<ExecutionSpace, Scalar>::RowParallelLinear(MPI_Comm shards, int in_features, int out_features,
+RowParallelLinear<ExecutionSpace, Scalar>::RowParallelLinear(const Group& shards, int in_features, int out_features,
                                                              const TensorParallelOptions& options)
-    : m_state(std::make_unique<State>()) {
-  const std::string error =
-      in_features >= 1 && out_features >= 1
-          ? std::string()
-          : ::lather::Impl::concat("in_features ", in_features, " and out_features ", out_features,
-                                   " must be >= 1");
-  m_state->info = agree_layer(shards, "RowParallelLinear",
-                              {{"in_features", in_features}, {"out_features", out_features}}, error);
-  m_state->in = in_features;
-  m_state->out = out_features;
-  m_state->range = shard_range(in_features, m_state->info.shards, m_state->info.shard);
-  m_state->options = options;
-  m_state->transport =
-      Impl::Transport<ExecutionSpace, Scalar>(shards, std::size_t(1) << 24, "Lather::RowParallelLinear");
-}
-
-template <class ExecutionSpace, class Scalar>
-RowParallelLinear<ExecutionSpace, Scalar>::~RowParallelLinear() = default;
-template <class ExecutionSpace, class Scalar>
-RowParallelLinear<ExecutionSpace, Scalar>::RowParallelLinear(RowParallelLinear&&) noexcept = default;
-template <class ExecutionSpace, class Scalar>
-RowParallelLinear<ExecutionSpace, Scalar>& RowParallelLinear<ExecutionSpace, Scalar>::operator=(
-    RowParallelLinear&&) noexcept = default;
-template <class ExecutionSpace, class Scalar>
-int RowParallelLinear<ExecutionSpace, Scalar>::in_features() const { return m_state->in; }
-template <class ExecutionSpace, class Scalar>
-int RowParallelLinear<ExecutionSpace, Scalar>::out_features() const { return m_state->out; }
-template <class ExecutionSpace, class Scalar>
-ShardRange RowParallelLinear<ExecutionSpace, Scalar>::local_in() const { return m_state->range; }
+    : ParallelLinear<ExecutionSpace, Scalar>("RowParallelLinear", shards, in_features, out_features, true, options) {}
 
 template <class ExecutionSpace, class Scalar>
 void RowParallelLinear<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, const const_matrix& x,
                                                         const const_matrix& weight, const const_vector& bias,
                                                         const matrix& y) {
   Impl::ScopedRegion region("Lather::RowParallelLinear::forward");
-  auto& st = *m_state;
-  const std::size_t batch = x.extent(0), in = std::size_t(st.range.count), out = std::size_t(st.out);
-  const auto error = first_error({expect_shape("x", x, batch, in), expect_shape("weight", weight, in, out),
-                                  expect_length("bias", bias, out), expect_shape("y", y, batch, out)});
-  agree_call(st.info, st.options.verify_shapes, "RowParallelLinear::forward", std::int64_t(batch), error);
-  LATHER_REQUIRE(y.span_is_contiguous(), "RowParallelLinear::forward: y must be contiguous");
-  Impl::gemm(space, "N", "N", x, weight, y);
-  if (st.info.shards > 1 && batch * out > 0)
-    st.transport.allreduce_sum(space, Kokkos::View<Scalar*, memory_space>(y.data(), batch * out));
+  auto& st = *this->m_state;
+  const std::size_t batch = x.extent(0), out = std::size_t(st.out);
+  std::string error = st.check(batch, x, weight, bias, y, matrix(), matrix(), false);
+  if (error.empty() && !y.span_is_contiguous()) error = "y must be contiguous";
+  if (st.shards.size() > 1)
+    agree_call(st.shards, st.options.verify_shapes, "RowParallelLinear::forward", std::int64_t(batch), error);
+  else
+    LATHER_REQUIRE(error.empty(), "RowParallelLinear::forward: ", error);
+  Impl::gemm(space, "N", "N", Scalar(1), x, weight, Scalar(0), y);
+  if (st.shards.size() > 1 && batch * out > 0)
+    st.transport.allreduce(space, Kokkos::View<Scalar*, memory_space>(y.data(), batch * out));
   Impl::add_bias(space, y, bias);  // once, after the sum
-  Impl::fence(space, "Lather::RowParallelLinear::forward: output ready");
 }
 
 template <class ExecutionSpace, class Scalar>
 void RowParallelLinear<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, const const_matrix& x,
                                                          const const_matrix& weight, const const_matrix& dy,
                                                          const matrix& dx, const matrix& dweight,
-                                                         const vector& dbias) const {
+                                                         const vector& dbias, bool accumulate) const {
   Impl::ScopedRegion region("Lather::RowParallelLinear::backward");
-  const auto& st = *m_state;
-  const std::size_t batch = dy.extent(0), in = std::size_t(st.range.count), out = std::size_t(st.out);
-  const auto error = first_error({expect_shape("x", x, batch, in), expect_shape("weight", weight, in, out),
-                                  expect_shape("dy", dy, batch, out), expect_shape("dx", dx, batch, in),
-                                  expect_shape("dweight", dweight, in, out), expect_length("dbias", dbias, out)});
+  const auto& st = *this->m_state;
+  const auto error = st.check(dy.extent(0), x, weight, dbias, dy, dx, dweight, true);
   LATHER_REQUIRE(error.empty(), "RowParallelLinear::backward: ", error);
-  Impl::gemm(space, "N", "T", dy, weight, dx);
-  Impl::gemm(space, "T", "N", x, dy, dweight);
-  Impl::column_sums(space, dy, dbias);
+  if (dx.data()) Impl::gemm(space, "N", "T", Scalar(1), dy, weight, Scalar(0), dx);
+  Impl::gemm(space, "T", "N", Scalar(1), x, dy, accumulate ? Scalar(1) : Scalar(0), dweight);
+  Impl::column_sums(space, dy, dbias, accumulate);
 }
 
 // ---- all-gather ---------------------------------------------------------------------------------
 
 template <class ExecutionSpace, class Scalar>
-void all_gather_features(const ExecutionSpace& space, MPI_Comm shards,
-                         const Matrix<const Scalar, typename ExecutionSpace::memory_space>& local,
-                         const Matrix<Scalar, typename ExecutionSpace::memory_space>& gathered,
-                         const TensorParallelOptions& options) {
-  using memory_space = typename ExecutionSpace::memory_space;
-  Impl::ScopedRegion region("Lather::all_gather_features");
-  ShardInfo info;
-  info.comm = shards;
-  info.shards = comm_size(shards);
-  info.shard = comm_rank(shards);
+struct FeatureAllGather<ExecutionSpace, Scalar>::State {
+  Group shards;
+  TensorParallelOptions options;
+  Impl::Transport<ExecutionSpace, Scalar> transport;
+  /// Column where each shard's block starts (+ the total), for the feature count last gathered.
+  int features = -1;
+  Kokkos::View<int*, memory_space> starts;
+  Kokkos::View<Scalar*, memory_space> block, packed;
+};
+
+template <class ExecutionSpace, class Scalar>
+FeatureAllGather<ExecutionSpace, Scalar>::FeatureAllGather(const Group& shards, const TensorParallelOptions& options)
+    : m_state(std::make_unique<State>()) {
+  m_state->shards = shards;
+  m_state->options = options;
+  m_state->transport = Impl::Transport<ExecutionSpace, Scalar>(shards, std::size_t(1) << 24, "Lather::FeatureAllGather");
+}
+
+template <class ExecutionSpace, class Scalar>
+FeatureAllGather<ExecutionSpace, Scalar>::~FeatureAllGather() = default;
+template <class ExecutionSpace, class Scalar>
+FeatureAllGather<ExecutionSpace, Scalar>::FeatureAllGather(FeatureAllGather&&) noexcept = default;
+template <class ExecutionSpace, class Scalar>
+FeatureAllGather<ExecutionSpace, Scalar>& FeatureAllGather<ExecutionSpace, Scalar>::operator=(
+    FeatureAllGather&&) noexcept = default;
+
+template <class ExecutionSpace, class Scalar>
+void FeatureAllGather<ExecutionSpace, Scalar>::operator()(const ExecutionSpace& space,
+                                                          const Matrix<const Scalar, memory_space>& local,
+                                                          const Matrix<Scalar, memory_space>& gathered) {
+  Impl::ScopedRegion region("Lather::FeatureAllGather");
+  auto& st = *m_state;
+  const int shards = st.shards.size(), shard = st.shards.rank();
   const int features = int(gathered.extent(1)), batch = int(gathered.extent(0));
-  const auto mine = shard_range(features, info.shards, info.shard);
-  auto error = first_error({expect_shape("the local block", local, std::size_t(batch), std::size_t(mine.count))});
-  if (error.empty() && !local.span_is_contiguous()) error = "the local block must be contiguous";
+  const auto mine = shard_range(features, shards, shard);
+  auto error = expect_shape("the local block", local, std::size_t(batch), std::size_t(mine.count));
   if (error.empty() && std::int64_t(batch) * features > std::int64_t(INT_MAX))
     error = "the gathered activation has more than INT_MAX elements (MPI counts are int)";
-  agree_call(info, options.verify_shapes, "all_gather_features", batch, error,
+  agree_call(st.shards, st.options.verify_shapes, "all_gather_features", batch, error,
              {{"gathered feature count", features}});
-  std::vector<int> counts(info.shards), displacements(info.shards);
-  auto starts_host = Kokkos::View<int*, Kokkos::HostSpace>("Lather::all_gather_features::starts", info.shards + 1);
-  for (int d = 0; d < info.shards; ++d) {
-    const auto r = shard_range(features, info.shards, d);
-    counts[d] = r.count * batch;
-    displacements[d] = r.begin * batch;
-    starts_host(d) = r.begin;
+  std::vector<std::size_t> counts(shards);
+  for (int d = 0; d < shards; ++d) counts[d] = std::size_t(shard_range(features, shards, d).count) * batch;
+  if (st.features != features) {
+    auto starts_host = Kokkos::View<int*, Kokkos::HostSpace>("Lather::FeatureAllGather::starts", shards + 1);
+    for (int d = 0; d < shards; ++d) starts_host(d) = shard_range(features, shards, d).begin;
+    starts_host(shards) = features;
+    st.starts = Kokkos::View<int*, memory_space>("Lather::FeatureAllGather::starts", shards + 1);
+    Kokkos::deep_copy(space, st.starts, starts_host);
+    ::lather::Impl::fence(space, "Lather::FeatureAllGather: block starts uploaded");
+    st.features = features;
   }
-  starts_host(info.shards) = features;
-  Kokkos::View<int*, memory_space> starts("Lather::all_gather_features::starts", info.shards + 1);
-  Kokkos::deep_copy(space, starts, starts_host);
-  Kokkos::View<Scalar*, memory_space> packed(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::all_gather_features::packed"),
-      std::size_t(batch) * features);
-  // The local block is contiguous row-major [batch, count]: it travels as is.
-  Kokkos::View<Scalar*, memory_space> block("Lather::all_gather_features::block", std::size_t(batch) * mine.count);
-  Kokkos::deep_copy(space, block, Kokkos::View<const Scalar*, memory_space>(local.data(), block.extent(0)));
-  Impl::Transport<ExecutionSpace, Scalar> transport(shards, std::size_t(1) << 24, "Lather::all_gather_features");
-  transport.allgatherv(space, block, packed, counts, displacements);
-  Impl::place_blocks(space, Kokkos::View<const Scalar*, memory_space>(packed),
-                     Kokkos::View<const int*, memory_space>(starts), info.shards, gathered);
-  Impl::fence(space, "Lather::all_gather_features: gathered");
+  const std::size_t total = std::size_t(batch) * features, own = std::size_t(batch) * mine.count;
+  if (st.packed.extent(0) < total)
+    st.packed = Kokkos::View<Scalar*, memory_space>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::FeatureAllGather::packed"), total);
+  if (st.block.extent(0) < own)
+    st.block = Kokkos::View<Scalar*, memory_space>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::FeatureAllGather::block"), own);
+  // The local block (possibly a strided subview) becomes contiguous row-major [batch, count].
+  const Matrix<Scalar, memory_space> block(st.block.data(), std::size_t(batch), std::size_t(mine.count));
+  Kokkos::deep_copy(space, block, local);
+  st.transport.allgatherv(space, Kokkos::subview(st.block, std::make_pair(std::size_t(0), own)),
+                          Kokkos::subview(st.packed, std::make_pair(std::size_t(0), total)), counts);
+  Impl::place_blocks(space, Kokkos::View<const Scalar*, memory_space>(st.packed),
+                     Kokkos::View<const int*, memory_space>(st.starts), shards, gathered);
 }
 
 // ---- VocabParallelCrossEntropy ------------------------------------------------------------------
 
 template <class ExecutionSpace, class Scalar>
 struct VocabParallelCrossEntropy<ExecutionSpace, Scalar>::State {
-  ShardInfo info;
+  Group shards;
   int vocab = 0;
   ShardRange range;
   TensorParallelOptions options;
@@ -292,14 +296,15 @@ struct VocabParallelCrossEntropy<ExecutionSpace, Scalar>::State {
 };
 
 template <class ExecutionSpace, class Scalar>
-VocabParallelCrossEntropy<ExecutionSpace, Scalar>::VocabParallelCrossEntropy(MPI_Comm shards, int vocab_size,
+VocabParallelCrossEntropy<ExecutionSpace, Scalar>::VocabParallelCrossEntropy(const Group& shards, int vocab_size,
                                                                              const TensorParallelOptions& options)
     : m_state(std::make_unique<State>()) {
   const std::string error =
       vocab_size >= 1 ? std::string() : ::lather::Impl::concat("vocab_size must be >= 1, got ", vocab_size);
-  m_state->info = agree_layer(shards, "VocabParallelCrossEntropy", {{"vocab_size", vocab_size}}, error);
+  Impl::Agreement(shards, "VocabParallelCrossEntropy", {{"vocab_size", vocab_size}}, {}, error).require_agreement();
+  m_state->shards = shards;
   m_state->vocab = vocab_size;
-  m_state->range = shard_range(vocab_size, m_state->info.shards, m_state->info.shard);
+  m_state->range = shard_range(vocab_size, shards.size(), shards.rank());
   m_state->options = options;
   m_state->transport =
       Impl::Transport<ExecutionSpace, double>(shards, std::size_t(1) << 24, "Lather::VocabParallelCrossEntropy");
@@ -331,7 +336,7 @@ double VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_backward(const
                                    expect_shape("grad", grad, batch, columns)});
   if (error.empty() && batch == 0) error = "the batch is empty";
   // Labels are checked on the host, and hashed so that shards holding different labels disagree.
-  std::uint64_t label_hash = Impl::fnv1a_start;
+  Impl::Fnv1a label_hash;
   if (error.empty()) {
     auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), labels);
     for (std::size_t i = 0; i < batch; ++i) {
@@ -340,11 +345,11 @@ double VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_backward(const
                                        st.vocab);
         break;
       }
-      label_hash = Impl::fnv1a(label_hash, std::uint64_t(host(i)));
+      label_hash.add(std::uint64_t(host(i)));
     }
   }
-  agree_call(st.info, st.options.verify_shapes, "VocabParallelCrossEntropy::forward_backward",
-             std::int64_t(batch), error, {{"hash of the labels", std::int64_t(label_hash)}});
+  agree_call(st.shards, st.options.verify_shapes, "VocabParallelCrossEntropy::forward_backward",
+             std::int64_t(batch), error, {{"hash of the labels", std::int64_t(label_hash.value())}});
   if (st.maxima.extent(0) < batch) {
     st.maxima = Kokkos::View<double*, memory_space>("Lather::VocabParallelCrossEntropy::maxima", batch);
     st.sums = Kokkos::View<double*, memory_space>("Lather::VocabParallelCrossEntropy::sums", 2 * batch);
@@ -352,10 +357,10 @@ double VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_backward(const
   const auto maxima = Kokkos::subview(st.maxima, std::make_pair(std::size_t(0), batch));
   const auto sums = Kokkos::subview(st.sums, std::make_pair(std::size_t(0), 2 * batch));
   Impl::row_max(space, logits, Kokkos::View<double*, memory_space>(maxima));
-  if (st.info.shards > 1) st.transport.allreduce(space, maxima, MPI_MAX);
+  if (st.shards.size() > 1) st.transport.allreduce(space, maxima, Combine::max);
   Impl::local_sums(space, logits, labels, st.range.begin, Kokkos::View<const double*, memory_space>(maxima),
                    Kokkos::View<double*, memory_space>(sums));
-  if (st.info.shards > 1) st.transport.allreduce(space, sums, MPI_SUM);
+  if (st.shards.size() > 1) st.transport.allreduce(space, sums, Combine::sum);
   Impl::finish_cross_entropy(space, logits, labels, st.range.begin,
                              Kokkos::View<const double*, memory_space>(maxima),
                              Kokkos::View<const double*, memory_space>(sums), loss, grad);
@@ -364,13 +369,12 @@ double VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_backward(const
   return total / double(batch);
 }
 
-#define LATHER_COMM_TENSOR_PARALLEL_INSTANTIATE(SPACE, SCALAR)                                        \
-  template class ColumnParallelLinear<SPACE, SCALAR>;                                                 \
-  template class RowParallelLinear<SPACE, SCALAR>;                                                    \
-  template class VocabParallelCrossEntropy<SPACE, SCALAR>;                                            \
-  template void all_gather_features<SPACE, SCALAR>(                                                   \
-      const SPACE&, MPI_Comm, const Matrix<const SCALAR, SPACE::memory_space>&,                       \
-      const Matrix<SCALAR, SPACE::memory_space>&, const TensorParallelOptions&);
+#define LATHER_COMM_TENSOR_PARALLEL_INSTANTIATE(SPACE, SCALAR) \
+  template class ParallelLinear<SPACE, SCALAR>;                \
+  template class ColumnParallelLinear<SPACE, SCALAR>;          \
+  template class RowParallelLinear<SPACE, SCALAR>;             \
+  template class FeatureAllGather<SPACE, SCALAR>;              \
+  template class VocabParallelCrossEntropy<SPACE, SCALAR>;
 
 LATHER_COMM_TENSOR_PARALLEL_INSTANTIATE(DefaultExecutionSpace, float)
 LATHER_COMM_TENSOR_PARALLEL_INSTANTIATE(DefaultExecutionSpace, double)

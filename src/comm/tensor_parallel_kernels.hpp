@@ -1,11 +1,10 @@
 #pragma once
-// Kernels of the tensor-parallel layers (free functions: their lambdas are device-safe) and the
-// one GEMM wrapper, which hands the execution space to Kokkos Kernels where it takes one.
+// Kernels of the tensor-parallel layers (free functions: their lambdas are device-safe); products
+// go through Lather's one GEMM call.
 
 #include <lather/core/kokkos_compat.hpp>
 
-#include <KokkosBlas3_gemm.hpp>
-#include <KokkosKernels_config.h>
+#include <lather/core/impl/gemm.hpp>
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
@@ -19,38 +18,20 @@ namespace kmath = ::lather::Impl::kmath;
 template <class T, class MemorySpace>
 using Rows = Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>;
 
-/// C = op(A) op(B) (beta = 0); an empty inner dimension gives C = 0 without calling BLAS.
-template <class ExecutionSpace, class AView, class BView, class CView>
-void gemm(const ExecutionSpace& space, const char* trans_a, const char* trans_b, const AView& a,
-          const BView& b, const CView& c) {
-  using value_type = typename CView::non_const_value_type;
-  if (c.extent(0) == 0 || c.extent(1) == 0) return;
-  const std::size_t inner = trans_a[0] == 'N' ? a.extent(1) : a.extent(0);
-  if (inner == 0) {
-    Kokkos::deep_copy(space, c, value_type(0));
-    return;
-  }
-#if defined(KOKKOSKERNELS_VERSION) && KOKKOSKERNELS_VERSION >= 40100
-  KokkosBlas::gemm(space, trans_a, trans_b, value_type(1), a, b, value_type(0), c);
-#else
-  // Older Kokkos Kernels run on the default instance: order it after the caller's work.
-  ::lather::Impl::fence(space, "Lather::comm::gemm: inputs ready");
-  KokkosBlas::gemm(trans_a, trans_b, value_type(1), a, b, value_type(0), c);
-  Kokkos::fence();
-#endif
-}
+using ::lather::Impl::gemm;
 
-/// sums(j) = sum_i m(i, j), accumulated in double.
+/// sums(j) = sum_i m(i, j) (added to sums(j) when `accumulate`), accumulated in S: a bias gradient
+/// sums one batch of rows, where float's rounding is far below the gradient's own noise.
 template <class ExecutionSpace, class S, class MemorySpace>
 void column_sums(const ExecutionSpace& space, const Rows<const S, MemorySpace>& m,
-                 const Kokkos::View<S*, MemorySpace>& sums) {
+                 const Kokkos::View<S*, MemorySpace>& sums, bool accumulate) {
   const int rows = int(m.extent(0));
   Kokkos::parallel_for(
       "Lather::comm::column_sums", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m.extent(1)),
       KOKKOS_LAMBDA(std::size_t j) {
-        double total = 0;
-        for (int i = 0; i < rows; ++i) total += double(m(i, j));
-        sums(j) = S(total);
+        S total = 0;
+        for (int i = 0; i < rows; ++i) total += m(i, j);
+        sums(j) = accumulate ? S(sums(j) + total) : total;
       });
 }
 

@@ -9,8 +9,7 @@
 #include <KokkosBatched_Gemm_Decl.hpp>
 #include <KokkosBatched_Gemm_Serial_Impl.hpp>
 #include <KokkosBatched_Gemm_Team_Impl.hpp>
-#include <KokkosBlas3_gemm.hpp>
-#include <KokkosKernels_config.h>
+#include <lather/core/impl/gemm.hpp>
 
 #include <vector>
 
@@ -26,16 +25,11 @@ int default_batched_gemm_max_size() {
   return host_accessible<typename ExecutionSpace::memory_space> ? 0 : 128;
 }
 
-/// One GEMM, C = A * B, on the execution space instance where Kokkos Kernels takes one.
+/// One GEMM, C = A * B, through Lather's one GEMM call.
 template <class ExecutionSpace, class AView, class BView, class CView>
 void gemm(const ExecutionSpace& space, const AView& a, const BView& b, const CView& c) {
   using value_type = typename CView::non_const_value_type;
-#if defined(KOKKOSKERNELS_VERSION) && KOKKOSKERNELS_VERSION >= 40100
-  KokkosBlas::gemm(space, "N", "N", value_type(1), a, b, value_type(0), c);
-#else
-  (void)space;
-  KokkosBlas::gemm("N", "N", value_type(1), a, b, value_type(0), c);
-#endif
+  ::lather::Impl::gemm(space, "N", "N", value_type(1), a, b, value_type(0), c);
 }
 
 struct GemmCount {

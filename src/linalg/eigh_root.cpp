@@ -98,7 +98,7 @@ EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const Invers
   // root = V diag(mu) V^T: with W(k, :) = mu_k V(k, :), root = V_rows^T W.
   for (int k = 0; k < n; ++k)
     for (int i = 0; i < n; ++i) scaled(k, i) = mu[k] * vectors(k, i);
-  KokkosBlas::gemm("T", "N", C(1), vectors, scaled, C(0), root_view);
+  ::lather::Impl::gemm(Kokkos::DefaultHostExecutionSpace(), "T", "N", C(1), vectors, scaled, C(0), root_view);
   count.add(n, 1);
 
   if (!std::all_of(root.begin(), root.end(), [](C x) { return std::isfinite(x); })) {
@@ -113,12 +113,12 @@ EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const Invers
     for (int i = 0; i < n; ++i) scaled(k, i) = mu_p * vectors(k, i);
   }
   HostMatrix<C> power(power_storage.data(), n, n);
-  KokkosBlas::gemm("T", "N", C(1), vectors, scaled, C(0), power);
+  ::lather::Impl::gemm(Kokkos::DefaultHostExecutionSpace(), "T", "N", C(1), vectors, scaled, C(0), power);
   std::vector<C> damped_storage = original;
   HostMatrix<C> damped(damped_storage.data(), n, n);
   for (int i = 0; i < n; ++i) damped(i, i) += C(ridge);
   HostMatrix<C> residual(matrix.data(), n, n);  // the eigenvectors are no longer needed
-  KokkosBlas::gemm("N", "N", C(1), power, damped, C(0), residual);
+  ::lather::Impl::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", C(1), power, damped, C(0), residual);
   count.add(n, 2);
   double worst = 0;
   for (int i = 0; i < n; ++i)

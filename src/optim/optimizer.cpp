@@ -42,29 +42,6 @@ std::size_t size_of(DType dtype) {
   return 0;
 }
 
-void ParameterSpec::validate() const {
-  LATHER_REQUIRE(!name.empty(), "a parameter has no name");
-  LATHER_REQUIRE(element_count(shape) > 0, "parameter '", name, "' has shape ", lather::to_string(shape),
-                 " with no elements");
-  if (split_axis < 0) {
-    LATHER_REQUIRE(global_shape.empty() || global_shape == shape, "parameter '", name, "' has global shape ",
-                   lather::to_string(global_shape), " but is not split (shape ", lather::to_string(shape), ")");
-    return;
-  }
-  LATHER_REQUIRE(split_axis < int(shape.size()), "parameter '", name, "': split_axis ", split_axis,
-                 " out of range for shape ", lather::to_string(shape));
-  LATHER_REQUIRE(global_shape.size() == shape.size(), "parameter '", name, "': global shape ",
-                 lather::to_string(global_shape), " and local shape ", lather::to_string(shape),
-                 " differ in rank");
-  for (std::size_t d = 0; d < shape.size(); ++d)
-    if (int(d) != split_axis)
-      LATHER_REQUIRE(global_shape[d] == shape[d], "parameter '", name, "': dimension ", d, " of the local shape ",
-                     lather::to_string(shape), " differs from the global shape ", lather::to_string(global_shape));
-  LATHER_REQUIRE(split_offset >= 0 && split_offset + shape[split_axis] <= global_shape[split_axis],
-                 "parameter '", name, "': slice [", split_offset, ", ", split_offset + shape[split_axis],
-                 ") outside dimension ", split_axis, " of extent ", global_shape[split_axis]);
-}
-
 template <class MemorySpace>
 std::int64_t StateArray<MemorySpace>::row_elements() const {
   std::int64_t n = 1;
@@ -79,8 +56,8 @@ std::int64_t StateArray<MemorySpace>::local_elements() const {
 }
 
 template <class ExecutionSpace, class Scalar>
-Optimizer<ExecutionSpace, Scalar>::Optimizer(const ExecutionSpace& space, std::vector<ParameterSpec> parameters)
-    : m_space(space), m_parameters(std::move(parameters)) {
+Optimizer<ExecutionSpace, Scalar>::Optimizer(std::vector<ParameterSpec> parameters)
+    : m_parameters(std::move(parameters)) {
   std::set<std::string> names;
   for (std::size_t p = 0; p < m_parameters.size(); ++p) {
     const auto& spec = m_parameters[p];
@@ -111,5 +88,10 @@ void Optimizer<ExecutionSpace, Scalar>::check_arguments(const Tensors& params, c
 template struct StateArray<DefaultExecutionSpace::memory_space>;
 template class Optimizer<DefaultExecutionSpace, float>;
 template class Optimizer<DefaultExecutionSpace, double>;
+#if LATHER_HOST_SPACE_DIFFERS
+template struct StateArray<DefaultHostExecutionSpace::memory_space>;
+template class Optimizer<DefaultHostExecutionSpace, float>;
+template class Optimizer<DefaultHostExecutionSpace, double>;
+#endif
 
 }  // namespace lather::optim

@@ -1,4 +1,4 @@
-#include "shampoo_plan.hpp"
+#include <lather/optim/impl/shampoo_plan.hpp>
 
 #include <lather/core/error.hpp>
 

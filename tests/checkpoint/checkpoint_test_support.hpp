@@ -2,7 +2,7 @@
 // Shared pieces of the checkpoint tests: a small model with every kind of optimizer state, and
 // deterministic gradients, so runs can be repeated and compared bit for bit.
 
-#include <lather/checkpoint/training_state.hpp>
+#include <lather/checkpoint/checkpoint.hpp>
 #include <lather/optim/first_order.hpp>
 #include <lather/optim/shampoo.hpp>
 
@@ -69,8 +69,7 @@ inline const char* name(Kind k) {
 }
 
 template <class Scalar>
-std::unique_ptr<optim::Optimizer<Space, Scalar>> make_optimizer(Kind kind,
-                                                                 std::shared_ptr<optim::WorkGroup> group = nullptr,
+std::unique_ptr<optim::Optimizer<Space, Scalar>> make_optimizer(Kind kind, const comm::Group& group = comm::Group(),
                                                                  bool sharded = false) {
   if (kind == Kind::adam) {
     optim::AdamOptions o;
@@ -88,7 +87,7 @@ std::unique_ptr<optim::Optimizer<Space, Scalar>> make_optimizer(Kind kind,
   o.shard_optimizer_states = sharded;
   if (kind == Kind::shampoo_double_statistics) o.statistics_precision = linalg::Precision::float64;
   if (kind == Kind::shampoo_quantized) o.best_effort_memory_usage_reduction = true;
-  return std::make_unique<optim::Shampoo<Space, Scalar>>(Space(), model_specs(), o, std::move(group));
+  return std::make_unique<optim::Shampoo<Space, Scalar>>(Space(), model_specs(), o, group);
 }
 
 }  // namespace lather::test

@@ -5,7 +5,7 @@
 //   LATHER_RESHARD_DIR   = the checkpoint directory the phases share
 #include "checkpoint_test_support.hpp"
 
-#include <lather/comm/work_group.hpp>
+#include <lather/comm/group.hpp>
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -29,14 +29,14 @@ TEST(CheckpointReshard, ContinuesOnAnotherRankCount) {
   checkpoint::CheckpointOptions options;
   options.directory = dir_env;
   checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
-  auto optimizer = make_optimizer<float>(Kind::shampoo_float, comm::make_work_group(MPI_COMM_WORLD), /*sharded=*/true);
+  auto optimizer = make_optimizer<float>(Kind::shampoo_float, comm::Group(MPI_COMM_WORLD), /*sharded=*/true);
   auto params = make_params<float>(model_specs());
   auto grads = make_like(params);
   long start = 0;
   if (phase > 1) {
     const std::string latest = checkpointer.latest();
     ASSERT_FALSE(latest.empty());
-    const auto state = checkpoint::load_training_state(checkpointer, latest, *optimizer, params);
+    const auto state = checkpointer.restore(Space(), latest, *optimizer, params);
     start = optimizer->step_count();
     EXPECT_EQ(start, 5 * (phase - 1));
     EXPECT_EQ(state.world_size, phase == 2 ? 4 : 2);  // who wrote it
@@ -47,7 +47,7 @@ TEST(CheckpointReshard, ContinuesOnAnotherRankCount) {
   }
   if (phase < 3) {
     checkpoint::TrainingState state;
-    checkpoint::save_training_state(checkpointer, *optimizer, params, state, {rank == 0, rank == 0, 0});
+    checkpointer.save(Space(), *optimizer, params, state);
     return;
   }
   // Single-rank reference of all 15 steps, on every rank.

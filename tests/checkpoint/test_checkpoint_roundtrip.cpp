@@ -73,13 +73,13 @@ void round_trip(Kind kind) {
   state.sample_offset = 640;
   state.rng = {0x0123456789abcdefull, 42};
   state.extra.strings["note"] = "round trip";
-  const std::string file = checkpoint::save_training_state(checkpointer, *optimizer, params, state, {rank == 0, rank == 0, 0});
+  const std::string file = checkpointer.save(Space(), *optimizer, params, state);
   EXPECT_EQ(checkpointer.latest(), file);
 
   auto restored = make_optimizer<Scalar>(kind);
   auto restored_params = make_params<Scalar>(model_specs());
   for (auto& p : restored_params) Kokkos::deep_copy(p, Scalar(-7));
-  const auto loaded = checkpoint::load_training_state(checkpointer, file, *restored, restored_params);
+  const auto loaded = checkpointer.restore(Space(), file, *restored, restored_params);
   EXPECT_EQ(loaded.epoch, 2);
   EXPECT_EQ(loaded.sample_offset, 640);
   EXPECT_EQ(loaded.rng, state.rng);
@@ -120,7 +120,7 @@ TEST(CheckpointResume, ResumedRunEqualsUninterrupted) {
       auto grads = make_like(params);
       for (long s = from; s < to; ++s) {
         fill_gradients(params, grads, s);
-        optimizer.step(params, grads);
+        optimizer.step(Space(), params, grads);
       }
     };
     auto straight = make_optimizer<float>(kind);
@@ -132,12 +132,12 @@ TEST(CheckpointResume, ResumedRunEqualsUninterrupted) {
     run(*first, params, 0, 5);
     checkpoint::TrainingState state;
     state.sample_offset = 5;
-    const auto file = checkpoint::save_training_state(checkpointer, *first, params, state, {rank == 0, rank == 0, 0});
+    const auto file = checkpointer.save(Space(), *first, params, state);
     first.reset();
 
     auto resumed = make_optimizer<float>(kind);
     auto resumed_params = make_params<float>(model_specs());
-    const auto loaded = checkpoint::load_training_state(checkpointer, file, *resumed, resumed_params);
+    const auto loaded = checkpointer.restore(Space(), file, *resumed, resumed_params);
     run(*resumed, resumed_params, loaded.sample_offset, 9);
     EXPECT_EQ(host_vectors(resumed_params), host_vectors(straight_params)) << name(kind);
     EXPECT_EQ(resumed->step_count(), 9);

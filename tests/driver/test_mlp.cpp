@@ -78,16 +78,16 @@ TEST(Mlp, GradientsMatchPlainModel) {
   ASSERT_EQ(mlp.parameters().size(), 6u);
   PlainMlp plain{sizes};
   for (std::size_t l = 0; l + 1 < sizes.size(); ++l) {
-    auto hw = Kokkos::create_mirror_view(mlp.parameters()[2 * l]);
-    Kokkos::deep_copy(hw, mlp.parameters()[2 * l]);
+    auto hw = Kokkos::create_mirror_view(mlp.parameters().value(2 * l));
+    Kokkos::deep_copy(hw, mlp.parameters().value(2 * l));
     plain.w.emplace_back(hw.data(), hw.data() + hw.size());
     plain.b.emplace_back(sizes[l + 1], 0.0);
     // Non-zero biases exercise the bias paths.
     std::vector<float> bias(sizes[l + 1]);
     for (int j = 0; j < sizes[l + 1]; ++j) bias[j] = plain.b[l][j] = 0.1 * std::sin(1.0 + j + l);
-    auto hb = Kokkos::create_mirror_view(mlp.parameters()[2 * l + 1]);
+    auto hb = Kokkos::create_mirror_view(mlp.parameters().value(2 * l + 1));
     for (int j = 0; j < sizes[l + 1]; ++j) hb(j) = bias[j];
-    Kokkos::deep_copy(mlp.parameters()[2 * l + 1], hb);
+    Kokkos::deep_copy(mlp.parameters().value(2 * l + 1), hb);
   }
   std::mt19937 rng(4);
   std::normal_distribution<double> normal;
@@ -119,25 +119,25 @@ TEST(Mlp, GradientsMatchPlainModel) {
     }
 
   // Lather's MLP in float against the plain model: float rounding over sums of <= 9 * 7 terms.
-  const auto result = mlp.train_batch(xs, ys, false);
+  const auto result = mlp.train_batch(Space(), xs, ys, false);
   EXPECT_NEAR(result.loss_sum, base, 1e-5 * std::fabs(base));
   EXPECT_EQ(result.samples, rows);
   for (std::size_t l = 0; l < plain.w.size(); ++l) {
-    auto gw = Kokkos::create_mirror_view(mlp.gradients()[2 * l]);
-    auto gb = Kokkos::create_mirror_view(mlp.gradients()[2 * l + 1]);
-    Kokkos::deep_copy(gw, mlp.gradients()[2 * l]);
-    Kokkos::deep_copy(gb, mlp.gradients()[2 * l + 1]);
+    auto gw = Kokkos::create_mirror_view(mlp.parameters().gradient(2 * l));
+    auto gb = Kokkos::create_mirror_view(mlp.parameters().gradient(2 * l + 1));
+    Kokkos::deep_copy(gw, mlp.parameters().gradient(2 * l));
+    Kokkos::deep_copy(gb, mlp.parameters().gradient(2 * l + 1));
     for (std::size_t k = 0; k < dw[l].size(); ++k) EXPECT_NEAR(gw(k), dw[l][k], 1e-4 * (1 + std::fabs(dw[l][k])));
     for (std::size_t k = 0; k < db[l].size(); ++k) EXPECT_NEAR(gb(k), db[l][k], 1e-4 * (1 + std::fabs(db[l][k])));
   }
   // Accumulating a second identical micro-batch doubles the gradient.
-  auto before = Kokkos::create_mirror_view(mlp.gradients()[0]);
-  Kokkos::deep_copy(before, mlp.gradients()[0]);
+  auto before = Kokkos::create_mirror_view(mlp.parameters().gradient(0));
+  Kokkos::deep_copy(before, mlp.parameters().gradient(0));
   std::vector<float> first(before.data(), before.data() + before.size());
-  mlp.train_batch(xs, ys, true);
-  Kokkos::deep_copy(before, mlp.gradients()[0]);
+  mlp.train_batch(Space(), xs, ys, true);
+  Kokkos::deep_copy(before, mlp.parameters().gradient(0));
   for (std::size_t k = 0; k < first.size(); ++k) EXPECT_FLOAT_EQ(before(k), 2 * first[k]);
-  const auto eval = mlp.evaluate(xs, ys);
+  const auto eval = mlp.evaluate(Space(), xs, ys);
   EXPECT_NEAR(eval.loss_sum, base, 1e-5 * std::fabs(base));
 }
 

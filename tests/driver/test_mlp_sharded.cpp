@@ -23,20 +23,9 @@ TEST(MlpSharded, MatchesWholeModel) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const std::vector<int> sizes = {12, 8 * size, 4 * size, 8 * size, 5};  // three hidden layers: col, row, col
-  lather::comm::Mesh mesh(MPI_COMM_WORLD, size);
-  lather::comm::GradientReducer<Space, float> reducer(mesh.shards());
-  lather::nn::ShardGroup<Mem> group;
-  group.shards = size;
-  group.shard = rank;
-  group.sum = [&](const Kokkos::View<float**, Kokkos::LayoutRight, Mem>& x) {
-    reducer.sum(Space(), {lather::FlatTensor<float, Mem>(x.data(), x.size())});
-  };
-  group.all_gather = [&](const Kokkos::View<const float**, Kokkos::LayoutRight, Mem>& in,
-                         const Kokkos::View<float**, Kokkos::LayoutRight, Mem>& out) {
-    lather::comm::all_gather_features<Space, float>(Space(), mesh.shards(), in, out);
-  };
+  const lather::comm::Mesh mesh(MPI_COMM_WORLD, size);
   lather::nn::Mlp<Space> whole(Space(), sizes, 7);
-  lather::nn::Mlp<Space> sharded(Space(), sizes, 7, group);
+  lather::nn::Mlp<Space> sharded(Space(), sizes, 7, mesh);
 
   const int rows = 6;
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("x", rows, sizes[0]);
@@ -49,15 +38,15 @@ TEST(MlpSharded, MatchesWholeModel) {
   }
   Kokkos::deep_copy(x, hx);
   Kokkos::deep_copy(y, hy);
-  const auto a = whole.train_batch(x, y, false);
-  const auto b = sharded.train_batch(x, y, false);
+  const auto a = whole.train_batch(Space(), x, y, false);
+  const auto b = sharded.train_batch(Space(), x, y, false);
   EXPECT_NEAR(b.loss_sum, a.loss_sum, 1e-5 * std::fabs(a.loss_sum));
   EXPECT_EQ(b.correct, a.correct);
 
   const auto& specs = sharded.parameter_specs();
   for (std::size_t p = 0; p < specs.size(); ++p) {
-    const auto full = lather::test::host_vector(whole.gradients()[p]),
-               mine = lather::test::host_vector(sharded.gradients()[p]);
+    const auto full = lather::test::host_vector(whole.parameters().gradient(p)),
+               mine = lather::test::host_vector(sharded.parameters().gradient(p));
     const auto& spec = specs[p];
     ASSERT_EQ(spec.global(), whole.parameter_specs()[p].shape) << spec.name;
     // Element (i, j) of this shard's slice is element (i, j + offset) or (i + offset, j) globally.

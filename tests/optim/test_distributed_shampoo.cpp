@@ -2,7 +2,7 @@
 // all-gathered; sharded mode: each rank keeps its share and gathers preconditioners to apply them)
 // gives the same parameters as one rank computing everything, for both assignments and quantized
 // state. Every rank computes the single-rank reference itself.
-#include <lather/comm/work_group.hpp>
+#include <lather/comm/group.hpp>
 #include <lather/optim/shampoo.hpp>
 
 #include "common/host_copies.hpp"
@@ -58,13 +58,13 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
   o.balance_root_work = mode.balanced;
   o.best_effort_memory_usage_reduction = mode.quantized;
   o.root.workspace_bytes = 8 << 10;  // several root chunks and, in sharded mode, gather chunks
-  optim::Shampoo<Space, float> distributed(Space(), specs(), o, comm::make_work_group(MPI_COMM_WORLD));
+  optim::Shampoo<Space, float> distributed(Space(), specs(), o, comm::Group(MPI_COMM_WORLD));
   optim::Shampoo<Space, float> single(Space(), specs(), o);
   auto p1 = tensors(0.0), p2 = tensors(0.0);
   for (int step = 0; step < 5; ++step) {
     const auto g = tensors(1.0 + step);
-    distributed.step(p1, g);
-    single.step(p2, g);
+    distributed.step(Space(), p1, g);
+    single.step(Space(), p2, g);
   }
   const auto a = test::host_vectors(p1), b = test::host_vectors(p2);
   for (std::size_t p = 0; p < a.size(); ++p)

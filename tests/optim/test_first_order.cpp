@@ -18,7 +18,7 @@ std::vector<double> run(const Options& options, double x0, const std::vector<dou
   std::vector<double> out;
   for (double gv : grads) {
     Kokkos::deep_copy(g, gv);
-    opt.step({x}, {g});
+    opt.step(Space(), {x}, {g});
     auto host = Kokkos::create_mirror_view(x);
     Kokkos::deep_copy(host, x);
     out.push_back(host(0));

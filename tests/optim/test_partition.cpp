@@ -2,7 +2,7 @@
 // against a plain element-by-element model of the block layout.
 #include <lather/optim/partition.hpp>
 
-#include "optim/shampoo_kernels.hpp"  // white box: the packing kernels
+#include <lather/optim/impl/shampoo_kernels.hpp>  // white box: the packing kernels
 
 #include <gtest/gtest.h>
 
@@ -64,7 +64,7 @@ TEST(BlockPartition, PackingRoundTripsForManyShapes) {
     auto host = Kokkos::create_mirror_view(tensor);
     for (std::int64_t k = 0; k < n; ++k) host(k) = double(k);
     Kokkos::deep_copy(tensor, host);
-    const auto table = lather::optim::Impl::make_block_table<Mem>(p, "test");
+    const auto table = lather::optim::Impl::make_block_table(Kokkos::DefaultExecutionSpace(), p.shape(), p.blocks(), "test");
     lather::optim::Impl::repack_blocks<Space, double, double, Mem>(Space(), table, true, tensor, packed);
     lather::optim::Impl::repack_blocks<Space, double, double, Mem>(Space(), table, false, packed, back);
     auto packed_host = Kokkos::create_mirror_view(packed);

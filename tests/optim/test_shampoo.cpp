@@ -126,7 +126,7 @@ TEST_P(AgainstModel, TenStepsAgree) {
   for (int t = 0; t < 10; ++t) {
     const auto g = gradients(params_model, t);
     model.step(params_model, g);
-    shampoo.step(params, to_device<double>(g));
+    shampoo.step(Space(), params, to_device<double>(g));
     const auto got = to_host(params);
     for (std::size_t p = 0; p < shapes.size(); ++p) {
       double diff = 0, norm = 0;
@@ -185,13 +185,13 @@ TEST(Shampoo, StatisticsOfRankOneToFour) {
   auto params = initial(shapes);
   const auto g = gradients(params, 0);
   auto device = to_device<double>(params);
-  shampoo.step(device, to_device<double>(g));
+  shampoo.step(Space(), device, to_device<double>(g));
   model.step(params, g);
   int s = 0;
   for (std::size_t p = 0; p < shapes.size(); ++p) {
     EXPECT_EQ(shampoo.partition(int(p)).rank(), int(shapes[p].size()));
     for (const auto& want : model.statistics(p)) {
-      const auto got = shampoo.statistic(s++);
+      const auto got = shampoo.statistic(Space(), s++);
       ASSERT_EQ(got.size(), want.size());
       for (std::size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-12 * (1 + std::fabs(want[k])));
     }
@@ -208,7 +208,7 @@ TEST(Shampoo, ScalarFollowsGraftInClosedForm) {
     o.nesterov = nesterov;
     Shampoo<Space, float> shampoo(Space(), {{"scale", {}}}, o);
     auto params = to_device<float>({{2.0}});
-    shampoo.step(params, to_device<float>({{0.5}}));
+    shampoo.step(Space(), params, to_device<float>({{0.5}}));
     const double g = 0.5, want = 2.0 - 0.1 * (nesterov ? 1.9 * g : g);
     // The graft multiplier |g| / (|g| + 1e-16) is 1 in float.
     EXPECT_FLOAT_EQ(float(to_host(params)[0][0]), float(want));
@@ -225,10 +225,10 @@ TEST(Shampoo, StepGating) {
   r.preconditioning_compute_steps = 3;
   Shampoo<Space, double> shampoo(Space(), specs_for({{3, 3}}), to_shampoo(r));
   auto params = to_device<double>(initial({{3, 3}}));
-  std::vector<double> last_stat = shampoo.statistic(0), last_root = shampoo.preconditioner(0);
+  std::vector<double> last_stat = shampoo.statistic(Space(), 0), last_root = shampoo.preconditioner(Space(), 0);
   for (int t = 0; t < 7; ++t) {
-    shampoo.step(params, to_device<double>(gradients(to_host(params), t)));
-    const auto stat = shampoo.statistic(0), root = shampoo.preconditioner(0);
+    shampoo.step(Space(), params, to_device<double>(gradients(to_host(params), t)));
+    const auto stat = shampoo.statistic(Space(), 0), root = shampoo.preconditioner(Space(), 0);
     EXPECT_EQ(stat != last_stat, t % 2 == 0) << "step " << t;
     EXPECT_EQ(root != last_root, t % 3 == 0) << "step " << t;
     last_stat = stat;
@@ -247,8 +247,8 @@ TEST(Shampoo, FailedRootsKeepThePreviousPreconditioner) {
   o.max_consecutive_root_failures = 3;
   Shampoo<Space, double> shampoo(Space(), {{"dense_1/kernel", {3, 2}}}, o);
   auto params = to_device<double>(initial({{3, 2}}));
-  for (int t = 0; t < 2; ++t) shampoo.step(params, to_device<double>(gradients(to_host(params), t)));
-  const auto root = shampoo.preconditioner(0);
+  for (int t = 0; t < 2; ++t) shampoo.step(Space(), params, to_device<double>(gradients(to_host(params), t)));
+  const auto root = shampoo.preconditioner(Space(), 0);
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j) EXPECT_EQ(root[i * 3 + j], i == j ? 1.0 : 0.0);
   const auto metrics = shampoo.metrics();
@@ -256,7 +256,7 @@ TEST(Shampoo, FailedRootsKeepThePreviousPreconditioner) {
   EXPECT_EQ(metrics[0].failures, 2);
   EXPECT_GT(metrics[0].error, 0.0);
   try {
-    shampoo.step(params, to_device<double>(gradients(to_host(params), 2)));
+    shampoo.step(Space(), params, to_device<double>(gradients(to_host(params), 2)));
     FAIL() << "expected an error after 3 consecutive failures";
   } catch (const lather::Error& e) {
     const std::string what = e.what();
@@ -274,7 +274,7 @@ TEST(Shampoo, FloatRootsRetryInDouble) {
   o.matrix_epsilon = 1e-3;
   Shampoo<Space, double> shampoo(Space(), {{"w", {4, 3}}}, o);
   auto params = to_device<double>(initial({{4, 3}}));
-  shampoo.step(params, to_device<double>(gradients(to_host(params), 0)));
+  shampoo.step(Space(), params, to_device<double>(gradients(to_host(params), 0)));
   for (const auto& m : shampoo.metrics()) {
     EXPECT_EQ(m.failures, 0) << "error " << m.error;
     EXPECT_LT(m.error, 1e-9);
@@ -282,7 +282,7 @@ TEST(Shampoo, FloatRootsRetryInDouble) {
   o.retry_failed_roots_in_double = false;
   Shampoo<Space, double> no_retry(Space(), {{"w", {4, 3}}}, o);
   auto params2 = to_device<double>(initial({{4, 3}}));
-  no_retry.step(params2, to_device<double>(gradients(to_host(params2), 0)));
+  no_retry.step(Space(), params2, to_device<double>(gradients(to_host(params2), 0)));
   long failures = 0;
   for (const auto& m : no_retry.metrics()) failures += m.failures;
   EXPECT_GT(failures, 0);
@@ -293,15 +293,15 @@ TEST(Shampoo, NonFiniteGradientIsRefusedAndStateUntouched) {
   Shampoo<Space, float> shampoo(Space(), {{"a", {2, 2}}, {"b", {3}}}, ShampooOptions{});
   auto params = to_device<float>({{1, 2, 3, 4}, {5, 6, 7}});
   const auto before = to_host(params);
-  const auto stat_before = shampoo.statistic(0);
+  const auto stat_before = shampoo.statistic(Space(), 0);
   try {
-    shampoo.step(params, to_device<float>({{0.1, 0.2, 0.3, 0.4}, {1, std::numeric_limits<double>::quiet_NaN(), 0}}));
+    shampoo.step(Space(), params, to_device<float>({{0.1, 0.2, 0.3, 0.4}, {1, std::numeric_limits<double>::quiet_NaN(), 0}}));
     FAIL();
   } catch (const lather::Error& e) {
     EXPECT_NE(std::string(e.what()).find("'b' contains NaN or Inf"), std::string::npos) << e.what();
   }
   EXPECT_EQ(to_host(params), before);
-  EXPECT_EQ(shampoo.statistic(0), stat_before);
+  EXPECT_EQ(shampoo.statistic(Space(), 0), stat_before);
   EXPECT_EQ(shampoo.step_count(), 0);
 }
 
@@ -312,7 +312,7 @@ TEST(Shampoo, BadArgumentsAreNamed) {
   Shampoo<Space, float> shampoo(Space(), {{"w", {2, 2}}}, ShampooOptions{});
   auto params = to_device<float>({{1, 2, 3, 4}});
   try {
-    shampoo.step(params, to_device<float>({{1, 2, 3}}));
+    shampoo.step(Space(), params, to_device<float>({{1, 2, 3}}));
     FAIL();
   } catch (const lather::Error& e) {
     EXPECT_NE(std::string(e.what()).find("gradient of 'w' has 3 elements, expected 4"), std::string::npos) << e.what();

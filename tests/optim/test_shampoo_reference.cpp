@@ -84,7 +84,7 @@ TEST_P(ReferenceTrajectory, ThirtyStepsMatchJax) {
         host_g(k) = float(0.1 * double(host_p(k)) + std::sin(0.37 * (k + 1) + 1.3 * (t + 1) + 0.61 * p));
       Kokkos::deep_copy(device_grads[p], host_g);
     }
-    shampoo.step(device_params, device_grads);
+    shampoo.step(Space(), device_params, device_grads);
     if (next_record < records.size() && records[next_record]["step"] == t + 1) {
       for (std::size_t p = 0; p < count; ++p) {
         const auto want = records[next_record]["params"][specs[p].name].get<std::vector<double>>();

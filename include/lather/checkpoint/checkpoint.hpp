@@ -10,14 +10,18 @@
 // newest K are kept. A half-written file never carries the final name, so latest() never picks
 // it. Integrity: every dataset is chunked with HDF5's Fletcher32 checksum filter; a corrupted,
 // truncated or foreign file is refused on every rank with a message naming the file and dataset.
+//
+//   lather::checkpoint::Checkpointer checkpointer(mesh, {"checkpoints"});
+//   if (auto state = checkpointer.restore_latest(space, optimizer, params)) ...;  // resume
+//   checkpointer.save(space, optimizer, params);                                  // now and then
 
+#include <lather/comm/mesh.hpp>
 #include <lather/core/config.hpp>
 #include <lather/optim/optimizer.hpp>
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +56,29 @@ struct Attributes {
   std::map<std::string, std::string> strings;
 };
 
+/// What a training loop needs besides parameters and optimizer state to continue exactly.
+struct TrainingState {
+  long epoch = 0;
+  long sample_offset = 0;            ///< samples of this epoch already consumed (global count)
+  std::vector<std::uint64_t> rng;    ///< RNG state words, replicated on all ranks
+  int world_size = 1;                ///< written by save; read back for information
+  int weight_shards = 1;
+  Attributes extra;                  ///< anything else (written as root attributes)
+  std::string file;                  ///< restore: the checkpoint it was read from
+};
+
+/// Which copies of replicated data this rank writes, so that every byte is written exactly once:
+/// data held by every rank (unsplit parameters, the step) by the world root; data held by every
+/// replica of one weight shard (split parameters, that shard's optimizer state) by replica 0 of
+/// the shard; rows tied to unsplit parameters by shard 0 only. A Checkpointer built on a Mesh
+/// knows its roles.
+struct WriterRoles {
+  bool world_root = true;    ///< e.g. world rank 0
+  bool replica_root = true;  ///< e.g. rank 0 of this rank's data-parallel group (replica 0)
+  int shard = 0;             ///< this rank's weight shard
+  static WriterRoles single() { return {}; }
+};
+
 struct CheckpointOptions {
   std::string directory = "checkpoints";
   std::string prefix = "checkpoint";
@@ -66,11 +93,59 @@ inline constexpr int format_version = 1;
 
 class Checkpointer {
  public:
-  /// `comm`: the ranks that save and load together (collective operations); duplicated inside.
-  Checkpointer(MPI_Comm comm, CheckpointOptions options);
-  ~Checkpointer();
-  Checkpointer(const Checkpointer&) = delete;
-  Checkpointer& operator=(const Checkpointer&) = delete;
+  /// The ranks of the mesh save and load together (collective operations); each writes its part
+  /// once, by the mesh's roles (WriterRoles).
+  Checkpointer(const comm::Mesh& mesh, CheckpointOptions options);
+  /// The ranks of `group` save and load together; rank 0 writes what they all hold.
+  Checkpointer(const comm::Group& group, CheckpointOptions options);
+
+  // ---- whole training states --------------------------------------------------------------------
+
+  /// Writes the parameters, the optimizer's state and `state` as the checkpoint of the optimizer's
+  /// step (collective); returns the file name. Device data is copied on `space`.
+  template <class ExecutionSpace, class Scalar>
+  std::string save(const ExecutionSpace& space, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                   const TensorList<Scalar, typename ExecutionSpace::memory_space>& values,
+                   const TrainingState& state = TrainingState()) {
+    return save(space, optimizer, values, state, m_roles);
+  }
+  /// With writer roles other than the Checkpointer's own (a Group whose ranks hold weight shards).
+  template <class ExecutionSpace, class Scalar>
+  std::string save(const ExecutionSpace& space, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                   const TensorList<Scalar, typename ExecutionSpace::memory_space>& values,
+                   const TrainingState& state, const WriterRoles& roles);
+  template <class ExecutionSpace, class Scalar>
+  std::string save(const ExecutionSpace& space, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                   const ParameterList<Scalar, typename ExecutionSpace::memory_space>& parameters,
+                   const TrainingState& state = TrainingState()) {
+    return save(space, optimizer, parameters.values(), state);
+  }
+  /// Loads `file` into the parameters and the optimizer (which must have been built with the same
+  /// parameters and options; its shapes are checked against the file) and returns the rest.
+  template <class ExecutionSpace, class Scalar>
+  TrainingState restore(const ExecutionSpace& space, const std::string& file,
+                        optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                        const TensorList<Scalar, typename ExecutionSpace::memory_space>& values) const;
+  /// restore() of the newest complete checkpoint; nothing when there is none (then the
+  /// parameters and the optimizer are untouched). `skipped` as in latest().
+  template <class ExecutionSpace, class Scalar>
+  std::optional<TrainingState> restore_latest(const ExecutionSpace& space,
+                                              optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+                                              const TensorList<Scalar, typename ExecutionSpace::memory_space>& values,
+                                              std::vector<std::string>* skipped = nullptr) const {
+    const std::string file = latest(skipped);
+    if (file.empty()) return std::nullopt;
+    return restore(space, file, optimizer, values);
+  }
+  template <class ExecutionSpace, class Scalar>
+  std::optional<TrainingState> restore_latest(
+      const ExecutionSpace& space, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
+      const ParameterList<Scalar, typename ExecutionSpace::memory_space>& parameters,
+      std::vector<std::string>* skipped = nullptr) const {
+    return restore_latest(space, optimizer, parameters.values(), skipped);
+  }
+
+  // ---- arrays -----------------------------------------------------------------------------------
 
   /// Writes one checkpoint for `step` (collective). Returns the final file name.
   std::string save(long step, const std::vector<ArraySlice>& arrays, const Attributes& attributes);
@@ -89,11 +164,13 @@ class Checkpointer {
   Attributes read_attributes(const std::string& file) const;
 
   const CheckpointOptions& options() const { return m_options; }
-  MPI_Comm communicator() const { return m_comm; }
+  const comm::Group& group() const { return m_group; }
+  const WriterRoles& roles() const { return m_roles; }
 
  private:
-  MPI_Comm m_comm = MPI_COMM_NULL;
-  int m_rank = 0, m_size = 1;
+  comm::Group m_group;
+  WriterRoles m_roles;
+  int m_weight_shards = 1;
   CheckpointOptions m_options;
 };
 

@@ -29,10 +29,13 @@ class GradientAccumulator {
   using memory_space = typename ExecutionSpace::memory_space;
   using tensor_list = TensorList<Scalar, memory_space>;
 
-  /// Collective over `group` (builds a GradientReducer). micro_batches >= 1.
-  GradientAccumulator(MPI_Comm group, int micro_batches,
-                      AccumulationMode mode = AccumulationMode::mean,
+  /// Reduces over `group` (a GradientReducer). micro_batches >= 1.
+  GradientAccumulator(const Group& group, int micro_batches, AccumulationMode mode = AccumulationMode::mean,
                       const ReduceOptions& options = {});
+  /// Over the mesh's data-parallel group.
+  GradientAccumulator(const Mesh& mesh, int micro_batches, AccumulationMode mode = AccumulationMode::mean,
+                      const ReduceOptions& options = {})
+      : GradientAccumulator(mesh.data_parallel(), micro_batches, mode, options) {}
 
   /// Adds one micro-batch's gradients (local, no communication). `tokens` is that micro-batch's
   /// token count in token_weighted mode (finite, >= 0) and ignored in mean mode. The first call of

@@ -1,11 +1,11 @@
 #pragma once
-// Lather's MPI collectives in one include (needs a build with LATHER_ENABLE_MPI):
-// the mesh and its communicators, gradient reductions (sum, mean, token-weighted mean, Adasum),
-// accumulation over micro-batches, replica consistency, and tensor-parallel layers.
+// Lather's collectives in one include: the groups of ranks and the mesh, gradient reductions
+// (sum, mean, token-weighted mean, Adasum), accumulation over micro-batches, replica consistency,
+// and tensor-parallel layers. Without MPI (LATHER_ENABLE_MPI=OFF) every group is one process.
 // Semantics: docs/reference/collectives.md.
 
 #include <lather/comm/accumulate.hpp>
-#include <lather/comm/communicator.hpp>
+#include <lather/comm/group.hpp>
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/reduce.hpp>
 #include <lather/comm/replicas.hpp>

@@ -11,32 +11,28 @@
 // data_parallel() groups the ranks holding the same shard, {S*i + d : i}, which are the
 // `axis_index_groups` of the JAX reference (rank within = replica index); shards() groups the S
 // ranks of one replica (rank within = shard index). Gradients of a shard are reduced over
-// data_parallel(); tensor-parallel layers communicate over shards().
+// data_parallel(); tensor-parallel layers communicate over shards(). Lather's objects take the
+// Mesh and pick the group they work over themselves.
 
-#include <lather/comm/communicator.hpp>
-
-#include <mpi.h>
+#include <lather/comm/group.hpp>
 
 namespace lather::comm {
 
 class Mesh {
  public:
-  /// Collective over `comm` (three communicator constructions). Throws lather::Error on every rank,
-  /// before any communication, when weight_shards < 1 or does not divide the size of `comm`.
-  explicit Mesh(MPI_Comm comm, int weight_shards = 1);
+  /// One process: every group is the process on its own (no MPI needed).
+  Mesh() = default;
+  /// Collective over `world` (two communicator splits). Throws lather::Error on every rank, before
+  /// any communication, when weight_shards < 1 or does not divide the size of `world`. An
+  /// MPI_Comm converts to a Group implicitly (a duplicate): Mesh mesh(MPI_COMM_WORLD, 2).
+  explicit Mesh(const Group& world, int weight_shards = 1);
 
-  Mesh(Mesh&&) noexcept = default;
-  Mesh& operator=(Mesh&&) noexcept = default;
-  Mesh(const Mesh&) = delete;
-  Mesh& operator=(const Mesh&) = delete;
-  ~Mesh() = default;
-
-  /// A duplicate of the communicator the mesh was built from (its own message space).
-  MPI_Comm world() const noexcept { return m_world.get(); }
+  /// The whole mesh (its own duplicate of the communicator it was built from).
+  const Group& world() const noexcept { return m_world; }
   /// The ranks holding this rank's shard, one per replica; rank within = replica().
-  MPI_Comm data_parallel() const noexcept { return m_data_parallel.get(); }
+  const Group& data_parallel() const noexcept { return m_data_parallel; }
   /// The S ranks of this rank's replica; rank within = shard().
-  MPI_Comm shards() const noexcept { return m_shards.get(); }
+  const Group& shards() const noexcept { return m_shards; }
 
   int world_size() const noexcept { return m_world_size; }
   int world_rank() const noexcept { return m_world_rank; }
@@ -46,10 +42,8 @@ class Mesh {
   int replicas() const noexcept { return m_world_size / m_weight_shards; }
 
  private:
-  Communicator m_world;
-  Communicator m_data_parallel;
-  Communicator m_shards;
-  int m_world_size = 0;
+  Group m_world, m_data_parallel, m_shards;
+  int m_world_size = 1;
   int m_world_rank = 0;
   int m_weight_shards = 1;
 };

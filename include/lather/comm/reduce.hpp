@@ -8,11 +8,10 @@
 // ranks agree on what they are about to do (operation, tensor count and sizes, options, argument
 // validity); any disagreement throws the same lather::Error on every rank, never a hang.
 
+#include <lather/comm/mesh.hpp>
 #include <lather/comm/wire_precision.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/core/tensor.hpp>
-
-#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -68,9 +67,10 @@ struct ReducerStatistics {
 };
 
 /// Reduces lists of tensors over one group, reusing its fusion and scratch buffers across calls.
-/// Construction is collective over `group` (it duplicates the communicator, so its messages never
-/// mix with the caller's). The reducer must not outlive MPI. Instantiated for
-/// lather::DefaultExecutionSpace (and the host space on device builds) with float and double.
+/// Built from a Mesh it reduces over the mesh's data-parallel group; built from an MPI_Comm it
+/// works on its own duplicate of it (collective), so its messages never mix with the caller's.
+/// Instantiated for lather::DefaultExecutionSpace (and the host space on device builds) with
+/// float and double; the implementation (src/comm/reduce.cpp) can be instantiated for others.
 template <class ExecutionSpace, class Scalar>
 class GradientReducer {
   static_assert(std::is_same<Scalar, float>::value || std::is_same<Scalar, double>::value,
@@ -81,7 +81,9 @@ class GradientReducer {
   using memory_space = typename ExecutionSpace::memory_space;
   using tensor_list = TensorList<Scalar, memory_space>;
 
-  explicit GradientReducer(MPI_Comm group, const ReduceOptions& options = {});
+  /// Over `mesh.data_parallel()`: the replicas holding this rank's shard.
+  explicit GradientReducer(const Mesh& mesh, const ReduceOptions& options = {});
+  explicit GradientReducer(const Group& group, const ReduceOptions& options = {});
   ~GradientReducer();
   GradientReducer(GradientReducer&&) noexcept;
   GradientReducer& operator=(GradientReducer&&) noexcept;
@@ -110,8 +112,8 @@ class GradientReducer {
   double reduce(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op,
                 double local_weight = 1.0, const std::vector<AgreedValue>& agreed = {});
 
-  /// The reducer's own duplicate of the group communicator.
-  MPI_Comm group() const;
+  /// The group the reducer works over.
+  const Group& group() const;
   int group_size() const;
   int group_rank() const;
   const ReduceOptions& options() const;
@@ -122,25 +124,25 @@ class GradientReducer {
   std::unique_ptr<State> m_state;
 };
 
-// ---- one-shot conveniences: each builds a GradientReducer (a communicator duplicate and fresh
-// buffers); hold a GradientReducer to reduce repeatedly.
+// ---- one-shot conveniences: each builds a GradientReducer (fresh buffers); hold a
+// GradientReducer to reduce repeatedly.
 
 template <class ExecutionSpace, class Scalar>
-void allreduce_sum(const ExecutionSpace& space, MPI_Comm group,
+void allreduce_sum(const ExecutionSpace& space, const Group& group,
                    const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
                    const ReduceOptions& options = {}) {
   GradientReducer<ExecutionSpace, Scalar>(group, options).sum(space, gradients);
 }
 
 template <class ExecutionSpace, class Scalar>
-void allreduce_mean(const ExecutionSpace& space, MPI_Comm group,
+void allreduce_mean(const ExecutionSpace& space, const Group& group,
                     const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
                     const ReduceOptions& options = {}) {
   GradientReducer<ExecutionSpace, Scalar>(group, options).mean(space, gradients);
 }
 
 template <class ExecutionSpace, class Scalar>
-double allreduce_weighted_mean(const ExecutionSpace& space, MPI_Comm group,
+double allreduce_weighted_mean(const ExecutionSpace& space, const Group& group,
                                const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
                                double local_weight, const ReduceOptions& options = {}) {
   return GradientReducer<ExecutionSpace, Scalar>(group, options)
@@ -148,17 +150,21 @@ double allreduce_weighted_mean(const ExecutionSpace& space, MPI_Comm group,
 }
 
 template <class ExecutionSpace, class Scalar>
-void allreduce_adasum(const ExecutionSpace& space, MPI_Comm group,
+void allreduce_adasum(const ExecutionSpace& space, const Group& group,
                       const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
                       const ReduceOptions& options = {}) {
   GradientReducer<ExecutionSpace, Scalar>(group, options).adasum(space, gradients);
 }
 
 template <class ExecutionSpace, class Scalar>
-void allreduce_adasum_approx(const ExecutionSpace& space, MPI_Comm group,
+void allreduce_adasum_approx(const ExecutionSpace& space, const Group& group,
                              const TensorList<Scalar, typename ExecutionSpace::memory_space>& gradients,
                              const ReduceOptions& options = {}) {
   GradientReducer<ExecutionSpace, Scalar>(group, options).adasum_approx(space, gradients);
 }
+
+// Compiled into liblather (src/comm/reduce.cpp); other spaces: <lather/comm/impl/reduce_impl.hpp>.
+extern template class GradientReducer<DefaultExecutionSpace, float>;
+extern template class GradientReducer<DefaultExecutionSpace, double>;
 
 }  // namespace lather::comm

@@ -14,7 +14,7 @@ namespace lather::comm {
 
 /// t := root's t over `group` (parameters at start-up, optimizer state after a restart).
 template <class ExecutionSpace, class Scalar>
-void broadcast_tensors(const ExecutionSpace& space, MPI_Comm group,
+void broadcast_tensors(const ExecutionSpace& space, const Group& group,
                        const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,
                        int root = 0, const ReduceOptions& options = {}) {
   GradientReducer<ExecutionSpace, Scalar>(group, options).broadcast(space, tensors, root);
@@ -22,7 +22,7 @@ void broadcast_tensors(const ExecutionSpace& space, MPI_Comm group,
 
 /// t := mean over `group` of t (re-synchronising replicas that drifted, e.g. after local steps).
 template <class ExecutionSpace, class Scalar>
-void average_tensors(const ExecutionSpace& space, MPI_Comm group,
+void average_tensors(const ExecutionSpace& space, const Group& group,
                      const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,
                      const ReduceOptions& options = {}) {
   ReduceOptions native = options;
@@ -32,7 +32,7 @@ void average_tensors(const ExecutionSpace& space, MPI_Comm group,
 
 /// The seed of `root` on every rank of `group` (one MPI_Bcast): replicas of a group draw the same
 /// random numbers (dropout masks, data order) from it.
-std::uint64_t agree_seed(MPI_Comm group, std::uint64_t seed, int root = 0);
+std::uint64_t agree_seed(const Group& group, std::uint64_t seed, int root = 0);
 /// The seed of replica 0 on every rank of this rank's data-parallel group.
 std::uint64_t agree_seed(const Mesh& mesh, std::uint64_t seed);
 
@@ -59,25 +59,26 @@ struct ReplicaReport {
   std::string describe() const;
 };
 
-/// Collective over `group`: one MPI_Allgather of (tensor count, element count, size hash,
-/// checksum) per rank, and one more of the per-tensor checksums when some rank diverges with the
-/// same layout. The reference is the state most ranks hold; world ranks are those of `world`.
+/// Collective over `group`: one all-gather of (tensor count, element count, size hash, checksum)
+/// per rank, and one more of the per-tensor checksums when some rank diverges with the same
+/// layout. The reference is the state most ranks hold; world ranks are those of `world` (the
+/// group itself when not given).
 template <class ExecutionSpace, class Scalar>
-ReplicaReport check_replicas(const ExecutionSpace& space, MPI_Comm group,
+ReplicaReport check_replicas(const ExecutionSpace& space, const Group& group,
                              const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,
-                             MPI_Comm world = MPI_COMM_WORLD);
+                             const Group* world = nullptr);
 
 /// Over the mesh's data-parallel group, world ranks numbered in mesh.world().
 template <class ExecutionSpace, class Scalar>
 ReplicaReport check_replicas(const ExecutionSpace& space, const Mesh& mesh,
                              const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors) {
-  return check_replicas(space, mesh.data_parallel(), tensors, mesh.world());
+  return check_replicas(space, mesh.data_parallel(), tensors, &mesh.world());
 }
 
 /// check_replicas, throwing lather::Error with describe() (on every rank) when they diverge.
 template <class ExecutionSpace, class Scalar>
-void require_consistent_replicas(const ExecutionSpace& space, MPI_Comm group,
+void require_consistent_replicas(const ExecutionSpace& space, const Group& group,
                                  const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,
-                                 MPI_Comm world = MPI_COMM_WORLD);
+                                 const Group* world = nullptr);
 
 }  // namespace lather::comm

@@ -1,19 +1,18 @@
 #pragma once
-// Tensor-parallel building blocks over the shard communicator of a Mesh (Megatron-LM's layers):
-// a dense layer split by output columns, one split by input rows, the all-gather of a sharded
-// activation, and a softmax cross-entropy over a vocabulary split across shards that never
-// gathers the logits. Activations are 2-D row-major Views [batch, features]; products go to
-// KokkosBlas::gemm.
+// Tensor-parallel building blocks over the shard group of a Mesh (Megatron-LM's layers): a dense
+// layer split by output columns, one split by input rows, the all-gather of a sharded activation,
+// and a softmax cross-entropy over a vocabulary split across shards that never gathers the
+// logits. Activations are 2-D row-major Views [batch, features]; products go to KokkosBlas::gemm.
 //
 // Uneven splits are supported: `total` features over S shards give shard d the range
 // shard_range(total, S, d), the first total % S shards holding one more (a shard may hold none
 // when total < S). Every collective call first agrees on the shapes across the shards (one small
 // MPI_Allreduce, TensorParallelOptions::verify_shapes), so a mismatch is an error on every shard.
+// A layer over a one-process Group (the default) is an ordinary dense layer.
 
-#include <lather/comm/reduce.hpp>
+#include <lather/comm/group.hpp>
 
 #include <Kokkos_Core.hpp>
-#include <mpi.h>
 
 #include <memory>
 
@@ -35,10 +34,15 @@ struct TensorParallelOptions {
   bool verify_shapes = true;
 };
 
-/// Y = X W + b with W [in, out] split by output columns: shard d holds W_d = W[:, range_d] and
-/// b_d = b[range_d], sees the whole input X [batch, in] and produces Y_d = Y[:, range_d].
+namespace Impl {
 template <class ExecutionSpace, class Scalar>
-class ColumnParallelLinear {
+struct ParallelLinearState;
+}
+
+/// What the column- and row-parallel layers share: the shard group, the global sizes and this
+/// shard's range of the split dimension.
+template <class ExecutionSpace, class Scalar>
+class ParallelLinear {
  public:
   using memory_space = typename ExecutionSpace::memory_space;
   using matrix = Matrix<Scalar, memory_space>;
@@ -46,77 +50,110 @@ class ColumnParallelLinear {
   using vector = Kokkos::View<Scalar*, memory_space>;
   using const_vector = Kokkos::View<const Scalar*, memory_space>;
 
-  /// Collective over `shards` (agrees on in/out features). The communicator must outlive the layer.
-  ColumnParallelLinear(MPI_Comm shards, int in_features, int out_features,
-                       const TensorParallelOptions& options = {});
-  ~ColumnParallelLinear();
-  ColumnParallelLinear(ColumnParallelLinear&&) noexcept;
-  ColumnParallelLinear& operator=(ColumnParallelLinear&&) noexcept;
+  ~ParallelLinear();
+  ParallelLinear(ParallelLinear&&) noexcept;
+  ParallelLinear& operator=(ParallelLinear&&) noexcept;
 
   int in_features() const;
   int out_features() const;
-  ShardRange local_out() const;  ///< this shard's output columns
+  /// This shard's range of the split dimension (outputs for column-, inputs for row-parallel).
+  ShardRange local() const;
+
+ protected:
+  /// Collective over `shards`: agrees on the feature counts. `split_inputs` selects the
+  /// dimension this shard holds a range of.
+  ParallelLinear(const char* name, const Group& shards, int in_features, int out_features, bool split_inputs,
+                 const TensorParallelOptions& options);
+  std::unique_ptr<Impl::ParallelLinearState<ExecutionSpace, Scalar>> m_state;
+};
+
+/// Y = X W + b with W [in, out] split by output columns: shard d holds W_d = W[:, range_d] and
+/// b_d = b[range_d], sees the whole input X [batch, in] and produces Y_d = Y[:, range_d].
+template <class ExecutionSpace, class Scalar>
+class ColumnParallelLinear : public ParallelLinear<ExecutionSpace, Scalar> {
+ public:
+  using typename ParallelLinear<ExecutionSpace, Scalar>::memory_space;
+  using typename ParallelLinear<ExecutionSpace, Scalar>::matrix;
+  using typename ParallelLinear<ExecutionSpace, Scalar>::const_matrix;
+  using typename ParallelLinear<ExecutionSpace, Scalar>::vector;
+  using typename ParallelLinear<ExecutionSpace, Scalar>::const_vector;
+
+  /// Collective over `shards` (agrees on in/out features).
+  ColumnParallelLinear(const Group& shards, int in_features, int out_features,
+                       const TensorParallelOptions& options = {});
+  ShardRange local_out() const { return this->local(); }
 
   /// Y_d = X W_d + b_d. Local: no communication.
   void forward(const ExecutionSpace& space, const const_matrix& x, const const_matrix& weight,
                const const_vector& bias, const matrix& y) const;
-  /// dW_d = X^T dY_d, db_d = column sums of dY_d (local), dX = sum over shards of dY_d W_d^T
-  /// (one MPI_Allreduce of [batch, in]). Collective.
+  /// dW_d = X^T dY_d, db_d = column sums of dY_d (local; added to dweight and dbias when
+  /// `accumulate`), dX = sum over shards of dY_d W_d^T (one all-reduce of [batch, in]; skipped,
+  /// with its agreement, when dx is an empty View). Collective.
   void backward(const ExecutionSpace& space, const const_matrix& x, const const_matrix& weight,
-                const const_matrix& dy, const matrix& dx, const matrix& dweight, const vector& dbias);
-
- private:
-  struct State;
-  std::unique_ptr<State> m_state;
+                const const_matrix& dy, const matrix& dx, const matrix& dweight, const vector& dbias,
+                bool accumulate = false);
 };
 
 /// Y = X W + b with W [in, out] split by input rows: shard d holds W_d = W[range_d, :] and its
 /// slice of the input X_d = X[:, range_d]; b [out] is replicated and added once.
 template <class ExecutionSpace, class Scalar>
-class RowParallelLinear {
+class RowParallelLinear : public ParallelLinear<ExecutionSpace, Scalar> {
  public:
-  using memory_space = typename ExecutionSpace::memory_space;
-  using matrix = Matrix<Scalar, memory_space>;
-  using const_matrix = Matrix<const Scalar, memory_space>;
-  using vector = Kokkos::View<Scalar*, memory_space>;
-  using const_vector = Kokkos::View<const Scalar*, memory_space>;
+  using typename ParallelLinear<ExecutionSpace, Scalar>::memory_space;
+  using typename ParallelLinear<ExecutionSpace, Scalar>::matrix;
+  using typename ParallelLinear<ExecutionSpace, Scalar>::const_matrix;
+  using typename ParallelLinear<ExecutionSpace, Scalar>::vector;
+  using typename ParallelLinear<ExecutionSpace, Scalar>::const_vector;
 
-  RowParallelLinear(MPI_Comm shards, int in_features, int out_features,
+  RowParallelLinear(const Group& shards, int in_features, int out_features,
                     const TensorParallelOptions& options = {});
-  ~RowParallelLinear();
-  RowParallelLinear(RowParallelLinear&&) noexcept;
-  RowParallelLinear& operator=(RowParallelLinear&&) noexcept;
+  ShardRange local_in() const { return this->local(); }
 
-  int in_features() const;
-  int out_features() const;
-  ShardRange local_in() const;  ///< this shard's input rows
-
-  /// Y = (sum over shards of X_d W_d) + b: one MPI_Allreduce of [batch, out]. Collective.
+  /// Y = (sum over shards of X_d W_d) + b: one all-reduce of [batch, out]. Collective.
   void forward(const ExecutionSpace& space, const const_matrix& x, const const_matrix& weight,
                const const_vector& bias, const matrix& y);
-  /// dX_d = dY W_d^T, dW_d = X_d^T dY, db = column sums of dY (the same on every shard). Local.
+  /// dX_d = dY W_d^T (skipped when dx is an empty View), dW_d = X_d^T dY, db = column sums of dY
+  /// (the same on every shard; added when `accumulate`). Local.
   void backward(const ExecutionSpace& space, const const_matrix& x, const const_matrix& weight,
-                const const_matrix& dy, const matrix& dx, const matrix& dweight,
-                const vector& dbias) const;
+                const const_matrix& dy, const matrix& dx, const matrix& dweight, const vector& dbias,
+                bool accumulate = false) const;
+};
+
+/// x [batch, f] := the shards' x_d [batch, f_d] side by side, shard d's at columns
+/// shard_range(f, S, d). Keeps its buffers between calls; collective over `shards` (agreement +
+/// one all-gather).
+template <class ExecutionSpace, class Scalar>
+class FeatureAllGather {
+ public:
+  using memory_space = typename ExecutionSpace::memory_space;
+
+  explicit FeatureAllGather(const Group& shards, const TensorParallelOptions& options = {});
+  ~FeatureAllGather();
+  FeatureAllGather(FeatureAllGather&&) noexcept;
+  FeatureAllGather& operator=(FeatureAllGather&&) noexcept;
+
+  void operator()(const ExecutionSpace& space, const Matrix<const Scalar, memory_space>& local,
+                  const Matrix<Scalar, memory_space>& gathered);
 
  private:
   struct State;
   std::unique_ptr<State> m_state;
 };
 
-/// x [batch, f] := the shards' x_d [batch, f_d] side by side, shard d's at columns
-/// shard_range(f, S, d). Collective over `shards` (agreement + one MPI_Allgatherv).
+/// One-shot FeatureAllGather (fresh buffers each call): hold a FeatureAllGather to gather repeatedly.
 template <class ExecutionSpace, class Scalar>
-void all_gather_features(const ExecutionSpace& space, MPI_Comm shards,
+void all_gather_features(const ExecutionSpace& space, const Group& shards,
                          const Matrix<const Scalar, typename ExecutionSpace::memory_space>& local,
                          const Matrix<Scalar, typename ExecutionSpace::memory_space>& gathered,
-                         const TensorParallelOptions& options = {});
+                         const TensorParallelOptions& options = {}) {
+  FeatureAllGather<ExecutionSpace, Scalar>(shards, options)(space, local, gathered);
+}
 
 /// Softmax cross-entropy over a vocabulary split across shards, as Megatron's
 /// vocab_parallel_cross_entropy: each shard holds logits_d [batch, V_d] for its vocabulary range;
-/// the row maxima (MPI_MAX), then the sums of exp(logit - max) and the target logits (one
-/// MPI_SUM of [2, batch]; the target logit comes from the shard that owns the label) are reduced
-/// across shards, never the logits. loss_i = log(sum_j exp(z_ij - m_i)) + m_i - z_{i,label_i}.
+/// the row maxima (max), then the sums of exp(logit - max) and the target logits (one sum of
+/// [2, batch]; the target logit comes from the shard that owns the label) are reduced across
+/// shards, never the logits. loss_i = log(sum_j exp(z_ij - m_i)) + m_i - z_{i,label_i}.
 template <class ExecutionSpace, class Scalar>
 class VocabParallelCrossEntropy {
  public:
@@ -126,7 +163,7 @@ class VocabParallelCrossEntropy {
   using vector = Kokkos::View<Scalar*, memory_space>;
   using labels_view = Kokkos::View<const int*, memory_space>;
 
-  VocabParallelCrossEntropy(MPI_Comm shards, int vocab_size, const TensorParallelOptions& options = {});
+  VocabParallelCrossEntropy(const Group& shards, int vocab_size, const TensorParallelOptions& options = {});
   ~VocabParallelCrossEntropy();
   VocabParallelCrossEntropy(VocabParallelCrossEntropy&&) noexcept;
   VocabParallelCrossEntropy& operator=(VocabParallelCrossEntropy&&) noexcept;

@@ -12,9 +12,17 @@
 
 namespace lather {
 
-/// The spaces Lather's compiled library is instantiated for.
+/// The spaces Lather's compiled library is instantiated for: the default execution space, and
+/// on device builds (where it differs) the default host space too.
 using DefaultExecutionSpace = Kokkos::DefaultExecutionSpace;
 using DefaultHostExecutionSpace = Kokkos::DefaultHostExecutionSpace;
+
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL) || \
+    defined(KOKKOS_ENABLE_OPENMPTARGET)
+#define LATHER_HOST_SPACE_DIFFERS 1
+#else
+#define LATHER_HOST_SPACE_DIFFERS 0
+#endif
 
 namespace Impl {
 

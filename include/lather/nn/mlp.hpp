@@ -1,35 +1,21 @@
 #pragma once
 // The multilayer perceptron the training driver trains: dense layers with ReLU between them and a
 // softmax cross-entropy head, forward and backward with Kokkos kernels and Kokkos Kernels GEMMs.
-// Hidden layers can be split across the S ranks of a replica (tensor parallelism): alternately
-// column-parallel and row-parallel, as Megatron pairs them.
+// Built from comm's tensor-parallel layers: on a Mesh with S weight shards, hidden layers are split
+// across the S ranks of a replica, alternately column-parallel and row-parallel as Megatron pairs
+// them; the output layer is whole on every shard.
 
-#include <lather/core/tensor.hpp>
-#include <lather/optim/optimizer.hpp>
+#include <lather/comm/mesh.hpp>
+#include <lather/comm/tensor_parallel.hpp>
+#include <lather/core/parameters.hpp>
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
 namespace lather::nn {
-
-/// What the model needs from the ranks of its replica when hidden layers are split: a sum over
-/// the shard group (in place, on Views of the model's memory space) and an all-gather along the
-/// feature dimension. Single-shard models use none of it.
-template <class MemorySpace>
-struct ShardGroup {
-  int shards = 1;
-  int shard = 0;
-  /// x <- sum over the shards of x (all shards pass Views of the same shape).
-  std::function<void(const Kokkos::View<float**, Kokkos::LayoutRight, MemorySpace>&)> sum;
-  /// out[:, d*w:(d+1)*w] <- in of shard d (w = in.extent(1)); out is [rows, shards * w].
-  std::function<void(const Kokkos::View<const float**, Kokkos::LayoutRight, MemorySpace>&,
-                     const Kokkos::View<float**, Kokkos::LayoutRight, MemorySpace>&)>
-      all_gather;
-};
 
 struct BatchResult {
   double loss_sum = 0;  ///< sum over the batch of the cross-entropy losses
@@ -43,6 +29,7 @@ class Mlp {
   using memory_space = typename ExecutionSpace::memory_space;
   using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, memory_space>;
   using Labels = Kokkos::View<std::int32_t*, memory_space>;
+  using Parameters = ParameterList<float, memory_space>;
 
   enum class Split { none, column, row };
   struct Layer {
@@ -52,39 +39,48 @@ class Mlp {
   };
 
   /// sizes = {inputs, hidden..., classes}; parameters initialised from `seed` (He-uniform weights,
-  /// zero biases) identically for every rank count and shard count.
-  Mlp(const ExecutionSpace& space, std::vector<int> sizes, std::uint64_t seed, ShardGroup<memory_space> group = {});
+  /// zero biases) identically for every rank count and shard count. Hidden layers are split over
+  /// mesh.shards(); collective over it.
+  Mlp(const ExecutionSpace& space, std::vector<int> sizes, std::uint64_t seed, const comm::Mesh& mesh = comm::Mesh());
+  ~Mlp();
 
   const std::vector<Layer>& layers() const { return m_layers; }
-  /// Local parameters (kernel then bias per layer) with their global shapes and split axes.
-  const std::vector<optim::ParameterSpec>& parameter_specs() const { return m_specs; }
-  const TensorList<float, memory_space>& parameters() const { return m_params; }
-  const TensorList<float, memory_space>& gradients() const { return m_grads; }
+  /// This shard's parameters (kernel then bias per layer) with their global shapes and split
+  /// axes; the gradients live in one contiguous buffer.
+  const Parameters& parameters() const { return m_parameters; }
+  const std::vector<ParameterSpec>& parameter_specs() const { return m_parameters.specs(); }
 
-  /// Forward and backward on one micro-batch: the gradient of the summed loss is added to
-  /// gradients() (set instead of added when `accumulate` is false).
-  BatchResult train_batch(const Matrix& inputs, const Labels& labels, bool accumulate);
+  /// Forward and backward on one micro-batch: the gradient of the summed loss is added to the
+  /// parameters' gradients (set instead of added when `accumulate` is false). Collective over the
+  /// shards when split.
+  BatchResult train_batch(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels, bool accumulate);
   /// Forward only: loss sum and correct count.
-  BatchResult evaluate(const Matrix& inputs, const Labels& labels);
+  BatchResult evaluate(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels);
 
   // Implementation steps. Public only because nvcc rejects an extended __host__ __device__ lambda
   // (KOKKOS_LAMBDA) whose enclosing member function is private or protected; not for users.
-  void forward(const Matrix& inputs, int rows);
-  BatchResult loss_and_gradient(const Labels& labels, int rows, bool backward);
+  void forward(const ExecutionSpace& space, const Matrix& inputs, int rows);
+  BatchResult loss_and_gradient(const ExecutionSpace& space, const Labels& labels, int rows, bool backward);
+  void backward(const ExecutionSpace& space, const Matrix& inputs, int rows, bool accumulate);
 
  private:
-  void allocate_activations(int rows);
+  using ConstMatrix = Kokkos::View<const float**, Kokkos::LayoutRight, memory_space>;
+  void allocate_activations(const ExecutionSpace& space, int rows);
+  ConstMatrix weight(std::size_t l) const;
 
-  ExecutionSpace m_space;
   std::vector<Layer> m_layers;
-  std::vector<optim::ParameterSpec> m_specs;
-  TensorList<float, memory_space> m_params, m_grads;
-  ShardGroup<memory_space> m_group;
-  int m_rows = 0;
-  std::vector<Matrix> m_z;          // pre-activations per layer [rows, local_out] (row layers: full out)
-  std::vector<Matrix> m_a;          // activations feeding each layer (m_a[0] = input)
-  std::vector<Matrix> m_gathered;   // all-gathered activations where a split layer feeds a whole one
-  Matrix m_delta, m_delta_previous;
+  Parameters m_parameters;
+  int m_shards = 1, m_shard = 0;
+  /// Per layer: the column-parallel layer (also the whole layers, over one process) or the
+  /// row-parallel one; and the all-gather after a split layer that feeds a whole one.
+  std::vector<std::unique_ptr<comm::ColumnParallelLinear<ExecutionSpace, float>>> m_columns;
+  std::vector<std::unique_ptr<comm::RowParallelLinear<ExecutionSpace, float>>> m_rows;
+  std::unique_ptr<comm::FeatureAllGather<ExecutionSpace, float>> m_gather;
+  int m_capacity = 0;
+  std::vector<Matrix> m_z;         // pre-activations per layer [rows, local width] (row layers: full out)
+  std::vector<Matrix> m_a;         // activations feeding each layer (m_a[0] unused: the input)
+  std::vector<Matrix> m_gathered;  // all-gathered activations where a split layer feeds a whole one
+  Kokkos::View<float*, memory_space> m_delta, m_delta_previous;
   Kokkos::View<double*, memory_space> m_row_loss;
   Kokkos::View<int*, memory_space> m_row_correct;
 };

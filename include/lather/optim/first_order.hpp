@@ -42,24 +42,31 @@ template <class ExecutionSpace, class Scalar>
 class FirstOrder final : public Optimizer<ExecutionSpace, Scalar> {
  public:
   using typename Optimizer<ExecutionSpace, Scalar>::Tensors;
+  using typename Optimizer<ExecutionSpace, Scalar>::Parameters;
   using typename Optimizer<ExecutionSpace, Scalar>::memory_space;
 
+  /// The state is allocated and initialised on `space`.
   FirstOrder(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, SgdOptions options);
   FirstOrder(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, AdagradOptions options);
   FirstOrder(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, AdamOptions options);
+  template <class Options>
+  FirstOrder(const ExecutionSpace& space, const Parameters& parameters, Options options)
+      : FirstOrder(space, parameters.specs(), std::move(options)) {}
   ~FirstOrder() override;
 
   std::string name() const override;
-  void step(const Tensors& params, const Tensors& grads) override;
   long step_count() const override { return m_step; }
   StateMemoryReport memory_report() const override;
   std::vector<StateArray<memory_space>> state_arrays() override;
   void state_restored(long step_count) override { m_step = step_count; }
   std::vector<std::pair<std::string, std::string>> describe() const override;
 
+ protected:
+  void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;
+
  private:
   enum class Rule { sgd, adagrad, adam };
-  void allocate(const std::vector<std::string>& slots, double initial);
+  void allocate(const ExecutionSpace& space, const std::vector<std::string>& slots, double initial);
 
   Rule m_rule;
   SgdOptions m_sgd;
@@ -70,5 +77,10 @@ class FirstOrder final : public Optimizer<ExecutionSpace, Scalar> {
   long m_step = 0;
   std::int64_t m_step_host = 0;
 };
+
+// Compiled into liblather (src/optim/first_order.cpp); other spaces:
+// <lather/optim/impl/first_order_impl.hpp>.
+extern template class FirstOrder<DefaultExecutionSpace, float>;
+extern template class FirstOrder<DefaultExecutionSpace, double>;
 
 }  // namespace lather::optim

@@ -2,6 +2,7 @@
 // The interface every Lather optimizer (Shampoo and the baselines) offers, so that drivers,
 // benchmarks and checkpoints treat them alike.
 
+#include <lather/core/parameters.hpp>
 #include <lather/core/tensor.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -13,21 +14,7 @@
 
 namespace lather::optim {
 
-/// A trainable tensor as the optimizer sees it: a name for messages and checkpoints, and the
-/// shape of the tensor this rank holds. With weight sharding (tensor parallelism) the tensor is
-/// this rank's slice of a global tensor split along `split_axis`: it holds
-/// [split_offset, split_offset + shape[split_axis]) of global_shape[split_axis].
-struct ParameterSpec {
-  std::string name;
-  TensorShape shape;
-  int split_axis = -1;  ///< -1: not split (the tensor is the whole parameter)
-  std::int64_t split_offset = 0;
-  TensorShape global_shape;  ///< empty: same as shape
-
-  const TensorShape& global() const { return global_shape.empty() ? shape : global_shape; }
-  bool split() const { return split_axis >= 0; }
-  void validate() const;  ///< Throws lather::Error naming the parameter when inconsistent.
-};
+using ::lather::ParameterSpec;
 
 /// Bytes of optimizer state on this rank, by kind.
 struct StateMemoryReport {
@@ -75,6 +62,9 @@ struct StateArray {
   std::int64_t local_elements() const;
 };
 
+/// Every optimizer is built on an execution space instance (where it allocates and initialises
+/// its state) and takes the instance again in every call that launches work, as Kokkos Kernels
+/// does; it never fences globally.
 template <class ExecutionSpace, class Scalar>
 class Optimizer {
  public:
@@ -82,11 +72,21 @@ class Optimizer {
   using memory_space = typename ExecutionSpace::memory_space;
   using value_type = Scalar;
   using Tensors = TensorList<Scalar, memory_space>;
+  using Parameters = ParameterList<Scalar, memory_space>;
 
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
-  /// One update: params += update(grads). Both lists match parameters() in count and sizes.
-  virtual void step(const Tensors& params, const Tensors& grads) = 0;
+  /// One update on `space`: values += update(gradients). The lists match parameters() in count
+  /// and sizes.
+  void step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) {
+    check_arguments(values, gradients);
+    do_step(space, values, gradients);
+  }
+  void step(const ExecutionSpace& space, const Parameters& parameters) {
+    step(space, parameters.values(), parameters.gradients());
+  }
+  [[deprecated("pass the execution space instance: step(space, values, gradients)")]]
+  void step(const Tensors& values, const Tensors& gradients) { step(ExecutionSpace(), values, gradients); }
   /// Updates done so far; the learning-rate schedule is evaluated at this value.
   virtual long step_count() const = 0;
   virtual StateMemoryReport memory_report() const = 0;
@@ -101,11 +101,11 @@ class Optimizer {
   const std::vector<ParameterSpec>& parameters() const { return m_parameters; }
 
  protected:
-  Optimizer(const ExecutionSpace& space, std::vector<ParameterSpec> parameters);
-  /// Throws unless params and grads match parameters() (count, sizes, no aliasing).
-  void check_arguments(const Tensors& params, const Tensors& grads) const;
+  explicit Optimizer(std::vector<ParameterSpec> parameters);
+  virtual void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) = 0;
+  /// Throws unless values and gradients match parameters() (count, sizes, no aliasing).
+  void check_arguments(const Tensors& values, const Tensors& gradients) const;
 
-  ExecutionSpace m_space;
   std::vector<ParameterSpec> m_parameters;
 };
 

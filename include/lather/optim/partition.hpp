@@ -1,7 +1,8 @@
 #pragma once
 // How Shampoo sees a parameter: the reference's best-effort shape interpretation (merge small
 // dimensions) and block partitioning (split dimensions larger than block_size, remainder blocks
-// last), with one statistic per dimension of every block.
+// last), with one statistic per dimension of every block; and how the statistics are assigned to
+// the ranks that share the work.
 
 #include <lather/core/tensor.hpp>
 
@@ -46,5 +47,16 @@ class BlockPartition {
   std::vector<Block> m_blocks;
   std::int64_t m_elements = 1;
 };
+
+/// How statistics are assigned to the ranks of a group for their inverse roots.
+enum class RootAssignment {
+  even,     ///< the reference: the padded stack split into equal contiguous slices by count
+  balanced  ///< greedy longest-processing-time on the root cost n^3
+};
+
+/// owner[s] for each statistic of the given sizes; cost of statistic s is size[s]^3.
+std::vector<int> assign_statistics(const std::vector<int>& sizes, int ranks, RootAssignment how);
+/// max over ranks of the summed n^3 cost, divided by the mean over ranks (1 is perfect balance).
+double load_imbalance(const std::vector<int>& sizes, const std::vector<int>& owner, int ranks);
 
 }  // namespace lather::optim

@@ -8,6 +8,16 @@ namespace lather::optim {
 
 struct LearningRateSchedule {
   enum class Kind { constant, linear_warmup, cosine_decay, linear_decay, rsqrt };
+
+  LearningRateSchedule() = default;
+  /// A constant learning rate, as optax accepts a number wherever it takes a schedule:
+  /// `options.learning_rate = 0.05;`.
+  LearningRateSchedule(double constant_value)  // NOLINT(google-explicit-constructor)
+      : peak(constant_value) {}
+  LearningRateSchedule(Kind kind_, double peak_, long warmup_steps_ = 0, long decay_steps_ = 0,
+                       double end_value_ = 0.0)
+      : kind(kind_), peak(peak_), warmup_steps(warmup_steps_), decay_steps(decay_steps_), end_value(end_value_) {}
+
   Kind kind = Kind::constant;
   double peak = 1e-3;      ///< the value after warm-up (the constant value for `constant`)
   long warmup_steps = 0;   ///< linear ramp 0 -> peak (optax.linear_schedule(0, peak, warmup))

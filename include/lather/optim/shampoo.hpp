@@ -4,17 +4,17 @@
 // preconditioners, inverse p-th roots by coupled Newton (or eigendecomposition), grafting,
 // momentum, quantized state, and the global statistics stack shared by a group of ranks.
 //
-//   lather::optim::Shampoo<Kokkos::DefaultExecutionSpace, float> shampoo(space, specs, options);
-//   shampoo.step(params, grads);   // every training step, after the gradient reduction
+//   lather::optim::Shampoo<Kokkos::DefaultExecutionSpace, float> shampoo(space, params, options, mesh);
+//   shampoo.step(space, params);   // every training step, after the gradient reduction
 //
 // The state layout is the reference's sharded layout: a global stack of statistics and
 // preconditioners [N, max, max] (padded with identity to a multiple of the group size) plus local
 // per-parameter state (diagonal statistics, momentum, diagonal momentum).
 
+#include <lather/comm/mesh.hpp>
 #include <lather/optim/optimizer.hpp>
 #include <lather/optim/partition.hpp>
 #include <lather/optim/shampoo_options.hpp>
-#include <lather/optim/work_group.hpp>
 
 #include <memory>
 #include <vector>
@@ -42,20 +42,27 @@ template <class ExecutionSpace, class Scalar>
 class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
  public:
   using typename Optimizer<ExecutionSpace, Scalar>::Tensors;
+  using typename Optimizer<ExecutionSpace, Scalar>::Parameters;
   using typename Optimizer<ExecutionSpace, Scalar>::memory_space;
 
-  /// `group` (optional) is the set of ranks that hold this same state and split the root work; it
-  /// must be the data-parallel group over which the gradients were reduced. `shards` (optional,
-  /// with weight sharding) is the set of ranks holding the other slices of split parameters: the
-  /// per-tensor norms of grafting are summed over it, so a split tensor is grafted as a whole.
+  /// On a Mesh: the ranks of mesh.data_parallel() (which reduced the gradients) hold the same
+  /// state and split the root work; with weight shards, the per-tensor norms of grafting are
+  /// summed over mesh.shards(), so a split tensor is grafted as a whole. The default Mesh is one
+  /// process. Allocates and initialises the state on `space`.
   Shampoo(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, ShampooOptions options,
-          std::shared_ptr<WorkGroup> group = nullptr, std::shared_ptr<WorkGroup> shards = nullptr);
+          const comm::Mesh& mesh = comm::Mesh());
+  Shampoo(const ExecutionSpace& space, const Parameters& parameters, ShampooOptions options,
+          const comm::Mesh& mesh = comm::Mesh())
+      : Shampoo(space, parameters.specs(), std::move(options), mesh) {}
+  /// The groups given directly: `group` shares the state and the root work, `shards` holds the
+  /// other slices of split parameters.
+  Shampoo(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, ShampooOptions options,
+          const comm::Group& group, const comm::Group& shards = comm::Group());
   ~Shampoo() override;
   Shampoo(const Shampoo&) = delete;
   Shampoo& operator=(const Shampoo&) = delete;
 
   std::string name() const override { return "shampoo"; }
-  void step(const Tensors& params, const Tensors& grads) override;
   long step_count() const override;
   StateMemoryReport memory_report() const override;
   std::vector<StateArray<memory_space>> state_arrays() override;
@@ -69,13 +76,20 @@ class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
   std::vector<StatisticMetrics> metrics() const;
   /// Load imbalance (max / mean n^3 cost per rank) of the root assignment in use.
   double root_load_imbalance() const;
-  /// Host copies (n x n, row-major, dequantized to double) of statistic / preconditioner s. In
-  /// sharded mode only the statistics this rank stores can be read.
-  std::vector<double> statistic(int s) const;
-  std::vector<double> preconditioner(int s) const;
+  /// Host copies (n x n, row-major, dequantized to double) of statistic / preconditioner s, made
+  /// on `space`. In sharded mode only the statistics this rank stores can be read.
+  std::vector<double> statistic(const ExecutionSpace& space, int s) const;
+  std::vector<double> preconditioner(const ExecutionSpace& space, int s) const;
+
+ protected:
+  void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;
 
  private:
   std::unique_ptr<Impl::ShampooEngineBase<ExecutionSpace, Scalar>> m_engine;
 };
+
+// Compiled into liblather (src/optim/shampoo.cpp); other spaces: <lather/optim/impl/shampoo_impl.hpp>.
+extern template class Shampoo<DefaultExecutionSpace, float>;
+extern template class Shampoo<DefaultExecutionSpace, double>;
 
 }  // namespace lather::optim

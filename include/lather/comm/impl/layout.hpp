@@ -2,8 +2,8 @@
 // Host-side planning of the reductions: which tensors share a fusion bucket, and the "items"
 // (pieces of one tensor) the per-tensor dot-product kernels work on.
 
-#include "kernels.hpp"
-#include "mpi_support.hpp"
+#include <lather/comm/impl/kernels.hpp>
+#include <lather/comm/impl/support.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -28,17 +28,18 @@ struct Layout {
   std::vector<Bucket> buckets;
   std::int64_t total = 0;
   std::int64_t largest_bucket = 0;
-  std::uint64_t hash = fnv1a_start;  ///< of the tensor count and every size, in order
+  std::uint64_t hash = 0;  ///< of the tensor count and every size, in order
 };
 
 inline Layout plan_layout(std::vector<std::int64_t> sizes, std::int64_t fusion_elements) {
   Layout layout;
   layout.sizes = std::move(sizes);
-  layout.hash = fnv1a(layout.hash, layout.sizes.size());
+  Fnv1a hash;
+  hash.add(layout.sizes.size());
   Bucket current;
   for (std::size_t t = 0; t < layout.sizes.size(); ++t) {
     const std::int64_t n = layout.sizes[t];
-    layout.hash = fnv1a(layout.hash, std::uint64_t(n));
+    hash.add(std::uint64_t(n));
     layout.total += n;
     if (current.last > current.first && current.elements + n > fusion_elements) {
       layout.buckets.push_back(current);
@@ -49,6 +50,7 @@ inline Layout plan_layout(std::vector<std::int64_t> sizes, std::int64_t fusion_e
     current.elements += n;
   }
   if (current.last > current.first) layout.buckets.push_back(current);
+  layout.hash = hash.value();
   for (const auto& bucket : layout.buckets)
     layout.largest_bucket = std::max(layout.largest_bucket, bucket.elements);
   return layout;

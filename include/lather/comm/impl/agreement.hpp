@@ -6,7 +6,7 @@
 // invalid. Every rank then knows the same thing and throws the same lather::Error where ranks
 // disagree, so a mismatch is an error everywhere and never a hang or a truncated message.
 
-#include <mpi.h>
+#include <lather/comm/group.hpp>
 
 #include <cstdint>
 #include <string>
@@ -23,9 +23,9 @@ struct AgreementField {
 
 class Agreement {
  public:
-  /// Collective over `comm`: one MPI_Allreduce, plus one MPI_Bcast of the message when some rank
+  /// Collective over `group`: one MPI_Allreduce, plus one MPI_Bcast of the message when some rank
   /// passed a non-empty `local_error` (then every rank throws that message, naming its rank).
-  Agreement(MPI_Comm comm, std::string context, std::vector<AgreementField> fields,
+  Agreement(const Group& group, std::string context, std::vector<AgreementField> fields,
             std::vector<double> sums = {}, const std::string& local_error = std::string());
 
   std::int64_t min(std::size_t field) const { return m_min[field]; }

@@ -23,11 +23,11 @@
 // MPI_Allgatherv of every rank's bucket, then that same tree computed by every rank locally
 // (adasum_tree_allgather). One collective instead of 3 log2(P) (+2).
 
-#include "kernels.hpp"
-#include "layout.hpp"
-#include "transport.hpp"
+#include <lather/comm/impl/kernels.hpp>
+#include <lather/comm/impl/layout.hpp>
+#include <lather/comm/impl/transport.hpp>
 
-#include <lather/comm/communicator.hpp>
+#include <lather/comm/group.hpp>
 
 #include <cfloat>
 #include <cmath>
@@ -44,10 +44,9 @@ inline double adasum_coefficient(double dot, double norm_squared) {
 template <class ExecutionSpace, class S>
 struct AdasumWorkspace {
   using memory_space = typename ExecutionSpace::memory_space;
-  MPI_Comm comm = MPI_COMM_NULL;
   int size = 1, rank = 0;
-  /// levels[k]: the 2^(k+1) ranks that share rank >> (k+1), among ranks < P (empty for others).
-  const std::vector<Communicator>* levels = nullptr;
+  /// levels[k]: the 2^(k+1) ranks that share rank >> (k+1), among ranks < P (not a member for others).
+  const std::vector<Group>* levels = nullptr;
   Transport<ExecutionSpace, S>* transport = nullptr;
   ItemPlan<memory_space>* items = nullptr;
   Vector<S, memory_space> partner;  ///< receives the partner's half (the whole buffer when folding)
@@ -68,13 +67,13 @@ inline std::int64_t adasum_partner_elements(int size, std::int64_t elements) {
 }
 
 /// a := Adasum(a, b) per tensor (counts[t] consecutive elements of a and b belong to tensor t).
-/// The dot products and norms are summed over `level_comm` when it is not MPI_COMM_NULL.
+/// The dot products and norms are summed over `level` when it is given.
 /// `a_is_left`: a holds the lower rank's side (norms are exchanged as [dot, |left|^2, |right|^2]).
 template <class ExecutionSpace, class S>
 void adasum_combine(const ExecutionSpace& space, AdasumWorkspace<ExecutionSpace, S>& work,
                     const Vector<S, typename ExecutionSpace::memory_space>& a,
                     const Vector<S, typename ExecutionSpace::memory_space>& b,
-                    const std::vector<std::int64_t>& counts, MPI_Comm level_comm, bool a_is_left) {
+                    const std::vector<std::int64_t>& counts, const Group* level, bool a_is_left) {
   using memory_space = typename ExecutionSpace::memory_space;
   auto& items = *work.items;
   items.build(space, counts);
@@ -88,10 +87,8 @@ void adasum_combine(const ExecutionSpace& space, AdasumWorkspace<ExecutionSpace,
     packed[3 * t + 1] = a_is_left ? sums[t].aa : sums[t].bb;
     packed[3 * t + 2] = a_is_left ? sums[t].bb : sums[t].aa;
   }
-  if (level_comm != MPI_COMM_NULL && tensors > 0) {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, packed.data(), int(packed.size()), MPI_DOUBLE, MPI_SUM,
-                            level_comm),
-              "MPI_Allreduce (Adasum dot products)");
+  if (level && tensors > 0) {
+    level->allreduce(packed, Combine::sum);
     ++*work.scalar_collectives;
   }
   std::vector<double> coefficient_a(tensors), coefficient_b(tensors);
@@ -134,16 +131,15 @@ void adasum_tree_allgather(const ExecutionSpace& space, AdasumWorkspace<Executio
     return Vector<S, memory_space>(
         Kokkos::subview(work.gathered, std::make_pair(std::size_t(r * elements), std::size_t((r + 1) * elements))));
   };
-  std::vector<int> sizes(n, int(elements)), displacements(n);
-  for (int r = 0; r < n; ++r) displacements[r] = int(r * elements);
+  const std::vector<std::size_t> sizes(n, std::size_t(elements));
   work.transport->allgatherv(space, data,
                              Kokkos::subview(work.gathered, std::make_pair(std::size_t(0), std::size_t(n * elements))),
-                             sizes, displacements);
+                             sizes);
   const int p = power_of_two_floor(n);
-  for (int j = 0; j + p < n; ++j) adasum_combine(space, work, slot(j), slot(j + p), counts, MPI_COMM_NULL, true);
+  for (int j = 0; j + p < n; ++j) adasum_combine(space, work, slot(j), slot(j + p), counts, nullptr, true);
   for (int stride = 1; stride < p; stride *= 2)
     for (int i = 0; i + stride < p; i += 2 * stride)
-      adasum_combine(space, work, slot(i), slot(i + stride), counts, MPI_COMM_NULL, true);
+      adasum_combine(space, work, slot(i), slot(i + stride), counts, nullptr, true);
   Kokkos::deep_copy(space, data, slot(0));
 }
 
@@ -172,7 +168,7 @@ void adasum_allreduce(const ExecutionSpace& space, AdasumWorkspace<ExecutionSpac
     const auto received = Kokkos::subview(work.partner, range(0, elements));
     transport.receive(space, received, rank + p, fold_tag);
     adasum_combine(space, work, data, Vector<S, typename ExecutionSpace::memory_space>(received),
-                   counts, MPI_COMM_NULL, true);
+                   counts, nullptr, true);
   }
 
   // 2. Reduce-scatter by vector halving, distance doubling.
@@ -202,7 +198,7 @@ void adasum_allreduce(const ExecutionSpace& space, AdasumWorkspace<ExecutionSpac
     adasum_combine(space, work, Vector<S, typename ExecutionSpace::memory_space>(
                                     Kokkos::subview(data, range(keep_offset, keep_count))),
                    Vector<S, typename ExecutionSpace::memory_space>(incoming), counts,
-                   (*work.levels)[level_index].get(), !upper);
+                   &(*work.levels)[level_index], !upper);
     offset = keep_offset, count = keep_count;
   }
 

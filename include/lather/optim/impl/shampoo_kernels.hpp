@@ -1,13 +1,15 @@
 #pragma once
-// Kernels of the Shampoo step: block packing, statistics accumulation, and the element-wise graft,
-// momentum and update passes, following the reference's `_transform_grad` term by term.
+// Kernels of the Shampoo step: block packing and the element-wise graft, momentum and update
+// passes, following the reference's `_transform_grad` term by term.
 
+#include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/partition.hpp>
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace lather::optim::Impl {
@@ -26,10 +28,10 @@ struct BlockTable {
   int blocks = 0;
 };
 
-/// The table of `blocks` of a tensor of (interpreted) shape `shape`.
-template <class MemorySpace>
-BlockTable<MemorySpace> make_block_table(const TensorShape& shape, const std::vector<Block>& blocks,
-                                         const std::string& label) {
+/// The table of `blocks` of a tensor of (interpreted) shape `shape`, uploaded on `space`.
+template <class ExecutionSpace, class MemorySpace = typename ExecutionSpace::memory_space>
+BlockTable<MemorySpace> make_block_table(const ExecutionSpace& space, const TensorShape& shape,
+                                         const std::vector<Block>& blocks, const std::string& label) {
   BlockTable<MemorySpace> t;
   t.rank = int(shape.size());
   t.blocks = int(blocks.size());
@@ -40,9 +42,9 @@ BlockTable<MemorySpace> make_block_table(const TensorShape& shape, const std::ve
     t.strides[d] = stride;
     stride *= shape[d];
   }
-  t.table = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemorySpace>("Lather::Shampoo::block_table",
-                                                                         std::max(t.blocks, 1), 1 + 2 * t.rank);
-  auto host = Kokkos::create_mirror_view(t.table);
+  t.table = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemorySpace>(
+      Kokkos::view_alloc(space, "Lather::Shampoo::block_table"), std::max(t.blocks, 1), 1 + 2 * t.rank);
+  auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), t.table);
   for (int b = 0; b < t.blocks; ++b) {
     const auto& block = blocks[b];
     host(b, 0) = block.packed_offset;
@@ -51,13 +53,9 @@ BlockTable<MemorySpace> make_block_table(const TensorShape& shape, const std::ve
       host(b, 1 + t.rank + d) = block.size[d];
     }
   }
-  Kokkos::deep_copy(t.table, host);
+  Kokkos::deep_copy(space, t.table, host);
+  ::lather::Impl::fence(space, "Lather::Shampoo::make_block_table: uploaded");
   return t;
-}
-
-template <class MemorySpace>
-BlockTable<MemorySpace> make_block_table(const BlockPartition& partition, const std::string& label) {
-  return make_block_table<MemorySpace>(partition.shape(), partition.blocks(), label);
 }
 
 /// Tensor strides captured by value into repack_blocks' kernel. At namespace scope because nvcc
@@ -102,32 +100,6 @@ void repack_blocks(const ExecutionSpace& space, const BlockTable<MemorySpace>& t
           });
         });
       });
-}
-
-/// s(index)[:n, :n] = w1 * s(index)[:n, :n] + w2 * gram[:n, :n]
-template <class ExecutionSpace, class T, class MemorySpace>
-void blend_statistic(const ExecutionSpace& space,
-                     const Kokkos::View<T***, Kokkos::LayoutRight, MemorySpace>& stack, int index,
-                     const Kokkos::View<const T**, Kokkos::LayoutRight, MemorySpace>& gram, int n, T w1,
-                     T w2) {
-  Kokkos::parallel_for(
-      "Lather::Shampoo::blend_statistic",
-      Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {n, n}),
-      KOKKOS_LAMBDA(int i, int j) {
-        const T old_part = w1 * stack(index, i, j), new_part = w2 * gram(i, j);
-        stack(index, i, j) = old_part + new_part;
-      });
-}
-
-/// Copies the leading n x n block of stack(index) into a contiguous matrix.
-template <class ExecutionSpace, class T, class MemorySpace>
-void copy_leading_block(const ExecutionSpace& space,
-                        const Kokkos::View<const T***, Kokkos::LayoutRight, MemorySpace>& stack,
-                        int index, int n, const Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>& out) {
-  Kokkos::parallel_for(
-      "Lather::Shampoo::copy_leading_block",
-      Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {n, n}),
-      KOKKOS_LAMBDA(int i, int j) { out(i, j) = stack(index, i, j); });
 }
 
 /// Sum of squares, accumulated in double (so that squares of any finite float stay finite: the

@@ -1,0 +1,19 @@
+#include "optimizer_factory.hpp"
+
+#include <lather/optim/first_order.hpp>
+#include <lather/optim/shampoo.hpp>
+
+namespace lather::train {
+
+std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& space, const TrainOptions& o,
+                                                               const std::vector<ParameterSpec>& parameters,
+                                                               const comm::Mesh& mesh) {
+  if (o.optimizer == "shampoo")
+    return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), mesh);
+  if (o.optimizer == "sgd") return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.sgd_options());
+  if (o.optimizer == "adagrad")
+    return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.adagrad_options());
+  return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.adam_options());
+}
+
+}  // namespace lather::train

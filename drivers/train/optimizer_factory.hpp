@@ -1,0 +1,20 @@
+#pragma once
+// The optimizer a training run asks for (--optimizer), built on the model's parameters and the
+// mesh: Shampoo shares its root work over the replicas of a shard; the first-order baselines
+// need no communication.
+
+#include "dataset.hpp"
+#include "training_options.hpp"
+
+#include <lather/comm/mesh.hpp>
+#include <lather/optim/optimizer.hpp>
+
+#include <memory>
+
+namespace lather::train {
+
+std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& space, const TrainOptions& o,
+                                                               const std::vector<ParameterSpec>& parameters,
+                                                               const comm::Mesh& mesh);
+
+}  // namespace lather::train

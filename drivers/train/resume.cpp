@@ -1,0 +1,34 @@
+#include "resume.hpp"
+
+namespace lather::train {
+
+Position resume(const Space& space, const TrainOptions& o, const checkpoint::Checkpointer& checkpointer,
+                optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
+                const ProgressLog& log) {
+  std::vector<std::string> skipped;
+  const auto state = checkpointer.restore_latest(space, optimizer, parameters, &skipped);
+  // A damaged newer checkpoint must not be passed over in silence: the run goes back further.
+  for (const auto& why : skipped) log.say("warning: resume skips an unreadable checkpoint: " + why);
+  if (!state) {
+    log.say("resume: no checkpoint in " + o.checkpoint_dir + ", starting from scratch");
+    return {};
+  }
+  log.say("resumed from " + state->file + " (step " + std::to_string(optimizer.step_count()) + ", epoch " +
+          std::to_string(state->epoch + 1) + ", sample " + std::to_string(state->sample_offset) + "; written by " +
+          std::to_string(state->world_size) + " ranks with " + std::to_string(state->weight_shards) + " weight shards)");
+  return {state->epoch, state->sample_offset};
+}
+
+std::string save_checkpoint(const Space& space, const TrainOptions& o, checkpoint::Checkpointer& checkpointer,
+                            optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
+                            const Position& next) {
+  checkpoint::TrainingState state;
+  state.epoch = next.epoch;
+  state.sample_offset = next.sample;
+  state.rng = {o.seed};
+  state.weight_shards = o.weight_shards;
+  state.extra.strings["model"] = "mlp";
+  return checkpointer.save(space, optimizer, parameters, state);
+}
+
+}  // namespace lather::train

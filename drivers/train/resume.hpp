@@ -1,0 +1,33 @@
+#pragma once
+// The training driver's checkpoints: where the next step of the data starts, written with every
+// checkpoint, and --resume from the newest intact checkpoint of --checkpoint-dir.
+
+#include "dataset.hpp"
+#include "progress.hpp"
+#include "training_options.hpp"
+
+#include <lather/checkpoint/checkpoint.hpp>
+#include <lather/core/parameters.hpp>
+#include <lather/optim/optimizer.hpp>
+
+#include <string>
+
+namespace lather::train {
+
+/// Where the next step starts: the epoch and the samples of it already consumed.
+struct Position {
+  long epoch = 0, sample = 0;
+};
+
+/// Loads the newest intact checkpoint into the parameters and the optimizer, saying which damaged
+/// newer ones it passes over; returns where to continue (the start when there is none).
+Position resume(const Space& space, const TrainOptions& o, const checkpoint::Checkpointer& checkpointer,
+                optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
+                const ProgressLog& log);
+
+/// Writes the checkpoint of the optimizer's step, recording `next` as where to continue.
+std::string save_checkpoint(const Space& space, const TrainOptions& o, checkpoint::Checkpointer& checkpointer,
+                            optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
+                            const Position& next);
+
+}  // namespace lather::train

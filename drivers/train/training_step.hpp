@@ -1,0 +1,33 @@
+#pragma once
+// One optimizer step of the training driver: this replica's share of a global batch in
+// --accumulate micro-batches through the model, the gradients reduced over the data-parallel
+// group (token-weighted mean, or Adasum of per-replica means), then the optimizer's update.
+
+#include "dataset.hpp"
+#include "training_options.hpp"
+
+#include <lather/comm/reduce.hpp>
+#include <lather/nn/mlp.hpp>
+#include <lather/optim/optimizer.hpp>
+
+namespace lather::train {
+
+/// This replica's sums over its samples of the step.
+struct StepSums {
+  double loss = 0, correct = 0, samples = 0;
+};
+
+struct StepParts {
+  nn::Mlp<Space>& model;
+  comm::GradientReducer<Space, float>& reducer;
+  optim::Optimizer<Space, float>& optimizer;
+  Batch& staging;
+};
+
+/// The step on samples order[begin, end) of the training set (the global batch; this replica
+/// takes its share). Collective over the mesh.
+StepSums training_step(const Space& space, const TrainOptions& o, const data::LabelledImages& train_set,
+                       const std::vector<std::int32_t>& order, long begin, long end, int replicas, int replica,
+                       StepParts& parts);
+
+}  // namespace lather::train

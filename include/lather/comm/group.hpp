@@ -1,0 +1,173 @@
+#pragma once
+// The ranks Lather communicates over. A Group owns a duplicate of an MPI communicator on which
+// errors return instead of aborting (MPI_ERRORS_RETURN), and offers the collectives Lather's
+// objects are built from; every MPI call in Lather goes through a Group (src/comm/group.cpp) or
+// the agreement before a collective (src/comm/agreement.cpp), and every result is checked: a
+// failing call throws lather::Error carrying MPI_Error_string.
+//
+// Copies of a Group share its communicator (freed with the last copy, never after
+// MPI_Finalize). A default-constructed Group is one process on its own: every collective is a
+// local copy and no MPI call is made, so code written against a Group runs unchanged in a build
+// without MPI (LATHER_ENABLE_MPI=OFF) and in programs that never initialise MPI.
+//
+// Pointers handed to the collectives must be memory MPI can read: host memory, or device memory
+// when the build declares a GPU-aware MPI (LATHER_ENABLE_CUDA_AWARE_MPI). The View overloads at
+// the end stage device data through host buffers where needed.
+
+#include <lather/core/config.hpp>
+#include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
+
+#if LATHER_ENABLE_MPI
+#include <mpi.h>
+#endif
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lather::comm {
+
+/// The element-wise operation of Group::allreduce.
+enum class Combine { sum, min, max };
+
+class Group {
+ public:
+  /// One process on its own (size 1, rank 0); needs no MPI.
+  Group();
+#if LATHER_ENABLE_MPI
+  /// A duplicate of `comm` (MPI_Comm_dup: collective over `comm`) with MPI_ERRORS_RETURN. Implicit,
+  /// so that MPI_COMM_WORLD can be passed wherever a Group is expected.
+  Group(MPI_Comm comm);  // NOLINT(google-explicit-constructor)
+  /// The duplicate itself, for libraries that take a communicator (parallel HDF5).
+  MPI_Comm native() const;
+#endif
+
+  int size() const;
+  int rank() const;
+  /// False for a moved-from Group, or one returned by split() to a rank that joined no group.
+  bool member() const noexcept;
+
+  /// MPI_Comm_split: ranks passing the same color >= 0 form a group, ordered by key; a rank
+  /// passing a negative color joins none (the result is not a member()). Collective.
+  Group split(int color, int key) const;
+  /// The rank in `other` of every rank of this group (-1 where a rank is not in `other`). Local.
+  std::vector<int> ranks_in(const Group& other) const;
+
+  // ---- collectives on memory MPI can read (counts in elements) ----------------------------------
+  // T is one of char, int, std::int64_t, std::uint16_t, std::uint32_t, std::uint64_t, float,
+  // double. Counts of any size are split into calls MPI's int counts can describe.
+
+  void barrier() const;
+  /// values[0, count) := element-wise `op` over the group, in place.
+  template <class T>
+  void allreduce(T* values, std::size_t count, Combine op) const;
+  /// receive[0, count) := element-wise `op` over the group of send[0, count) (no overlap).
+  template <class T>
+  void allreduce(const T* send, T* receive, std::size_t count, Combine op) const;
+  template <class T>
+  void allreduce(std::vector<T>& values, Combine op) const {
+    allreduce(values.data(), values.size(), op);
+  }
+  /// One value: the group's sum, minimum or maximum of `value`.
+  template <class T>
+  T allreduce(T value, Combine op) const {
+    allreduce(&value, 1, op);
+    return value;
+  }
+  template <class T>
+  void broadcast(T* values, std::size_t count, int root) const;
+  /// text := root's text (its length first, then its characters).
+  void broadcast(std::string& text, int root) const;
+  /// receive[r * per_rank, (r + 1) * per_rank) := rank r's send[0, per_rank).
+  template <class T>
+  void allgather(const T* send, std::size_t per_rank, T* receive) const;
+  /// Rank r contributes counts[r] elements; `receive` holds them all, rank 0's first. Every rank
+  /// passes the same counts.
+  template <class T>
+  void allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts) const;
+  /// Rank r sends send[r * per_rank, (r + 1) * per_rank) to rank r.
+  template <class T>
+  void alltoall(const T* send, std::size_t per_rank, T* receive) const;
+  /// Rank r receives send_counts[r] units (consecutive, in rank order) from this rank, and this
+  /// rank receives receive_counts[r] units from rank r into `receive` in rank order; a unit is
+  /// `unit_bytes` bytes (e.g. one row of an array).
+  void alltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* receive,
+                 const std::vector<std::size_t>& receive_counts, std::size_t unit_bytes) const;
+  template <class T>
+  void send(const T* values, std::size_t count, int destination, int tag) const;
+  template <class T>
+  void receive(T* values, std::size_t count, int source, int tag) const;
+  /// Sends `out` to `partner` and receives `in` from it (MPI_Sendrecv).
+  template <class T>
+  void exchange(const T* out, std::size_t out_count, T* in, std::size_t in_count, int partner, int tag) const;
+
+  // ---- failure agreement --------------------------------------------------------------------------
+
+  /// Collective: every rank learns whether any rank's `local_error` is non-empty. If one is, every
+  /// rank throws the same lather::Error: "<context>: <message of the lowest failing rank> (on
+  /// group rank k of n)". Ranks that succeeded need not know what failed elsewhere.
+  void agree_on_failure(const std::string& context, const std::string& local_error) const;
+  /// Runs `work` and agrees on its outcome: an exception on any rank becomes one on every rank.
+  template <class Work>
+  void run_agreed(const std::string& context, Work&& work) const {
+    std::string error;
+    try {
+      work();
+    } catch (const Error& e) {
+      error = e.message();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree_on_failure(context, error);
+  }
+
+  // ---- Views -----------------------------------------------------------------------------------------
+
+  /// allgatherv of 1-D Views of the execution space's memory: handed to MPI in place where MPI
+  /// can read that memory, else staged through host copies made on `space`.
+  template <class ExecutionSpace, class T>
+  void allgatherv(const ExecutionSpace& space,
+                  const Kokkos::View<const T*, typename ExecutionSpace::memory_space>& send,
+                  const Kokkos::View<T*, typename ExecutionSpace::memory_space>& receive,
+                  const std::vector<std::size_t>& counts) const;
+
+ private:
+  struct State;
+  explicit Group(std::shared_ptr<State> state);
+  const State& state() const;
+  std::shared_ptr<State> m_state;
+};
+
+template <class ExecutionSpace, class T>
+void Group::allgatherv(const ExecutionSpace& space,
+                       const Kokkos::View<const T*, typename ExecutionSpace::memory_space>& send,
+                       const Kokkos::View<T*, typename ExecutionSpace::memory_space>& receive,
+                       const std::vector<std::size_t>& counts) const {
+  using memory_space = typename ExecutionSpace::memory_space;
+  std::size_t total = 0;
+  for (auto c : counts) total += c;
+  LATHER_REQUIRE(int(counts.size()) == size() && counts[std::size_t(rank())] == send.extent(0) &&
+                     receive.extent(0) >= total,
+                 "Group::allgatherv: counts do not match the group, this rank's View or the receiving View");
+  if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
+    ::lather::Impl::fence(space, "Lather::comm::Group::allgatherv: data ready before sending");
+    allgatherv(send.data(), receive.data(), counts);
+  } else {
+    Kokkos::View<T*, Kokkos::HostSpace> send_host(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::comm::Group::allgatherv::send"), send.extent(0));
+    Kokkos::View<T*, Kokkos::HostSpace> receive_host(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::comm::Group::allgatherv::staging"), total);
+    Kokkos::deep_copy(space, send_host, send);
+    ::lather::Impl::fence(space, "Lather::comm::Group::allgatherv: staged data ready before sending");
+    allgatherv(send_host.data(), receive_host.data(), counts);
+    Kokkos::deep_copy(space, Kokkos::subview(receive, std::make_pair(std::size_t(0), total)), receive_host);
+    ::lather::Impl::fence(space, "Lather::comm::Group::allgatherv: received data in place");
+  }
+}
+
+}  // namespace lather::comm

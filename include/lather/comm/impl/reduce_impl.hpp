@@ -1,0 +1,443 @@
+#pragma once
+// The implementation of GradientReducer, for explicit instantiation: src/comm/reduce.cpp
+// instantiates it for lather::DefaultExecutionSpace (and the host space on device builds); a
+// program that needs another execution space includes this header and uses the class as usual.
+
+#include <lather/comm/impl/adasum.hpp>
+#include <lather/comm/impl/agreement.hpp>
+#include <lather/comm/impl/kernels.hpp>
+#include <lather/comm/impl/layout.hpp>
+#include <lather/comm/impl/support.hpp>
+#include <lather/comm/impl/transport.hpp>
+#include <lather/comm/reduce.hpp>
+
+#include <cmath>
+#include <limits>
+
+namespace lather::comm {
+
+template <class ExecutionSpace, class Scalar>
+struct GradientReducer<ExecutionSpace, Scalar>::State {
+  using S = Scalar;
+  using M = memory_space;
+
+  Group group;
+  int size = 1, rank = 0;
+  ReduceOptions options;
+  std::int64_t fusion_elements = 1;
+
+  Impl::Layout layout;
+  bool layout_known = false;
+
+  Impl::Vector<S, M> fusion;   ///< packed tensors of a bucket
+  Impl::Vector<S, M> partner;  ///< Adasum: the partner's data; approximate Adasum: the sum
+  Impl::Vector<S, M> gathered;  ///< Adasum of small buckets: every rank's bucket
+  Impl::Vector<std::uint16_t, M> wire_out, wire_in, wire_own;
+  Impl::Transport<ExecutionSpace, S> transport;
+  Impl::Transport<ExecutionSpace, std::uint16_t> wire_transport;
+  Impl::ItemPlan<M> items;
+  std::vector<Group> adasum_levels;
+  bool adasum_levels_ready = false;
+  ReducerStatistics statistics;
+
+  template <class T>
+  static void ensure(Impl::Vector<T, M>& buffer, std::int64_t elements, const char* what) {
+    if (std::int64_t(buffer.extent(0)) >= elements) return;
+    buffer = Impl::Vector<T, M>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("Lather::GradientReducer::") + what),
+        std::size_t(elements));
+  }
+
+  static auto range(std::int64_t begin, std::int64_t count) {
+    return std::make_pair(std::size_t(begin), std::size_t(begin + count));
+  }
+
+  // ---- agreement ------------------------------------------------------------------------------
+
+  /// Agrees on the layout, the options and anything in `extra`; returns the first sum (if any).
+  /// Throws on every rank when the ranks disagree, naming the first tensor whose size differs.
+  double agree(const std::string& context, int operation, WirePrecision wire,
+               const Impl::Layout& local, std::vector<Impl::AgreementField> extra,
+               std::vector<double> sums, const std::string& local_error) {
+    std::vector<Impl::AgreementField> fields = {
+        {"operation (0 sum, 1 mean, 2 weighted_mean, 3 adasum, 4 adasum_approx, 5 broadcast)",
+         operation},
+        {"tensor element size in bytes", std::int64_t(sizeof(S))},
+        {"tensor count", std::int64_t(local.sizes.size())},
+        {"total element count", local.total},
+        {"hash of the tensor sizes", std::int64_t(local.hash)},
+        {"ReduceOptions::fusion_bytes / element size", fusion_elements},
+        {"ReduceOptions::wire_precision (0 native, 1 bfloat16, 2 float16)", std::int64_t(wire)},
+        {"ReduceOptions::adasum_gather_bytes", std::int64_t(options.adasum_gather_bytes)}};
+    constexpr std::size_t count_field = 2, total_field = 3, hash_field = 4;
+    for (auto& field : extra) fields.push_back(std::move(field));
+    const bool has_sum = !sums.empty();
+    Impl::Agreement agreement(group, context, fields, std::move(sums), local_error);
+    ++statistics.agreements;
+    // The operation, then the element type, then the count: the first difference is the cause.
+    for (std::size_t f = 0; f <= count_field; ++f)
+      if (!agreement.same(f)) lather::Impl::throw_error(__FILE__, __LINE__, agreement.disagreement(f));
+    if (!agreement.same(hash_field) || !agreement.same(total_field)) {
+      // Every rank knows the sizes differ while the counts agree: one more agreement, over the
+      // sizes themselves, names the first tensor that differs.
+      std::vector<Impl::AgreementField> per_tensor;
+      for (std::size_t t = 0; t < local.sizes.size(); ++t)
+        per_tensor.push_back({"element count of tensor " + std::to_string(t), local.sizes[t]});
+      Impl::Agreement sizes(group, context, per_tensor);
+      ++statistics.agreements;
+      sizes.require_agreement();
+      lather::Impl::throw_error(__FILE__, __LINE__, agreement.disagreement(hash_field));
+    }
+    agreement.require_agreement();
+    return has_sum ? agreement.sum(0) : 0.0;
+  }
+
+  // ---- data movement ---------------------------------------------------------------------------
+
+  void pack(const ExecutionSpace& space, const tensor_list& tensors, const Impl::Bucket& bucket) {
+    std::int64_t offset = 0;
+    for (std::size_t t = bucket.first; t < bucket.last; ++t) {
+      const std::int64_t n = layout.sizes[t];
+      if (n > 0) Kokkos::deep_copy(space, Kokkos::subview(fusion, range(offset, n)), tensors[t]);
+      offset += n;
+    }
+  }
+
+  /// Copies a bucket back into its tensors, multiplied by `factor` on the way.
+  void unpack(const ExecutionSpace& space, const tensor_list& tensors, const Impl::Bucket& bucket,
+              double factor = 1.0) {
+    std::int64_t offset = 0;
+    for (std::size_t t = bucket.first; t < bucket.last; ++t) {
+      const std::int64_t n = layout.sizes[t];
+      if (n > 0)
+        Impl::copy_scaled(space, Impl::Vector<const S, M>(Kokkos::subview(fusion, range(offset, n))),
+                          tensors[t], factor);
+      offset += n;
+    }
+  }
+
+  /// The data a bucket is reduced in: the tensor itself when alone, else the packed fusion buffer.
+  Impl::Vector<S, M> bucket_data(const ExecutionSpace& space, const tensor_list& tensors,
+                                 const Impl::Bucket& bucket) {
+    if (bucket.single()) return tensors[bucket.first];
+    pack(space, tensors, bucket);
+    return Kokkos::subview(fusion, range(0, bucket.elements));
+  }
+
+  /// data := factor * (sum over the group of data), natively or through the 16-bit wire.
+  void sum_in_place(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
+    if (options.wire_precision == WirePrecision::native) {
+      transport.allreduce(space, data);
+      Impl::scale(space, data, factor);
+    } else {
+      sum_wire16(space, data, factor);
+    }
+  }
+
+  /// 16-bit reduce-scatter (MPI_Alltoall of encoded segments, float accumulation in rank order,
+  /// one rounding) and all-gather of the encoded result, in chunks of the fusion buffer.
+  void sum_wire16(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
+    const bool bfloat16 = options.wire_precision == WirePrecision::bfloat16;
+    const std::int64_t length = std::int64_t(data.extent(0));
+    for (std::int64_t begin = 0; begin < length; begin += fusion_elements) {
+      const std::int64_t count = std::min(fusion_elements, length - begin);
+      const std::int64_t segment = (count + size - 1) / size, padded = segment * size;
+      ensure(wire_out, padded, "wire_out");
+      ensure(wire_in, padded, "wire_in");
+      ensure(wire_own, segment, "wire_own");
+      const Impl::Vector<std::uint16_t, M> out = Kokkos::subview(wire_out, range(0, padded));
+      const Impl::Vector<std::uint16_t, M> in = Kokkos::subview(wire_in, range(0, padded));
+      const Impl::Vector<std::uint16_t, M> own = Kokkos::subview(wire_own, range(0, segment));
+      const Impl::Vector<S, M> chunk = Kokkos::subview(data, range(begin, count));
+      Impl::encode16(space, Impl::Vector<const S, M>(chunk), out, bfloat16);
+      wire_transport.alltoall(space, out, in, std::size_t(segment));
+      Impl::reduce_segments16(space, Impl::Vector<const std::uint16_t, M>(in), size,
+                              std::size_t(segment), float(factor), own, bfloat16);
+      wire_transport.allgatherv(space, own, out, std::vector<std::size_t>(size, std::size_t(segment)));
+      Impl::decode16(space, Impl::Vector<const std::uint16_t, M>(Kokkos::subview(out, range(0, count))),
+                     chunk, bfloat16);
+    }
+  }
+
+  // ---- operations ------------------------------------------------------------------------------
+
+  void sum_like(const ExecutionSpace& space, const tensor_list& tensors, double factor) {
+    const bool native = options.wire_precision == WirePrecision::native;
+    for (const auto& bucket : layout.buckets) {
+      if (bucket.elements == 0) continue;
+      if (size == 1) {
+        for (std::size_t t = bucket.first; t < bucket.last; ++t) Impl::scale(space, tensors[t], factor);
+        continue;
+      }
+      const auto data = bucket_data(space, tensors, bucket);
+      if (bucket.single() || !native) {
+        sum_in_place(space, data, factor);
+        if (!bucket.single()) unpack(space, tensors, bucket);
+      } else {
+        // The division of a mean rides on the unpacking: no extra pass over the bucket.
+        transport.allreduce(space, data);
+        unpack(space, tensors, bucket, factor);
+      }
+    }
+  }
+
+  Impl::AdasumWorkspace<ExecutionSpace, S> adasum_workspace() {
+    Impl::AdasumWorkspace<ExecutionSpace, S> work;
+    work.size = size;
+    work.rank = rank;
+    work.levels = &adasum_levels;
+    work.transport = &transport;
+    work.items = &items;
+    work.partner = partner;
+    work.gathered = gathered;
+    work.scalar_collectives = &statistics.scalar_collectives;
+    return work;
+  }
+
+  void adasum(const ExecutionSpace& space, const tensor_list& tensors) {
+    if (size == 1) return;
+    if (!adasum_levels_ready) {
+      // The groups of each VHDD level, built once: collective over the group.
+      const int p = Impl::power_of_two_floor(size);
+      for (int level = 1; level < p; level <<= 1)
+        adasum_levels.push_back(group.split(rank < p ? rank / (2 * level) : -1, rank));
+      adasum_levels_ready = true;
+    }
+    ensure(partner, Impl::adasum_partner_elements(size, layout.largest_bucket), "adasum_partner");
+    auto gathers = [&](const Impl::Bucket& bucket) {
+      return std::size_t(bucket.elements) * sizeof(S) * std::size_t(size) <= options.adasum_gather_bytes;
+    };
+    for (const auto& bucket : layout.buckets)
+      if (gathers(bucket)) ensure(gathered, bucket.elements * size, "adasum_gathered");
+    auto work = adasum_workspace();
+    for (const auto& bucket : layout.buckets) {
+      if (bucket.elements == 0) continue;
+      const auto data = bucket_data(space, tensors, bucket);
+      const std::vector<std::int64_t> counts(layout.sizes.begin() + bucket.first,
+                                             layout.sizes.begin() + bucket.last);
+      if (gathers(bucket))
+        Impl::adasum_tree_allgather(space, work, data, counts);
+      else
+        Impl::adasum_allreduce(space, work, data, counts);
+      if (!bucket.single()) unpack(space, tensors, bucket);
+    }
+  }
+
+  void adasum_approx(const ExecutionSpace& space, const tensor_list& tensors) {
+    if (size == 1) return;
+    ensure(partner, layout.largest_bucket, "adasum_sum");
+    for (const auto& bucket : layout.buckets) {
+      if (bucket.elements == 0) continue;
+      const auto gradient = bucket_data(space, tensors, bucket);
+      const Impl::Vector<S, M> total = Kokkos::subview(partner, range(0, bucket.elements));
+      if (options.wire_precision == WirePrecision::native) {
+        transport.allreduce_sum(space, gradient, total);
+      } else {
+        Kokkos::deep_copy(space, total, gradient);
+        sum_wire16(space, total, 1.0);
+      }
+      const std::vector<std::int64_t> counts(layout.sizes.begin() + bucket.first,
+                                             layout.sizes.begin() + bucket.last);
+      items.build(space, counts);
+      Impl::dot_norm_partials(space, Impl::Vector<const S, M>(gradient), Impl::Vector<const S, M>(total),
+                              items.ranges(), items.size(), items.partials());
+      const auto sums = items.per_tensor(space);
+      static const double sqrt_double_min = std::sqrt(std::numeric_limits<double>::min());
+      std::vector<double> keep(counts.size()), unused(counts.size(), 0.0);
+      for (std::size_t t = 0; t < counts.size(); ++t) {
+        const double gg = sums[t].aa, gs = sums[t].dot;
+        keep[t] = gg >= sqrt_double_min ? 1.0 - (gs - gg) / (double(size) * gg) : 1.0;
+      }
+      items.set_coefficients(space, keep, unused);
+      Impl::scale_items(space, gradient, items.ranges(), items.coefficients(), items.size());
+      sum_in_place(space, gradient, 1.0);
+      if (!bucket.single()) unpack(space, tensors, bucket);
+    }
+  }
+
+  void broadcast(const ExecutionSpace& space, const tensor_list& tensors, int root) {
+    if (size == 1) return;
+    for (const auto& bucket : layout.buckets) {
+      if (bucket.elements == 0) continue;
+      if (bucket.single()) {
+        transport.broadcast(space, tensors[bucket.first], root);
+        continue;
+      }
+      if (rank == root) pack(space, tensors, bucket);
+      transport.broadcast(space, Kokkos::subview(fusion, range(0, bucket.elements)), root);
+      if (rank != root) unpack(space, tensors, bucket);
+    }
+  }
+};
+
+template <class ExecutionSpace, class Scalar>
+GradientReducer<ExecutionSpace, Scalar>::GradientReducer(const Mesh& mesh, const ReduceOptions& options)
+    : GradientReducer(mesh.data_parallel(), options) {}
+
+template <class ExecutionSpace, class Scalar>
+GradientReducer<ExecutionSpace, Scalar>::GradientReducer(const Group& group, const ReduceOptions& options)
+    : m_state(std::make_unique<State>()) {
+  options.validate();
+  auto& st = *m_state;
+  st.group = group;
+  st.size = group.size();
+  st.rank = group.rank();
+  st.options = options;
+  st.fusion_elements =
+      std::max<std::int64_t>(1, std::int64_t(options.fusion_bytes / sizeof(Scalar)));
+  st.transport = Impl::Transport<ExecutionSpace, Scalar>(group, std::size_t(st.fusion_elements),
+                                                         "Lather::GradientReducer");
+  st.wire_transport = Impl::Transport<ExecutionSpace, std::uint16_t>(group, std::size_t(st.fusion_elements),
+                                                                     "Lather::GradientReducer::wire");
+}
+
+template <class ExecutionSpace, class Scalar>
+GradientReducer<ExecutionSpace, Scalar>::~GradientReducer() = default;
+template <class ExecutionSpace, class Scalar>
+GradientReducer<ExecutionSpace, Scalar>::GradientReducer(GradientReducer&&) noexcept = default;
+template <class ExecutionSpace, class Scalar>
+GradientReducer<ExecutionSpace, Scalar>& GradientReducer<ExecutionSpace, Scalar>::operator=(
+    GradientReducer&&) noexcept = default;
+
+template <class ExecutionSpace, class Scalar>
+double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& space,
+                                                       const tensor_list& gradients, ReduceOp op,
+                                                       double local_weight,
+                                                       const std::vector<AgreedValue>& agreed) {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  auto& st = *m_state;
+  const std::string context = "GradientReducer::" + to_string(op);
+  Impl::ScopedRegion region("Lather::" + context);
+
+  std::vector<std::int64_t> sizes(gradients.size());
+  for (std::size_t t = 0; t < gradients.size(); ++t) sizes[t] = std::int64_t(gradients[t].extent(0));
+  const bool same_as_before = st.layout_known && st.layout.sizes == sizes;
+  Impl::Layout layout = same_as_before ? st.layout : Impl::plan_layout(sizes, st.fusion_elements);
+
+  const bool weighted = op == ReduceOp::weighted_mean;
+  const bool weight_valid = std::isfinite(local_weight) && local_weight >= 0;
+  double global_weight = double(st.size);
+  if (st.options.verify_layout || !same_as_before) {
+    std::string local_error;
+    if (weighted && !weight_valid)
+      local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
+    std::vector<Impl::AgreementField> extra;
+    for (const auto& value : agreed)
+      extra.push_back({value.name, value.value, value.has_required, value.required});
+    const double sum = st.agree(context, int(op), st.options.wire_precision, layout, std::move(extra),
+                                weighted ? std::vector<double>{local_weight} : std::vector<double>{},
+                                local_error);
+    if (weighted) global_weight = sum;
+  } else if (weighted) {
+    // No agreement: an invalid weight anywhere turns the sum into NaN, an error on every rank.
+    const double mine = weight_valid ? local_weight : std::numeric_limits<double>::quiet_NaN();
+    global_weight = st.group.allreduce(mine, Combine::sum);
+    ++st.statistics.scalar_collectives;
+  }
+  if (weighted)
+    LATHER_REQUIRE(std::isfinite(global_weight) && global_weight > 0, context,
+                   ": the global weight (sum of the local weights over the ", st.size,
+                   " ranks of the group) is ", global_weight,
+                   "; it must be finite and > 0 (this rank's weight: ", local_weight, ")");
+  st.layout = std::move(layout);
+  st.layout_known = true;
+  State::ensure(st.fusion, std::min<std::int64_t>(st.fusion_elements, st.layout.largest_bucket),
+                "fusion");
+
+  switch (op) {
+    case ReduceOp::sum: st.sum_like(space, gradients, 1.0); break;
+    case ReduceOp::mean: st.sum_like(space, gradients, 1.0 / st.size); break;
+    case ReduceOp::weighted_mean: st.sum_like(space, gradients, 1.0 / global_weight); break;
+    case ReduceOp::adasum:
+      LATHER_REQUIRE(st.options.wire_precision == WirePrecision::native, context,
+                     ": exact Adasum sends the native type; ReduceOptions::wire_precision must be "
+                     "native, got ", to_string(st.options.wire_precision));
+      st.adasum(space, gradients);
+      break;
+    case ReduceOp::adasum_approx: st.adasum_approx(space, gradients); break;
+  }
+  Impl::fence(space, "Lather::" + context + ": gradients reduced");
+  ++st.statistics.calls;
+  return weighted ? global_weight : double(st.size);
+}
+
+template <class ExecutionSpace, class Scalar>
+void GradientReducer<ExecutionSpace, Scalar>::sum(const ExecutionSpace& space, const tensor_list& g) {
+  reduce(space, g, ReduceOp::sum);
+}
+template <class ExecutionSpace, class Scalar>
+void GradientReducer<ExecutionSpace, Scalar>::mean(const ExecutionSpace& space, const tensor_list& g) {
+  reduce(space, g, ReduceOp::mean);
+}
+template <class ExecutionSpace, class Scalar>
+double GradientReducer<ExecutionSpace, Scalar>::weighted_mean(const ExecutionSpace& space,
+                                                              const tensor_list& g, double weight) {
+  return reduce(space, g, ReduceOp::weighted_mean, weight);
+}
+template <class ExecutionSpace, class Scalar>
+void GradientReducer<ExecutionSpace, Scalar>::adasum(const ExecutionSpace& space, const tensor_list& g) {
+  reduce(space, g, ReduceOp::adasum);
+}
+template <class ExecutionSpace, class Scalar>
+void GradientReducer<ExecutionSpace, Scalar>::adasum_approx(const ExecutionSpace& space,
+                                                            const tensor_list& g) {
+  reduce(space, g, ReduceOp::adasum_approx);
+}
+
+template <class ExecutionSpace, class Scalar>
+void GradientReducer<ExecutionSpace, Scalar>::broadcast(const ExecutionSpace& space,
+                                                        const tensor_list& tensors, int root) {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  auto& st = *m_state;
+  const std::string context = "GradientReducer::broadcast";
+  Impl::ScopedRegion region("Lather::" + context);
+  std::vector<std::int64_t> sizes(tensors.size());
+  for (std::size_t t = 0; t < tensors.size(); ++t) sizes[t] = std::int64_t(tensors[t].extent(0));
+  const bool same_as_before = st.layout_known && st.layout.sizes == sizes;
+  Impl::Layout layout = same_as_before ? st.layout : Impl::plan_layout(sizes, st.fusion_elements);
+  if (st.options.verify_layout || !same_as_before) {
+    std::string local_error;
+    if (root < 0 || root >= st.size)
+      local_error = lather::Impl::concat("root ", root, " is not a rank of the group of ", st.size);
+    // A broadcast always sends the native type, whatever the wire precision of the options.
+    st.agree(context, 5, WirePrecision::native, layout, {{"broadcast root", root}}, {}, local_error);
+  }
+  st.layout = std::move(layout);
+  st.layout_known = true;
+  State::ensure(st.fusion, std::min<std::int64_t>(st.fusion_elements, st.layout.largest_bucket),
+                "fusion");
+  st.broadcast(space, tensors, root);
+  Impl::fence(space, "Lather::" + context + ": tensors received");
+  ++st.statistics.calls;
+}
+
+template <class ExecutionSpace, class Scalar>
+const Group& GradientReducer<ExecutionSpace, Scalar>::group() const {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  return m_state->group;
+}
+template <class ExecutionSpace, class Scalar>
+int GradientReducer<ExecutionSpace, Scalar>::group_size() const {
+  return m_state ? m_state->size : 0;
+}
+template <class ExecutionSpace, class Scalar>
+int GradientReducer<ExecutionSpace, Scalar>::group_rank() const {
+  return m_state ? m_state->rank : 0;
+}
+template <class ExecutionSpace, class Scalar>
+const ReduceOptions& GradientReducer<ExecutionSpace, Scalar>::options() const {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  return m_state->options;
+}
+template <class ExecutionSpace, class Scalar>
+ReducerStatistics GradientReducer<ExecutionSpace, Scalar>::statistics() const {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  ReducerStatistics out = m_state->statistics;
+  out.data_messages += m_state->transport.counters().data_calls;
+  out.bytes += m_state->transport.counters().bytes;
+  out.data_messages += m_state->wire_transport.counters().data_calls;
+  out.bytes += m_state->wire_transport.counters().bytes;
+  return out;
+}
+
+}  // namespace lather::comm

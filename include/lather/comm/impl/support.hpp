@@ -1,0 +1,19 @@
+#pragma once
+// What the collectives share besides the Group: the Kokkos helpers they use by their short names
+// and the hash that compares size lists across ranks.
+
+#include <lather/core/impl/hash.hpp>
+
+#include <lather/core/config.hpp>
+#include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
+
+namespace lather::comm::Impl {
+
+using ::lather::Impl::fence;
+using ::lather::Impl::Fnv1a;
+using ::lather::Impl::host_accessible;
+using ::lather::Impl::mpi_accessible;
+using ::lather::Impl::ScopedRegion;
+
+}  // namespace lather::comm::Impl

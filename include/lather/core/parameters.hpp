@@ -1,0 +1,138 @@
+#pragma once
+// A model's trainable tensors as Lather sees them: one list of named parameters, each with its
+// shape, its value and its gradient (1-D Views, row-major). The list either allocates the
+// tensors itself -- all values in one contiguous buffer and all gradients in another, so that a
+// reduction can work on the whole gradient at once -- or wraps Views the application owns.
+//
+//   lather::ParameterList<float> params(space, {{"dense/kernel", {16, 4}}, {"dense/bias", {4}}});
+//   params.gradient("dense/bias")            // a View to write the gradient into
+//   optimizer.step(space, params);            // values += update(gradients)
+
+#include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
+#include <lather/core/tensor.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lather {
+
+/// A trainable tensor: a name for messages and checkpoints, and the shape of the tensor this rank
+/// holds. With weight sharding (tensor parallelism) the tensor is this rank's slice of a global
+/// tensor split along `split_axis`: it holds [split_offset, split_offset + shape[split_axis]) of
+/// global_shape[split_axis].
+struct ParameterSpec {
+  std::string name;
+  TensorShape shape;
+  int split_axis = -1;  ///< -1: not split (the tensor is the whole parameter)
+  std::int64_t split_offset = 0;
+  TensorShape global_shape;  ///< empty: same as shape
+
+  const TensorShape& global() const { return global_shape.empty() ? shape : global_shape; }
+  bool split() const { return split_axis >= 0; }
+  void validate() const;  ///< Throws lather::Error naming the parameter when inconsistent.
+};
+
+template <class Scalar, class MemorySpace = DefaultExecutionSpace::memory_space>
+class ParameterList {
+ public:
+  using tensor = FlatTensor<Scalar, MemorySpace>;
+  using tensor_list = TensorList<Scalar, MemorySpace>;
+
+  ParameterList() = default;
+  /// Allocates zero values and gradients for `specs` on `space`: the values in one buffer and
+  /// the gradients in another, each in list order.
+  template <class ExecutionSpace>
+  ParameterList(const ExecutionSpace& space, const std::vector<ParameterSpec>& specs) {
+    std::int64_t total = 0;
+    for (const auto& spec : specs) {
+      spec.validate();
+      total += element_count(spec.shape);
+    }
+    m_value_buffer = tensor(Kokkos::view_alloc(space, "Lather::ParameterList::values"), std::size_t(total));
+    m_gradient_buffer = tensor(Kokkos::view_alloc(space, "Lather::ParameterList::gradients"), std::size_t(total));
+    std::size_t offset = 0;
+    for (const auto& spec : specs) {
+      const auto range = std::make_pair(offset, offset + std::size_t(element_count(spec.shape)));
+      append(spec, Kokkos::subview(m_value_buffer, range), Kokkos::subview(m_gradient_buffer, range));
+      offset = range.second;
+    }
+  }
+
+  /// Adds a parameter whose storage the caller owns; both Views hold element_count(spec.shape)
+  /// elements and do not overlap. A list built this way has no gradient_buffer().
+  void add(ParameterSpec spec, tensor value, tensor gradient) {
+    append(std::move(spec), std::move(value), std::move(gradient));
+    m_value_buffer = m_gradient_buffer = tensor();
+  }
+
+  std::size_t size() const { return m_specs.size(); }
+  const std::vector<ParameterSpec>& specs() const { return m_specs; }
+  const ParameterSpec& spec(std::size_t i) const { return m_specs.at(i); }
+  const tensor_list& values() const { return m_values; }
+  const tensor_list& gradients() const { return m_gradients; }
+  const tensor& value(std::size_t i) const { return m_values.at(i); }
+  const tensor& gradient(std::size_t i) const { return m_gradients.at(i); }
+  const tensor& value(const std::string& name) const { return m_values[checked_index(name)]; }
+  const tensor& gradient(const std::string& name) const { return m_gradients[checked_index(name)]; }
+  /// Position of the parameter called `name`, or -1.
+  int index_of(const std::string& name) const {
+    for (std::size_t i = 0; i < m_specs.size(); ++i)
+      if (m_specs[i].name == name) return int(i);
+    return -1;
+  }
+
+  /// Every gradient as one View (list order) when the list allocated them, else an empty View.
+  const tensor& gradient_buffer() const { return m_gradient_buffer; }
+  /// Every value as one View (list order) when the list allocated them, else an empty View.
+  const tensor& value_buffer() const { return m_value_buffer; }
+
+  /// value(i) := host (element_count of its shape values), copied on `space`; waits for the copy.
+  template <class ExecutionSpace>
+  void set_value(const ExecutionSpace& space, std::size_t i, const std::vector<Scalar>& host) const {
+    const auto& v = m_values.at(i);
+    LATHER_REQUIRE(host.size() == v.extent(0), "ParameterList::set_value: parameter '", m_specs[i].name, "' has ",
+                   v.extent(0), " elements, got ", host.size());
+    Kokkos::deep_copy(space, v, Kokkos::View<const Scalar*, Kokkos::HostSpace>(host.data(), host.size()));
+    Impl::fence(space, "Lather::ParameterList::set_value: copied");
+  }
+  /// A host copy of value(i), made on `space`.
+  template <class ExecutionSpace>
+  std::vector<Scalar> host_value(const ExecutionSpace& space, std::size_t i) const {
+    const auto& v = m_values.at(i);
+    std::vector<Scalar> out(v.extent(0));
+    Kokkos::deep_copy(space, Kokkos::View<Scalar*, Kokkos::HostSpace>(out.data(), out.size()), v);
+    Impl::fence(space, "Lather::ParameterList::host_value: copied");
+    return out;
+  }
+
+ private:
+  void append(ParameterSpec spec, tensor value, tensor gradient) {
+    spec.validate();
+    const auto n = std::size_t(element_count(spec.shape));
+    LATHER_REQUIRE(value.extent(0) == n && gradient.extent(0) == n, "ParameterList: parameter '", spec.name,
+                   "' of shape ", to_string(spec.shape), " needs ", n, " elements; got a value of ", value.extent(0),
+                   " and a gradient of ", gradient.extent(0));
+    LATHER_REQUIRE(index_of(spec.name) < 0, "ParameterList: parameter name '", spec.name, "' is used twice");
+    LATHER_REQUIRE(n == 0 || value.data() != gradient.data(), "ParameterList: parameter '", spec.name,
+                   "' and its gradient share memory");
+    m_specs.push_back(std::move(spec));
+    m_values.push_back(value);
+    m_gradients.push_back(gradient);
+  }
+  std::size_t checked_index(const std::string& name) const {
+    const int i = index_of(name);
+    LATHER_REQUIRE(i >= 0, "ParameterList: no parameter called '", name, "'");
+    return std::size_t(i);
+  }
+
+  std::vector<ParameterSpec> m_specs;
+  tensor_list m_values, m_gradients;
+  tensor m_value_buffer, m_gradient_buffer;
+};
+
+}  // namespace lather

@@ -1,0 +1,133 @@
+#pragma once
+// The exchanges between the ranks of a Shampoo group, through its comm::Group: after the roots,
+// every rank learns every statistic's metrics and (replicated mode) the preconditioners the other
+// ranks computed; in sharded mode, the preconditioners of a chunk of parameters are gathered when
+// they are applied. Preconditioners travel packed in their storage format (dense or quantized)
+// in device buffers, which go to MPI directly where it can read them.
+
+#include <lather/comm/group.hpp>
+#include <lather/optim/impl/matrix_store.hpp>
+#include <lather/optim/impl/shampoo_plan.hpp>
+#include <lather/optim/shampoo.hpp>
+
+#include <cstring>
+#include <vector>
+
+namespace lather::optim::Impl {
+
+template <class ExecutionSpace, class T>
+class RootExchange {
+ public:
+  using memory_space = typename ExecutionSpace::memory_space;
+  using Store = MatrixStore<ExecutionSpace, T>;
+  using Bytes = Kokkos::View<char*, memory_space>;
+
+  explicit RootExchange(comm::Group group) : m_group(std::move(group)) {}
+
+  /// Every rank learns the metrics of every statistic in `local` (computed by owner[s]); with
+  /// `preconditioners_too`, also the preconditioners, unpacked into `preconditioners` at slot_of[s].
+  void share_roots(const ExecutionSpace& space, const ShampooPlan& plan, const std::vector<int>& local,
+                   const std::vector<int>& owner, const std::vector<int>& slot_of,
+                   std::vector<StatisticMetrics>& metrics, Store& preconditioners, bool preconditioners_too) {
+    ::lather::Impl::ScopedRegion region("Lather::Shampoo::exchange_roots");
+    const int ranks = m_group.size(), rank = m_group.rank();
+    // Metrics: error, iterations, consecutive failures, failures of each statistic, by owner.
+    std::vector<std::size_t> counts(ranks, 0);
+    for (int s : local) counts[owner[s]] += metric_words;
+    std::vector<double> mine;
+    for (int s : local)
+      if (owner[s] == rank) {
+        const auto& mt = metrics[s];
+        mine.insert(mine.end(), {mt.error, double(mt.iterations), double(mt.consecutive_failures), double(mt.failures)});
+      }
+    std::vector<double> all(total(counts));
+    m_group.allgatherv(mine.data(), all.data(), counts);
+    std::vector<std::size_t> at = starts(counts);
+    for (int s : local) {
+      const double* in = all.data() + at[owner[s]];
+      at[owner[s]] += metric_words;
+      if (owner[s] == rank) continue;
+      auto& mt = metrics[s];
+      mt.error = in[0];
+      mt.iterations = int(in[1]);
+      mt.consecutive_failures = int(in[2]);
+      mt.failures = long(in[3]);
+    }
+    if (!preconditioners_too) return;
+    // Preconditioners: each rank packs its own, in the order of `local`.
+    std::vector<int> selected;
+    for (int s : local) selected.push_back(s);
+    transfer(space, plan, selected, owner, slot_of, preconditioners, preconditioners, /*own_slots=*/true);
+  }
+
+  /// Sharded mode: gathered slot k - first := the preconditioner of local[k] (held by its owner)
+  /// for k in [first, end).
+  void gather(const ExecutionSpace& space, const ShampooPlan& plan, const std::vector<int>& local, int first, int end,
+              const std::vector<int>& owner, const std::vector<int>& slot_of, const Store& preconditioners,
+              Store& gathered) {
+    ::lather::Impl::ScopedRegion region("Lather::Shampoo::gather_preconditioners");
+    transfer(space, plan, std::vector<int>(local.begin() + first, local.begin() + end), owner, slot_of,
+             preconditioners, gathered, /*own_slots=*/false);
+  }
+
+ private:
+  static constexpr std::size_t metric_words = 4;
+
+  static std::size_t total(const std::vector<std::size_t>& counts) {
+    std::size_t sum = 0;
+    for (auto c : counts) sum += c;
+    return sum;
+  }
+  static std::vector<std::size_t> starts(const std::vector<std::size_t>& counts) {
+    std::vector<std::size_t> at(counts.size(), 0);
+    for (std::size_t r = 1; r < counts.size(); ++r) at[r] = at[r - 1] + counts[r - 1];
+    return at;
+  }
+
+  /// All-gathers the matrices of `statistics` (in order, each from its owner's `from` store) into
+  /// `to`: at slot_of[s] when `own_slots`, else at the statistic's position in the list.
+  void transfer(const ExecutionSpace& space, const ShampooPlan& plan, const std::vector<int>& statistics,
+                const std::vector<int>& owner, const std::vector<int>& slot_of, const Store& from, Store& to,
+                bool own_slots) {
+    const int ranks = m_group.size(), rank = m_group.rank();
+    std::vector<std::size_t> counts(ranks, 0);
+    for (int s : statistics) counts[owner[s]] += from.packed_bytes(plan.statistic_size[s]);
+    m_outgoing.clear();
+    std::int64_t offset = 0;
+    for (int s : statistics)
+      if (owner[s] == rank) {
+        m_outgoing.add(slot_of[s], plan.statistic_size[s], offset, 0);
+        offset += std::int64_t(from.packed_bytes(plan.statistic_size[s]));
+      }
+    ensure(m_send, counts[rank]);
+    ensure(m_receive, total(counts));
+    m_outgoing.upload(space);
+    from.pack(space, m_outgoing, m_send);
+    m_group.allgatherv(space, Kokkos::View<const char*, memory_space>(Kokkos::subview(m_send, range(counts[rank]))),
+                       Bytes(Kokkos::subview(m_receive, range(total(counts)))), counts);
+    m_incoming.clear();
+    std::vector<std::size_t> at = starts(counts);
+    for (std::size_t k = 0; k < statistics.size(); ++k) {
+      const int s = statistics[k];
+      const std::size_t bytes = from.packed_bytes(plan.statistic_size[s]);
+      if (!own_slots || owner[s] != rank)
+        m_incoming.add(own_slots ? slot_of[s] : int(k), plan.statistic_size[s], std::int64_t(at[owner[s]]), 0);
+      at[owner[s]] += bytes;
+    }
+    m_incoming.upload(space);
+    to.unpack(space, m_incoming, m_receive);
+  }
+
+  static std::pair<std::size_t, std::size_t> range(std::size_t n) { return {0, n}; }
+  static void ensure(Bytes& bytes, std::size_t n) {
+    if (bytes.extent(0) < std::max<std::size_t>(n, 1))
+      bytes = Bytes(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::Shampoo::exchange"),
+                    std::max<std::size_t>(n, 1));
+  }
+
+  comm::Group m_group;
+  Bytes m_send, m_receive;
+  SlotList<memory_space> m_outgoing, m_incoming;
+};
+
+}  // namespace lather::optim::Impl

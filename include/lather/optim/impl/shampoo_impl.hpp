@@ -1,0 +1,98 @@
+#pragma once
+// The implementation of Shampoo, for explicit instantiation: src/optim/shampoo.cpp instantiates it
+// for lather::DefaultExecutionSpace (and the host space on device builds); a program that needs
+// another execution space includes this header and uses the class as usual.
+
+#include <lather/optim/impl/shampoo_engine.hpp>
+#include <lather/optim/shampoo.hpp>
+
+namespace lather::optim {
+
+template <class ExecutionSpace, class Scalar>
+Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
+                                         ShampooOptions options, const comm::Mesh& mesh)
+    : Shampoo(space, std::move(parameters), std::move(options), mesh.data_parallel(),
+              mesh.weight_shards() > 1 ? mesh.shards() : comm::Group()) {}
+
+template <class ExecutionSpace, class Scalar>
+Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
+                                         ShampooOptions options, const comm::Group& group,
+                                         const comm::Group& shards)
+    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters)) {
+  options.validate();
+  if (options.statistics_precision == linalg::Precision::float64)
+    m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, double>>(space, this->m_parameters,
+                                                                                     options, group, shards);
+  else
+    m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, float>>(space, this->m_parameters,
+                                                                                    options, group, shards);
+}
+
+template <class ExecutionSpace, class Scalar>
+Shampoo<ExecutionSpace, Scalar>::~Shampoo() = default;
+
+template <class ExecutionSpace, class Scalar>
+void Shampoo<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Tensors& values,
+                                              const Tensors& gradients) {
+  m_engine->step(space, values, gradients);
+}
+
+template <class ExecutionSpace, class Scalar>
+long Shampoo<ExecutionSpace, Scalar>::step_count() const {
+  return m_engine->step_count();
+}
+template <class ExecutionSpace, class Scalar>
+StateMemoryReport Shampoo<ExecutionSpace, Scalar>::memory_report() const {
+  return m_engine->memory_report();
+}
+template <class ExecutionSpace, class Scalar>
+auto Shampoo<ExecutionSpace, Scalar>::state_arrays() -> std::vector<StateArray<memory_space>> {
+  return m_engine->state_arrays();
+}
+template <class ExecutionSpace, class Scalar>
+void Shampoo<ExecutionSpace, Scalar>::state_restored(long step_count) {
+  m_engine->state_restored(step_count);
+}
+template <class ExecutionSpace, class Scalar>
+const ShampooOptions& Shampoo<ExecutionSpace, Scalar>::options() const {
+  return m_engine->options();
+}
+template <class ExecutionSpace, class Scalar>
+int Shampoo<ExecutionSpace, Scalar>::num_statistics() const {
+  return m_engine->plan().num_statistics();
+}
+template <class ExecutionSpace, class Scalar>
+bool Shampoo<ExecutionSpace, Scalar>::is_preconditioned(int parameter) const {
+  return m_engine->plan().parameters.at(parameter).preconditioned;
+}
+template <class ExecutionSpace, class Scalar>
+const BlockPartition& Shampoo<ExecutionSpace, Scalar>::partition(int parameter) const {
+  return m_engine->plan().parameters.at(parameter).partition;
+}
+template <class ExecutionSpace, class Scalar>
+std::vector<StatisticMetrics> Shampoo<ExecutionSpace, Scalar>::metrics() const {
+  return m_engine->metrics();
+}
+template <class ExecutionSpace, class Scalar>
+double Shampoo<ExecutionSpace, Scalar>::root_load_imbalance() const {
+  return m_engine->root_load_imbalance();
+}
+template <class ExecutionSpace, class Scalar>
+std::vector<double> Shampoo<ExecutionSpace, Scalar>::statistic(const ExecutionSpace& space, int s) const {
+  return m_engine->matrix(space, s, false);
+}
+template <class ExecutionSpace, class Scalar>
+std::vector<double> Shampoo<ExecutionSpace, Scalar>::preconditioner(const ExecutionSpace& space, int s) const {
+  return m_engine->matrix(space, s, true);
+}
+
+template <class ExecutionSpace, class Scalar>
+std::vector<std::pair<std::string, std::string>> Shampoo<ExecutionSpace, Scalar>::describe() const {
+  std::vector<std::pair<std::string, std::string>> out = {{"optimizer", "shampoo"},
+                                                          {"learning_rate_schedule", options().learning_rate.describe()}};
+  for (const auto& name : option_names())
+    if (name != "learning_rate") out.emplace_back(name, option_value(options(), name));
+  return out;
+}
+
+}  // namespace lather::optim

@@ -1,0 +1,419 @@
+#include <lather/comm/group.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <utility>
+
+namespace lather::comm {
+
+// A group is a communicator we own (MPI builds) or one process on its own (`local`): then every
+// collective is a copy and MPI is never called, so a Group works before MPI_Init and without MPI.
+struct Group::State {
+#if LATHER_ENABLE_MPI
+  MPI_Comm comm = MPI_COMM_NULL;
+#endif
+  int size = 1, rank = 0;
+  bool local = true;
+
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+#if LATHER_ENABLE_MPI
+    if (comm == MPI_COMM_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm);  // nothing to report from a destructor
+#endif
+  }
+};
+
+namespace {
+
+#if LATHER_ENABLE_MPI
+void check(int status, const char* call) {
+  if (status == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int length = 0;
+  MPI_Error_string(status, text, &length);
+  LATHER_FAIL(call, " failed: ", std::string(text, std::size_t(length)));
+}
+
+template <class T>
+MPI_Datatype datatype();
+template <> MPI_Datatype datatype<char>() { return MPI_BYTE; }
+template <> MPI_Datatype datatype<int>() { return MPI_INT; }
+template <> MPI_Datatype datatype<std::int64_t>() { return MPI_INT64_T; }
+template <> MPI_Datatype datatype<std::uint16_t>() { return MPI_UINT16_T; }
+template <> MPI_Datatype datatype<std::uint32_t>() { return MPI_UINT32_T; }
+template <> MPI_Datatype datatype<std::uint64_t>() { return MPI_UINT64_T; }
+template <> MPI_Datatype datatype<float>() { return MPI_FLOAT; }
+template <> MPI_Datatype datatype<double>() { return MPI_DOUBLE; }
+
+MPI_Op operation(Combine op) {
+  switch (op) {
+    case Combine::sum: return MPI_SUM;
+    case Combine::min: return MPI_MIN;
+    case Combine::max: return MPI_MAX;
+  }
+  return MPI_SUM;
+}
+
+/// MPI counts are int: pieces of at most this many elements per call.
+constexpr std::size_t max_count = std::size_t(1) << 30;
+
+/// A contiguous MPI datatype of `bytes` bytes, freed at scope exit.
+class UnitType {
+ public:
+  explicit UnitType(std::size_t bytes) {
+    LATHER_REQUIRE(bytes >= 1 && bytes <= std::size_t(INT_MAX), "Group: a unit of ", bytes,
+                   " bytes cannot be described to MPI");
+    check(MPI_Type_contiguous(int(bytes), MPI_BYTE, &m_type), "MPI_Type_contiguous");
+    check(MPI_Type_commit(&m_type), "MPI_Type_commit");
+  }
+  ~UnitType() {
+    if (m_type != MPI_DATATYPE_NULL) MPI_Type_free(&m_type);
+  }
+  UnitType(const UnitType&) = delete;
+  UnitType& operator=(const UnitType&) = delete;
+  MPI_Datatype get() const { return m_type; }
+
+ private:
+  MPI_Datatype m_type = MPI_DATATYPE_NULL;
+};
+
+/// Counts and displacements as MPI takes them, refusing what int cannot hold.
+std::pair<std::vector<int>, std::vector<int>> int_counts(const std::vector<std::size_t>& counts, const char* call) {
+  std::vector<int> count(counts.size()), displacement(counts.size());
+  std::size_t at = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    LATHER_REQUIRE(counts[r] <= std::size_t(INT_MAX) && at <= std::size_t(INT_MAX), call, ": ", counts[r],
+                   " elements at offset ", at, " exceed what MPI's int counts describe");
+    count[r] = int(counts[r]);
+    displacement[r] = int(at);
+    at += counts[r];
+  }
+  return {std::move(count), std::move(displacement)};
+}
+#endif
+
+}  // namespace
+
+Group::Group() : m_state(std::make_shared<State>()) {}
+
+Group::Group(std::shared_ptr<State> state) : m_state(std::move(state)) {}
+
+#if LATHER_ENABLE_MPI
+Group::Group(MPI_Comm comm) : m_state(std::make_shared<State>()) {
+  LATHER_REQUIRE(comm != MPI_COMM_NULL, "Group: the communicator is MPI_COMM_NULL");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  LATHER_REQUIRE(initialized, "Group: MPI is not initialised (call MPI_Init first)");
+  auto& st = *m_state;
+  check(MPI_Comm_dup(comm, &st.comm), "MPI_Comm_dup");
+  check(MPI_Comm_set_errhandler(st.comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check(MPI_Comm_size(st.comm, &st.size), "MPI_Comm_size");
+  check(MPI_Comm_rank(st.comm, &st.rank), "MPI_Comm_rank");
+  st.local = false;
+}
+
+MPI_Comm Group::native() const {
+  const auto& st = state();
+  return st.local ? MPI_COMM_SELF : st.comm;
+}
+#endif
+
+const Group::State& Group::state() const {
+  LATHER_REQUIRE(m_state, "Group: used after being moved from, or on a rank that joined no group");
+  return *m_state;
+}
+
+int Group::size() const { return state().size; }
+int Group::rank() const { return state().rank; }
+bool Group::member() const noexcept { return bool(m_state); }
+
+Group Group::split(int color, int key) const {
+  const auto& st = state();
+  if (st.local) return color >= 0 ? Group() : Group(std::shared_ptr<State>());
+#if LATHER_ENABLE_MPI
+  MPI_Comm out = MPI_COMM_NULL;
+  check(MPI_Comm_split(st.comm, color >= 0 ? color : MPI_UNDEFINED, key, &out), "MPI_Comm_split");
+  if (out == MPI_COMM_NULL) return Group(std::shared_ptr<State>());
+  auto next = std::make_shared<State>();
+  next->comm = out;
+  next->local = false;
+  check(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check(MPI_Comm_size(out, &next->size), "MPI_Comm_size");
+  check(MPI_Comm_rank(out, &next->rank), "MPI_Comm_rank");
+  return Group(std::move(next));
+#else
+  return Group();
+#endif
+}
+
+std::vector<int> Group::ranks_in(const Group& other) const {
+  const auto& st = state();
+  const auto& ot = other.state();
+  if (st.local || ot.local) return {st.local && ot.local ? 0 : (ot.local ? -1 : ot.rank)};
+#if LATHER_ENABLE_MPI
+  MPI_Group mine = MPI_GROUP_NULL, theirs = MPI_GROUP_NULL;
+  check(MPI_Comm_group(st.comm, &mine), "MPI_Comm_group");
+  const int status = MPI_Comm_group(ot.comm, &theirs);
+  std::vector<int> ranks(st.size), out(st.size, MPI_UNDEFINED);
+  for (int r = 0; r < st.size; ++r) ranks[r] = r;
+  const int translated = status == MPI_SUCCESS
+                             ? MPI_Group_translate_ranks(mine, st.size, ranks.data(), theirs, out.data())
+                             : status;
+  MPI_Group_free(&mine);
+  if (theirs != MPI_GROUP_NULL) MPI_Group_free(&theirs);
+  check(translated, "MPI_Group_translate_ranks");
+  for (auto& r : out)
+    if (r == MPI_UNDEFINED) r = -1;
+  return out;
+#else
+  return {};
+#endif
+}
+
+void Group::barrier() const {
+  const auto& st = state();
+  if (st.local) return;
+#if LATHER_ENABLE_MPI
+  check(MPI_Barrier(st.comm), "MPI_Barrier");
+#endif
+}
+
+template <class T>
+void Group::allreduce(T* values, std::size_t count, Combine op) const {
+  const auto& st = state();
+  if (st.local) return;
+#if LATHER_ENABLE_MPI
+  for (std::size_t done = 0; done < count; done += max_count)
+    check(MPI_Allreduce(MPI_IN_PLACE, values + done, int(std::min(max_count, count - done)), datatype<T>(),
+                        operation(op), st.comm),
+          "MPI_Allreduce");
+#else
+  (void)values, (void)count, (void)op;
+#endif
+}
+
+template <class T>
+void Group::allreduce(const T* send, T* receive, std::size_t count, Combine op) const {
+  const auto& st = state();
+  if (st.local) {
+    if (count > 0 && send != receive) std::memmove(receive, send, count * sizeof(T));
+    return;
+  }
+#if LATHER_ENABLE_MPI
+  for (std::size_t done = 0; done < count; done += max_count)
+    check(MPI_Allreduce(send + done, receive + done, int(std::min(max_count, count - done)), datatype<T>(),
+                        operation(op), st.comm),
+          "MPI_Allreduce");
+#else
+  (void)op;
+#endif
+}
+
+template <class T>
+void Group::broadcast(T* values, std::size_t count, int root) const {
+  const auto& st = state();
+  LATHER_REQUIRE(root >= 0 && root < st.size, "Group::broadcast: root ", root, " is not a rank of the group of ",
+                 st.size);
+  if (st.local) return;
+#if LATHER_ENABLE_MPI
+  for (std::size_t done = 0; done < count; done += max_count)
+    check(MPI_Bcast(values + done, int(std::min(max_count, count - done)), datatype<T>(), root, st.comm),
+          "MPI_Bcast");
+#else
+  (void)values, (void)count;
+#endif
+}
+
+void Group::broadcast(std::string& text, int root) const {
+  std::uint64_t length = text.size();
+  broadcast(&length, 1, root);
+  text.resize(std::size_t(length));
+  broadcast(text.data(), text.size(), root);
+}
+
+template <class T>
+void Group::allgather(const T* send, std::size_t per_rank, T* receive) const {
+  const auto& st = state();
+  if (st.local) {
+    if (per_rank > 0 && send != receive) std::memmove(receive, send, per_rank * sizeof(T));
+    return;
+  }
+#if LATHER_ENABLE_MPI
+  LATHER_REQUIRE(per_rank <= std::size_t(INT_MAX) && per_rank * std::size_t(st.size) <= std::size_t(INT_MAX),
+                 "Group::allgather: ", per_rank, " elements per rank exceed MPI's int counts");
+  check(MPI_Allgather(send, int(per_rank), datatype<T>(), receive, int(per_rank), datatype<T>(), st.comm),
+        "MPI_Allgather");
+#endif
+}
+
+template <class T>
+void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts) const {
+  const auto& st = state();
+  LATHER_REQUIRE(int(counts.size()) == st.size, "Group::allgatherv: ", counts.size(), " counts for a group of ",
+                 st.size);
+  if (st.local) {
+    if (counts[0] > 0 && send != receive) std::memmove(receive, send, counts[0] * sizeof(T));
+    return;
+  }
+#if LATHER_ENABLE_MPI
+  std::size_t total = 0, largest = 0;
+  for (auto c : counts) total += c, largest = std::max(largest, c);
+  if (total <= std::size_t(INT_MAX)) {
+    const auto [count, displacement] = int_counts(counts, "Group::allgatherv");
+    check(MPI_Allgatherv(send, count[st.rank], datatype<T>(), receive, count.data(), displacement.data(),
+                         datatype<T>(), st.comm),
+          "MPI_Allgatherv");
+    return;
+  }
+  // More than int counts can place: rounds of at most INT_MAX / size elements per rank, staged.
+  const std::size_t round = std::max<std::size_t>(1, std::size_t(INT_MAX) / std::size_t(st.size));
+  std::vector<std::size_t> offset(st.size, 0), piece(st.size);
+  for (int r = 1; r < st.size; ++r) offset[r] = offset[r - 1] + counts[r - 1];
+  std::vector<T> staging;
+  for (std::size_t done = 0; done < largest; done += round) {
+    std::size_t in_round = 0;
+    for (int r = 0; r < st.size; ++r) {
+      piece[r] = counts[r] > done ? std::min(round, counts[r] - done) : 0;
+      in_round += piece[r];
+    }
+    staging.resize(in_round);
+    const auto [count, displacement] = int_counts(piece, "Group::allgatherv");
+    check(MPI_Allgatherv(send + std::min(done, counts[st.rank]), count[st.rank], datatype<T>(), staging.data(),
+                         count.data(), displacement.data(), datatype<T>(), st.comm),
+          "MPI_Allgatherv");
+    for (int r = 0; r < st.size; ++r)
+      std::copy_n(staging.data() + displacement[r], piece[r], receive + offset[r] + done);
+  }
+#endif
+}
+
+template <class T>
+void Group::alltoall(const T* send, std::size_t per_rank, T* receive) const {
+  const auto& st = state();
+  if (st.local) {
+    if (per_rank > 0 && send != receive) std::memmove(receive, send, per_rank * sizeof(T));
+    return;
+  }
+#if LATHER_ENABLE_MPI
+  LATHER_REQUIRE(per_rank <= std::size_t(INT_MAX), "Group::alltoall: ", per_rank,
+                 " elements per rank exceed MPI's int counts");
+  check(MPI_Alltoall(send, int(per_rank), datatype<T>(), receive, int(per_rank), datatype<T>(), st.comm),
+        "MPI_Alltoall");
+#endif
+}
+
+void Group::alltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* receive,
+                      const std::vector<std::size_t>& receive_counts, std::size_t unit_bytes) const {
+  const auto& st = state();
+  LATHER_REQUIRE(int(send_counts.size()) == st.size && int(receive_counts.size()) == st.size,
+                 "Group::alltoallv: counts for ", send_counts.size(), " and ", receive_counts.size(),
+                 " ranks in a group of ", st.size);
+  if (st.local) {
+    if (send_counts[0] > 0 && send != receive) std::memmove(receive, send, send_counts[0] * unit_bytes);
+    return;
+  }
+#if LATHER_ENABLE_MPI
+  const UnitType unit(unit_bytes);
+  const auto [out_count, out_at] = int_counts(send_counts, "Group::alltoallv");
+  const auto [in_count, in_at] = int_counts(receive_counts, "Group::alltoallv");
+  check(MPI_Alltoallv(send, out_count.data(), out_at.data(), unit.get(), receive, in_count.data(), in_at.data(),
+                      unit.get(), st.comm),
+        "MPI_Alltoallv");
+#endif
+}
+
+template <class T>
+void Group::send(const T* values, std::size_t count, int destination, int tag) const {
+  const auto& st = state();
+  LATHER_REQUIRE(!st.local && destination >= 0 && destination < st.size && destination != st.rank,
+                 "Group::send: rank ", destination, " is not another rank of the group of ", st.size);
+#if LATHER_ENABLE_MPI
+  for (std::size_t done = 0; done < count || done == 0; done += max_count) {
+    check(MPI_Send(values + done, int(std::min(max_count, count - done)), datatype<T>(), destination, tag, st.comm),
+          "MPI_Send");
+    if (count == 0) break;
+  }
+#else
+  (void)values, (void)count, (void)tag;
+#endif
+}
+
+template <class T>
+void Group::receive(T* values, std::size_t count, int source, int tag) const {
+  const auto& st = state();
+  LATHER_REQUIRE(!st.local && source >= 0 && source < st.size && source != st.rank, "Group::receive: rank ", source,
+                 " is not another rank of the group of ", st.size);
+#if LATHER_ENABLE_MPI
+  for (std::size_t done = 0; done < count || done == 0; done += max_count) {
+    check(MPI_Recv(values + done, int(std::min(max_count, count - done)), datatype<T>(), source, tag, st.comm,
+                   MPI_STATUS_IGNORE),
+          "MPI_Recv");
+    if (count == 0) break;
+  }
+#else
+  (void)values, (void)count, (void)tag;
+#endif
+}
+
+template <class T>
+void Group::exchange(const T* out, std::size_t out_count, T* in, std::size_t in_count, int partner, int tag) const {
+  const auto& st = state();
+  LATHER_REQUIRE(!st.local && partner >= 0 && partner < st.size && partner != st.rank, "Group::exchange: rank ",
+                 partner, " is not another rank of the group of ", st.size);
+#if LATHER_ENABLE_MPI
+  // Both sides split their transfers into the same number of pieces, so messages always match.
+  const std::size_t pieces = std::max<std::size_t>(
+      1, std::max((out_count + max_count - 1) / max_count, (in_count + max_count - 1) / max_count));
+  for (std::size_t k = 0; k < pieces; ++k) {
+    const std::size_t out_at = std::min(out_count, k * max_count), in_at = std::min(in_count, k * max_count);
+    check(MPI_Sendrecv(out + out_at, int(std::min(max_count, out_count - out_at)), datatype<T>(), partner, tag,
+                       in + in_at, int(std::min(max_count, in_count - in_at)), datatype<T>(), partner, tag, st.comm,
+                       MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
+  }
+#else
+  (void)out, (void)out_count, (void)in, (void)in_count, (void)tag;
+#endif
+}
+
+void Group::agree_on_failure(const std::string& context, const std::string& local_error) const {
+  const auto& st = state();
+  const int failing = allreduce(local_error.empty() ? st.size : st.rank, Combine::min);
+  if (failing == st.size) return;
+  std::string message = local_error;
+  broadcast(message, failing);
+  std::string where;
+  if (st.size > 1)
+    where = ::lather::Impl::concat(" (on group rank ", failing, " of ", st.size, failing == st.rank ? ", this rank" : "",
+                                   ")");
+  // The message already names the object and where it failed.
+  throw Error((context.empty() ? std::string() : context + ": ") + message + where, nullptr, 0);
+}
+
+#define LATHER_COMM_GROUP_INSTANTIATE(T)                                                                  \
+  template void Group::allreduce<T>(T*, std::size_t, Combine) const;                                     \
+  template void Group::allreduce<T>(const T*, T*, std::size_t, Combine) const;                           \
+  template void Group::broadcast<T>(T*, std::size_t, int) const;                                         \
+  template void Group::allgather<T>(const T*, std::size_t, T*) const;                                    \
+  template void Group::allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const;               \
+  template void Group::alltoall<T>(const T*, std::size_t, T*) const;                                     \
+  template void Group::send<T>(const T*, std::size_t, int, int) const;                                   \
+  template void Group::receive<T>(T*, std::size_t, int, int) const;                                      \
+  template void Group::exchange<T>(const T*, std::size_t, T*, std::size_t, int, int) const;
+
+LATHER_COMM_GROUP_INSTANTIATE(char)
+LATHER_COMM_GROUP_INSTANTIATE(int)
+LATHER_COMM_GROUP_INSTANTIATE(std::int64_t)
+LATHER_COMM_GROUP_INSTANTIATE(std::uint16_t)
+LATHER_COMM_GROUP_INSTANTIATE(std::uint32_t)
+LATHER_COMM_GROUP_INSTANTIATE(std::uint64_t)
+LATHER_COMM_GROUP_INSTANTIATE(float)
+LATHER_COMM_GROUP_INSTANTIATE(double)
+
+}  // namespace lather::comm
