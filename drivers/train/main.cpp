@@ -3,6 +3,7 @@
 // docs/reference/driver.md.
 #include "trainer.hpp"
 
+#include <lather/comm/group.hpp>
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
@@ -14,10 +15,10 @@
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int code = 0;
   {
+    const lather::comm::Group world(MPI_COMM_WORLD);
+    const int rank = world.rank();
     // Kokkos takes its --kokkos-* arguments out of argv before CLI11 reads the rest.
     lather::KokkosSession kokkos(argc, argv);
     CLI::App app{"lather-train " LATHER_VERSION_STRING
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
       lather::train::install_termination_handler();
-      const auto result = lather::train::train(options, MPI_COMM_WORLD);
+      const auto result = lather::train::train(options, world);
       if (rank == 0 && !options.quiet)
         std::printf("done: %ld steps in %.1f s, test accuracy %.2f%%%s\n", result.steps, result.seconds,
                     100 * result.test_accuracy, result.interrupted ? " (interrupted)" : "");

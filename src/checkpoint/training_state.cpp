@@ -157,7 +157,8 @@ std::string Checkpointer::save(const ExecutionSpace& space, optim::Optimizer<Exe
   attributes.integers["optimizer_step"] = optimizer.step_count();
   attributes.integers["rng_words"] = std::int64_t(rng.size());
   attributes.integers["world_size"] = m_group.size();
-  attributes.integers["weight_shards"] = state.weight_shards;
+  // On a sharded Mesh the checkpointer knows the shard count; otherwise the caller says it.
+  attributes.integers["weight_shards"] = m_weight_shards > 1 ? m_weight_shards : state.weight_shards;
   attributes.strings["optimizer"] = optimizer.name();
   // All options in one attribute, one "name = value" per line: every attribute costs a collective
   // operation in parallel HDF5, and an optimizer has dozens of options.

@@ -1,5 +1,9 @@
 #include <lather/comm/impl/agreement.hpp>
 
+#if LATHER_ENABLE_MPI
+#include "mpi_check.hpp"
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -8,18 +12,11 @@ namespace lather::comm::Impl {
 
 namespace {
 
-#if LATHER_ENABLE_MPI
-void check_mpi(int status, const char* call) {
-  if (status == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING] = {0};
-  int length = 0;
-  MPI_Error_string(status, text, &length);
-  LATHER_FAIL(call, " failed: ", std::string(text, std::size_t(length)));
-}
-
 // One record of int64 words: [fields F, sums S, lowest failing rank, min x F, max x F, sums x S]
 // (sums stored as the bits of doubles). The header makes the operation self-describing.
 constexpr std::size_t header_words = 3;
+
+#if LATHER_ENABLE_MPI
 
 void agreement_op(void* in_raw, void* inout_raw, int* length, MPI_Datatype* type) {
   int words = 0;

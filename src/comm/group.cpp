@@ -1,5 +1,9 @@
 #include <lather/comm/group.hpp>
 
+#if LATHER_ENABLE_MPI
+#include "mpi_check.hpp"
+#endif
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -32,14 +36,6 @@ struct Group::State {
 namespace {
 
 #if LATHER_ENABLE_MPI
-void check(int status, const char* call) {
-  if (status == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING] = {0};
-  int length = 0;
-  MPI_Error_string(status, text, &length);
-  LATHER_FAIL(call, " failed: ", std::string(text, std::size_t(length)));
-}
-
 template <class T>
 MPI_Datatype datatype();
 template <> MPI_Datatype datatype<char>() { return MPI_BYTE; }
@@ -69,8 +65,8 @@ class UnitType {
   explicit UnitType(std::size_t bytes) {
     LATHER_REQUIRE(bytes >= 1 && bytes <= std::size_t(INT_MAX), "Group: a unit of ", bytes,
                    " bytes cannot be described to MPI");
-    check(MPI_Type_contiguous(int(bytes), MPI_BYTE, &m_type), "MPI_Type_contiguous");
-    check(MPI_Type_commit(&m_type), "MPI_Type_commit");
+    Impl::check_mpi(MPI_Type_contiguous(int(bytes), MPI_BYTE, &m_type), "MPI_Type_contiguous");
+    Impl::check_mpi(MPI_Type_commit(&m_type), "MPI_Type_commit");
   }
   ~UnitType() {
     if (m_type != MPI_DATATYPE_NULL) MPI_Type_free(&m_type);
@@ -111,10 +107,10 @@ Group::Group(MPI_Comm comm) : m_state(std::make_shared<State>()) {
   MPI_Initialized(&initialized);
   LATHER_REQUIRE(initialized, "Group: MPI is not initialised (call MPI_Init first)");
   auto& st = *m_state;
-  check(MPI_Comm_dup(comm, &st.comm), "MPI_Comm_dup");
-  check(MPI_Comm_set_errhandler(st.comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  check(MPI_Comm_size(st.comm, &st.size), "MPI_Comm_size");
-  check(MPI_Comm_rank(st.comm, &st.rank), "MPI_Comm_rank");
+  Impl::check_mpi(MPI_Comm_dup(comm, &st.comm), "MPI_Comm_dup");
+  Impl::check_mpi(MPI_Comm_set_errhandler(st.comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  Impl::check_mpi(MPI_Comm_size(st.comm, &st.size), "MPI_Comm_size");
+  Impl::check_mpi(MPI_Comm_rank(st.comm, &st.rank), "MPI_Comm_rank");
   st.local = false;
 }
 
@@ -138,14 +134,14 @@ Group Group::split(int color, int key) const {
   if (st.local) return color >= 0 ? Group() : Group(std::shared_ptr<State>());
 #if LATHER_ENABLE_MPI
   MPI_Comm out = MPI_COMM_NULL;
-  check(MPI_Comm_split(st.comm, color >= 0 ? color : MPI_UNDEFINED, key, &out), "MPI_Comm_split");
+  Impl::check_mpi(MPI_Comm_split(st.comm, color >= 0 ? color : MPI_UNDEFINED, key, &out), "MPI_Comm_split");
   if (out == MPI_COMM_NULL) return Group(std::shared_ptr<State>());
   auto next = std::make_shared<State>();
   next->comm = out;
   next->local = false;
-  check(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  check(MPI_Comm_size(out, &next->size), "MPI_Comm_size");
-  check(MPI_Comm_rank(out, &next->rank), "MPI_Comm_rank");
+  Impl::check_mpi(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  Impl::check_mpi(MPI_Comm_size(out, &next->size), "MPI_Comm_size");
+  Impl::check_mpi(MPI_Comm_rank(out, &next->rank), "MPI_Comm_rank");
   return Group(std::move(next));
 #else
   return Group();
@@ -158,7 +154,7 @@ std::vector<int> Group::ranks_in(const Group& other) const {
   if (st.local || ot.local) return {st.local && ot.local ? 0 : (ot.local ? -1 : ot.rank)};
 #if LATHER_ENABLE_MPI
   MPI_Group mine = MPI_GROUP_NULL, theirs = MPI_GROUP_NULL;
-  check(MPI_Comm_group(st.comm, &mine), "MPI_Comm_group");
+  Impl::check_mpi(MPI_Comm_group(st.comm, &mine), "MPI_Comm_group");
   const int status = MPI_Comm_group(ot.comm, &theirs);
   std::vector<int> ranks(st.size), out(st.size, MPI_UNDEFINED);
   for (int r = 0; r < st.size; ++r) ranks[r] = r;
@@ -167,7 +163,7 @@ std::vector<int> Group::ranks_in(const Group& other) const {
                              : status;
   MPI_Group_free(&mine);
   if (theirs != MPI_GROUP_NULL) MPI_Group_free(&theirs);
-  check(translated, "MPI_Group_translate_ranks");
+  Impl::check_mpi(translated, "MPI_Group_translate_ranks");
   for (auto& r : out)
     if (r == MPI_UNDEFINED) r = -1;
   return out;
@@ -180,7 +176,7 @@ void Group::barrier() const {
   const auto& st = state();
   if (st.local) return;
 #if LATHER_ENABLE_MPI
-  check(MPI_Barrier(st.comm), "MPI_Barrier");
+  Impl::check_mpi(MPI_Barrier(st.comm), "MPI_Barrier");
 #endif
 }
 
@@ -190,7 +186,7 @@ void Group::allreduce(T* values, std::size_t count, Combine op) const {
   if (st.local) return;
 #if LATHER_ENABLE_MPI
   for (std::size_t done = 0; done < count; done += max_count)
-    check(MPI_Allreduce(MPI_IN_PLACE, values + done, int(std::min(max_count, count - done)), datatype<T>(),
+    Impl::check_mpi(MPI_Allreduce(MPI_IN_PLACE, values + done, int(std::min(max_count, count - done)), datatype<T>(),
                         operation(op), st.comm),
           "MPI_Allreduce");
 #else
@@ -207,7 +203,7 @@ void Group::allreduce(const T* send, T* receive, std::size_t count, Combine op) 
   }
 #if LATHER_ENABLE_MPI
   for (std::size_t done = 0; done < count; done += max_count)
-    check(MPI_Allreduce(send + done, receive + done, int(std::min(max_count, count - done)), datatype<T>(),
+    Impl::check_mpi(MPI_Allreduce(send + done, receive + done, int(std::min(max_count, count - done)), datatype<T>(),
                         operation(op), st.comm),
           "MPI_Allreduce");
 #else
@@ -223,7 +219,7 @@ void Group::broadcast(T* values, std::size_t count, int root) const {
   if (st.local) return;
 #if LATHER_ENABLE_MPI
   for (std::size_t done = 0; done < count; done += max_count)
-    check(MPI_Bcast(values + done, int(std::min(max_count, count - done)), datatype<T>(), root, st.comm),
+    Impl::check_mpi(MPI_Bcast(values + done, int(std::min(max_count, count - done)), datatype<T>(), root, st.comm),
           "MPI_Bcast");
 #else
   (void)values, (void)count;
@@ -247,7 +243,7 @@ void Group::allgather(const T* send, std::size_t per_rank, T* receive) const {
 #if LATHER_ENABLE_MPI
   LATHER_REQUIRE(per_rank <= std::size_t(INT_MAX) && per_rank * std::size_t(st.size) <= std::size_t(INT_MAX),
                  "Group::allgather: ", per_rank, " elements per rank exceed MPI's int counts");
-  check(MPI_Allgather(send, int(per_rank), datatype<T>(), receive, int(per_rank), datatype<T>(), st.comm),
+  Impl::check_mpi(MPI_Allgather(send, int(per_rank), datatype<T>(), receive, int(per_rank), datatype<T>(), st.comm),
         "MPI_Allgather");
 #endif
 }
@@ -266,7 +262,7 @@ void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>
   for (auto c : counts) total += c, largest = std::max(largest, c);
   if (total <= std::size_t(INT_MAX)) {
     const auto [count, displacement] = int_counts(counts, "Group::allgatherv");
-    check(MPI_Allgatherv(send, count[st.rank], datatype<T>(), receive, count.data(), displacement.data(),
+    Impl::check_mpi(MPI_Allgatherv(send, count[st.rank], datatype<T>(), receive, count.data(), displacement.data(),
                          datatype<T>(), st.comm),
           "MPI_Allgatherv");
     return;
@@ -284,7 +280,7 @@ void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>
     }
     staging.resize(in_round);
     const auto [count, displacement] = int_counts(piece, "Group::allgatherv");
-    check(MPI_Allgatherv(send + std::min(done, counts[st.rank]), count[st.rank], datatype<T>(), staging.data(),
+    Impl::check_mpi(MPI_Allgatherv(send + std::min(done, counts[st.rank]), count[st.rank], datatype<T>(), staging.data(),
                          count.data(), displacement.data(), datatype<T>(), st.comm),
           "MPI_Allgatherv");
     for (int r = 0; r < st.size; ++r)
@@ -303,7 +299,7 @@ void Group::alltoall(const T* send, std::size_t per_rank, T* receive) const {
 #if LATHER_ENABLE_MPI
   LATHER_REQUIRE(per_rank <= std::size_t(INT_MAX), "Group::alltoall: ", per_rank,
                  " elements per rank exceed MPI's int counts");
-  check(MPI_Alltoall(send, int(per_rank), datatype<T>(), receive, int(per_rank), datatype<T>(), st.comm),
+  Impl::check_mpi(MPI_Alltoall(send, int(per_rank), datatype<T>(), receive, int(per_rank), datatype<T>(), st.comm),
         "MPI_Alltoall");
 #endif
 }
@@ -322,7 +318,7 @@ void Group::alltoallv(const void* send, const std::vector<std::size_t>& send_cou
   const UnitType unit(unit_bytes);
   const auto [out_count, out_at] = int_counts(send_counts, "Group::alltoallv");
   const auto [in_count, in_at] = int_counts(receive_counts, "Group::alltoallv");
-  check(MPI_Alltoallv(send, out_count.data(), out_at.data(), unit.get(), receive, in_count.data(), in_at.data(),
+  Impl::check_mpi(MPI_Alltoallv(send, out_count.data(), out_at.data(), unit.get(), receive, in_count.data(), in_at.data(),
                       unit.get(), st.comm),
         "MPI_Alltoallv");
 #endif
@@ -335,7 +331,7 @@ void Group::send(const T* values, std::size_t count, int destination, int tag) c
                  "Group::send: rank ", destination, " is not another rank of the group of ", st.size);
 #if LATHER_ENABLE_MPI
   for (std::size_t done = 0; done < count || done == 0; done += max_count) {
-    check(MPI_Send(values + done, int(std::min(max_count, count - done)), datatype<T>(), destination, tag, st.comm),
+    Impl::check_mpi(MPI_Send(values + done, int(std::min(max_count, count - done)), datatype<T>(), destination, tag, st.comm),
           "MPI_Send");
     if (count == 0) break;
   }
@@ -351,7 +347,7 @@ void Group::receive(T* values, std::size_t count, int source, int tag) const {
                  " is not another rank of the group of ", st.size);
 #if LATHER_ENABLE_MPI
   for (std::size_t done = 0; done < count || done == 0; done += max_count) {
-    check(MPI_Recv(values + done, int(std::min(max_count, count - done)), datatype<T>(), source, tag, st.comm,
+    Impl::check_mpi(MPI_Recv(values + done, int(std::min(max_count, count - done)), datatype<T>(), source, tag, st.comm,
                    MPI_STATUS_IGNORE),
           "MPI_Recv");
     if (count == 0) break;
@@ -372,7 +368,7 @@ void Group::exchange(const T* out, std::size_t out_count, T* in, std::size_t in_
       1, std::max((out_count + max_count - 1) / max_count, (in_count + max_count - 1) / max_count));
   for (std::size_t k = 0; k < pieces; ++k) {
     const std::size_t out_at = std::min(out_count, k * max_count), in_at = std::min(in_count, k * max_count);
-    check(MPI_Sendrecv(out + out_at, int(std::min(max_count, out_count - out_at)), datatype<T>(), partner, tag,
+    Impl::check_mpi(MPI_Sendrecv(out + out_at, int(std::min(max_count, out_count - out_at)), datatype<T>(), partner, tag,
                        in + in_at, int(std::min(max_count, in_count - in_at)), datatype<T>(), partner, tag, st.comm,
                        MPI_STATUS_IGNORE),
           "MPI_Sendrecv");

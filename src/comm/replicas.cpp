@@ -38,9 +38,10 @@ std::vector<std::uint32_t> tensor_checksums(
     std::uint32_t& whole) {
   std::vector<std::uint32_t> out;
   whole = std::uint32_t(::crc32(0L, Z_NULL, 0));
-  Impl::fence(space, "Lather::comm::checksum: tensors ready");
   for (const auto& tensor : tensors) {
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tensor);
+    auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), tensor);
+    Kokkos::deep_copy(space, host, tensor);
+    Impl::fence(space, "Lather::comm::checksum: tensor on the host");
     const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
     const std::size_t length = host.extent(0) * sizeof(Scalar);
     out.push_back(crc_bytes(std::uint32_t(::crc32(0L, Z_NULL, 0)), bytes, length));

@@ -338,7 +338,10 @@ double VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_backward(const
   // Labels are checked on the host, and hashed so that shards holding different labels disagree.
   Impl::Fnv1a label_hash;
   if (error.empty()) {
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), labels);
+    Kokkos::View<int*, Kokkos::HostSpace> host(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::VocabParallelCrossEntropy::labels"), batch);
+    Kokkos::deep_copy(space, host, labels);
+    Impl::fence(space, "Lather::VocabParallelCrossEntropy: labels on the host");
     for (std::size_t i = 0; i < batch; ++i) {
       if (host(i) < 0 || host(i) >= st.vocab) {
         error = ::lather::Impl::concat("label ", host(i), " of row ", i, " is not a class of the vocabulary of ",

@@ -44,7 +44,8 @@ class CoupledNewton {
     m_start = Array1<C, memory_space>("Lather::CoupledNewton::start_vector", n);
     auto start_host = Kokkos::create_mirror_view(m_start);
     for (int i = 0; i < n; ++i) start_host(i) = C(start[i]);
-    Kokkos::deep_copy(m_start, start_host);
+    Kokkos::deep_copy(m_space, m_start, start_host);
+    fence(m_space, "Lather::CoupledNewton: start vector uploaded");
   }
 
   /// Bytes of scratch one matrix of size n needs.
@@ -113,7 +114,7 @@ class CoupledNewton {
       result.ridge[positions[s]] = double(C(ridge));
     }
     Array1<C, memory_space> ridge("Lather::CoupledNewton::ridge", slots);
-    Kokkos::deep_copy(ridge, ridge_host);
+    Kokkos::deep_copy(m_space, ridge, ridge_host);
 
     Array1<C, memory_space> error("Lather::CoupledNewton::error", slots);
     // T lives in scratch 0 from here on: each error pass writes the next step's T.
@@ -149,7 +150,8 @@ class CoupledNewton {
                                                   m_m[current], m_m[next], n, m_batched_max, count);
       newton_error_and_step<ExecutionSpace, C, memory_space>(m_space, m_m[next], m_scratch[0],
                                                              active_dev, count_active, n, p, error);
-      Kokkos::deep_copy(error_host, error);
+      Kokkos::deep_copy(m_space, error_host, error);
+      fence(m_space, "Lather::CoupledNewton: errors on the host");
 
       std::vector<int> still_active;
       done_new.clear();
@@ -192,14 +194,16 @@ class CoupledNewton {
                                    values.size());
     auto host = Kokkos::create_mirror_view(view);
     for (std::size_t k = 0; k < values.size(); ++k) host(k) = values[k];
-    Kokkos::deep_copy(view, host);
+    Kokkos::deep_copy(m_space, view, host);
+    fence(m_space, "Lather::CoupledNewton: list uploaded");
     return view;
   }
 
   template <class View>
-  static typename View::HostMirror to_host(const View& view) {
+  typename View::HostMirror to_host(const View& view) const {
     auto host = Kokkos::create_mirror_view(view);
-    Kokkos::deep_copy(host, view);
+    Kokkos::deep_copy(m_space, host, view);
+    fence(m_space, "Lather::CoupledNewton: values on the host");
     return host;
   }
 

@@ -116,8 +116,8 @@ void solve_newton(const ExecutionSpace& space,
       matrix_host(k) = tasks[scalars[k]].index;
       exponent_host(k) = tasks[scalars[k]].exponent;
     }
-    Kokkos::deep_copy(matrix_of, matrix_host);
-    Kokkos::deep_copy(exponent, exponent_host);
+    Kokkos::deep_copy(space, matrix_of, matrix_host);
+    Kokkos::deep_copy(space, exponent, exponent_host);
     Array1<C, memory_space> lambda("Lather::inverse_pth_root::scalar_lambda", count_scalars);
     Array1<C, memory_space> ridge("Lather::inverse_pth_root::scalar_ridge", count_scalars);
     Array1<int, memory_space> ok("Lather::inverse_pth_root::scalar_ok", count_scalars);
@@ -127,9 +127,10 @@ void solve_newton(const ExecutionSpace& space,
     auto lambda_host = Kokkos::create_mirror_view(lambda);
     auto ridge_host = Kokkos::create_mirror_view(ridge);
     auto ok_host = Kokkos::create_mirror_view(ok);
-    Kokkos::deep_copy(lambda_host, lambda);
-    Kokkos::deep_copy(ridge_host, ridge);
-    Kokkos::deep_copy(ok_host, ok);
+    Kokkos::deep_copy(space, lambda_host, lambda);
+    Kokkos::deep_copy(space, ridge_host, ridge);
+    Kokkos::deep_copy(space, ok_host, ok);
+    fence(space, "Lather::inverse_pth_root: scalar roots on the host");
     for (int k = 0; k < count_scalars; ++k) {
       const int t = scalars[k];
       result.lambda_max[t] = double(lambda_host(k));
@@ -159,7 +160,7 @@ void solve_newton(const ExecutionSpace& space,
 }
 
 template <class ExecutionSpace, class S, class C>
-void solve_eigh(const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
+void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
                 const MatrixStack<S, typename ExecutionSpace::memory_space>& roots,
                 const std::vector<RootTask>& tasks, const InverseRootOptions& options,
                 InverseRootResult& result, GemmCount& count) {
@@ -171,7 +172,8 @@ void solve_eigh(const MatrixStack<const S, typename ExecutionSpace::memory_space
   for (std::size_t t = 0; t < tasks.size(); ++t) {
     const auto& task = tasks[t];
     const int n = task.size;
-    Kokkos::deep_copy(host_in, Kokkos::subview(matrices, task.index, Kokkos::ALL, Kokkos::ALL));
+    Kokkos::deep_copy(space, host_in, Kokkos::subview(matrices, task.index, Kokkos::ALL, Kokkos::ALL));
+    fence(space, "Lather::inverse_pth_root: matrix on the host");
     matrix.resize(std::size_t(n) * n);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) matrix[std::size_t(i) * n + j] = C(host_in(i, j));
@@ -197,7 +199,9 @@ void solve_eigh(const MatrixStack<const S, typename ExecutionSpace::memory_space
     for (int i = 0; i < padded; ++i)
       for (int j = 0; j < padded; ++j)
         host_out(i, j) = (i < n && j < n) ? S(root[std::size_t(i) * n + j]) : S(i == j);
-    Kokkos::deep_copy(Kokkos::subview(roots, task.index, Kokkos::ALL, Kokkos::ALL), host_out);
+    // host_out is refilled by the next task: the copy must be done first.
+    Kokkos::deep_copy(space, Kokkos::subview(roots, task.index, Kokkos::ALL, Kokkos::ALL), host_out);
+    fence(space, "Lather::inverse_pth_root: root on the device");
   }
 }
 
@@ -238,9 +242,9 @@ InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve(
   const bool use_double = options.compute_precision == Precision::float64;
   if (options.method == RootMethod::eigh) {
     if (use_double)
-      solve_eigh<ExecutionSpace, Scalar, double>(matrices, roots, tasks, options, result, gemms);
+      solve_eigh<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
     else
-      solve_eigh<ExecutionSpace, Scalar, float>(matrices, roots, tasks, options, result, gemms);
+      solve_eigh<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms);
   } else {
     if (use_double)
       solve_newton<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);

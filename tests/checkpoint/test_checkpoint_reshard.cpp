@@ -43,7 +43,7 @@ TEST(CheckpointReshard, ContinuesOnAnotherRankCount) {
   }
   for (long s = start; s < 5 * phase; ++s) {
     fill_gradients(params, grads, s);
-    optimizer->step(params, grads);
+    optimizer->step(Space(), params, grads);
   }
   if (phase < 3) {
     checkpoint::TrainingState state;
@@ -55,7 +55,7 @@ TEST(CheckpointReshard, ContinuesOnAnotherRankCount) {
   auto reference_params = make_params<float>(model_specs());
   for (long s = 0; s < 15; ++s) {
     fill_gradients(reference_params, grads, s);
-    reference->step(reference_params, grads);
+    reference->step(Space(), reference_params, grads);
   }
   const auto got = host_vectors(params), want = host_vectors(reference_params);
   for (std::size_t p = 0; p < got.size(); ++p)

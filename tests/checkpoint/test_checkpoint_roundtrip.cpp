@@ -66,7 +66,7 @@ void round_trip(Kind kind) {
   auto grads = make_like(params);
   for (long s = 0; s < 3; ++s) {
     fill_gradients(params, grads, s);
-    optimizer->step(params, grads);
+    optimizer->step(Space(), params, grads);
   }
   checkpoint::TrainingState state;
   state.epoch = 2;
@@ -90,9 +90,9 @@ void round_trip(Kind kind) {
 
   // Both continue identically.
   fill_gradients(params, grads, 3);
-  optimizer->step(params, grads);
+  optimizer->step(Space(), params, grads);
   fill_gradients(restored_params, grads, 3);
-  restored->step(restored_params, grads);
+  restored->step(Space(), restored_params, grads);
   EXPECT_EQ(host_vectors(restored_params), host_vectors(params)) << name(kind);
   remove_directory(dir);
 }

@@ -62,7 +62,7 @@ struct TrainingState {
   long sample_offset = 0;            ///< samples of this epoch already consumed (global count)
   std::vector<std::uint64_t> rng;    ///< RNG state words, replicated on all ranks
   int world_size = 1;                ///< written by save; read back for information
-  int weight_shards = 1;
+  int weight_shards = 1;             ///< save: used unless the Checkpointer's Mesh has shards
   Attributes extra;                  ///< anything else (written as root attributes)
   std::string file;                  ///< restore: the checkpoint it was read from
 };
