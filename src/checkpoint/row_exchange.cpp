@@ -37,7 +37,9 @@ std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(c
   const std::int64_t n = a.shape[0];
   const std::size_t bytes_per_row = row_bytes(a);
   std::vector<std::size_t> send_rows(size, 0);
-  const std::vector<std::int64_t> mine = a.writer ? a.rows : std::vector<std::int64_t>{};
+  // `data` holds the rows in ascending order (the caller sorts them), whatever the order of a.rows.
+  std::vector<std::int64_t> mine = a.writer ? a.rows : std::vector<std::int64_t>{};
+  std::sort(mine.begin(), mine.end());
   for (auto r : mine) ++send_rows[row_owner(r, n, size)];
   const auto receive_rows = exchange_counts(group, send_rows);
   // Rows are sorted, so rows for each target are consecutive in `data`: they are sent in place.

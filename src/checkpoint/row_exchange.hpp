@@ -15,8 +15,9 @@ namespace lather::checkpoint::Impl {
 /// Rank k of `size` handles rows [first_row(k), first_row(k + 1)) of `n`.
 inline std::int64_t first_row(std::int64_t k, std::int64_t n, int size) { return (k * n) / size; }
 
-/// Before writing: this rank's rows (sorted, `data` in that order; none unless a.writer) move to
-/// the ranks that write their ranges. Returns the rows this rank writes (sorted) and their bytes.
+/// Before writing: this rank's rows (`data` holds them in ascending row order, whatever the order of
+/// a.rows; none unless a.writer) move to the ranks that write their ranges. Returns the rows this rank
+/// writes (sorted) and their bytes.
 std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(const comm::Group& group,
                                                                               const ArraySlice& a, const char* data);
 /// Whether every rank's rows (for writing: only a writer's) are exactly its range, in order -- the
