@@ -5,6 +5,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -62,6 +63,27 @@ class ScopedRegion {
 template <class MemorySpace>
 inline constexpr bool host_accessible =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
+
+/// True for execution spaces that run on the host's cores (Serial, OpenMP, Threads): element-wise
+/// kernels give each call a run of elements, a loop the host compiler vectorises; device spaces
+/// give each thread one element.
+template <class ExecutionSpace>
+inline constexpr bool runs_on_host = Kokkos::SpaceAccessibility<ExecutionSpace, Kokkos::HostSpace>::accessible;
+
+/// Elements per call of an element-wise kernel on `ExecutionSpace` (see runs_on_host).
+template <class ExecutionSpace>
+inline constexpr std::int64_t run_elements = runs_on_host<ExecutionSpace> ? 2048 : 1;
+
+/// f(begin, end) over [0, n) in runs of run_elements<ExecutionSpace>: one loop per call that the
+/// caller writes with local scalars and restrict pointers, so that the host compiler vectorises it.
+template <class ExecutionSpace, class F>
+void parallel_for_runs(const char* label, const ExecutionSpace& space, std::int64_t n, const F& f) {
+  constexpr std::int64_t run = run_elements<ExecutionSpace>;
+  const std::int64_t runs = (n + run - 1) / run;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(space, 0, runs),
+      KOKKOS_LAMBDA(std::int64_t r) { f(r * run, r * run + run < n ? r * run + run : n); });
+}
 
 /// MPI may read and write Views of this memory space in place: host memory, or any memory when
 /// the build declares a GPU-aware MPI (LATHER_ENABLE_CUDA_AWARE_MPI). Otherwise data is staged

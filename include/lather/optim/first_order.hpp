@@ -57,8 +57,8 @@ class FirstOrder final : public Optimizer<ExecutionSpace, Scalar> {
   std::string name() const override;
   long step_count() const override { return m_step; }
   StateMemoryReport memory_report() const override;
-  std::vector<StateArray<memory_space>> state_arrays() override;
-  void state_restored(long step_count) override { m_step = step_count; }
+  std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;
+  void state_restored(const ExecutionSpace&, long step_count) override { m_step = step_count; }
   std::vector<std::pair<std::string, std::string>> describe() const override;
 
  protected:

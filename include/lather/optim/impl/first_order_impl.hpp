@@ -13,6 +13,63 @@
 namespace lather::optim {
 
 namespace Impl {
+
+/// The three update rules over one run [begin, end) of contiguous elements, term by term as
+/// optax defines them. The scalars are copied into locals and the arrays reached through restrict
+/// pointers: stores to the float arrays then cannot alias the scalars, and the loop vectorises.
+template <class Scalar, int Rule>  // Rule: 0 sgd, 1 adagrad, 2 adam
+struct FirstOrderUpdate {
+  Scalar lr = 0, b1 = 0, b2 = 0, eps = 0, wd = 0, c1 = 1, c2 = 1;
+  bool nesterov = false, decoupled = false;
+  Scalar* x = nullptr;
+  const Scalar* g = nullptr;
+  Scalar *s0 = nullptr, *s1 = nullptr;
+
+  FirstOrderUpdate() = default;
+  template <int Other>
+  explicit FirstOrderUpdate(const FirstOrderUpdate<Scalar, Other>& o)
+      : lr(o.lr), b1(o.b1), b2(o.b2), eps(o.eps), wd(o.wd), c1(o.c1), c2(o.c2), nesterov(o.nesterov),
+        decoupled(o.decoupled), x(o.x), g(o.g), s0(o.s0), s1(o.s1) {}
+
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t begin, std::int64_t end) const {
+    const Scalar lr_ = lr, b1_ = b1, b2_ = b2, eps_ = eps, wd_ = wd, c1_ = c1, c2_ = c2;
+    Scalar* KOKKOS_RESTRICT x_ = x + begin;
+    const Scalar* KOKKOS_RESTRICT g_ = g + begin;
+    Scalar* KOKKOS_RESTRICT m_ = s0 + begin;
+    const std::int64_t n = end - begin;
+    if constexpr (Rule == 0) {  // SGD with momentum: m = g + mu m
+      const bool nesterov_ = nesterov;
+      for (std::int64_t k = 0; k < n; ++k) {
+        const Scalar gk = g_[k] + wd_ * x_[k];
+        const Scalar mk = gk + b1_ * m_[k];
+        m_[k] = mk;
+        x_[k] -= lr_ * (nesterov_ ? gk + b1_ * mk : mk);
+      }
+    } else if constexpr (Rule == 1) {  // AdaGrad
+      for (std::int64_t k = 0; k < n; ++k) {
+        const Scalar gk = g_[k] + wd_ * x_[k];
+        const Scalar a = m_[k] + gk * gk;
+        m_[k] = a;
+        x_[k] -= lr_ * gk / ::lather::Impl::kmath::sqrt(a + eps_);
+      }
+    } else {  // Adam / AdamW
+      Scalar* KOKKOS_RESTRICT v_ = s1 + begin;
+      // Decoupled: weight decay joins the update; coupled: the gradient (wd 0: neither).
+      const Scalar coupled = decoupled ? Scalar(0) : wd_, added = decoupled ? wd_ : Scalar(0);
+      for (std::int64_t k = 0; k < n; ++k) {
+        const Scalar xk = x_[k];
+        const Scalar gk = g_[k] + coupled * xk;
+        const Scalar m = b1_ * m_[k] + (1 - b1_) * gk;
+        const Scalar v = b2_ * v_[k] + (1 - b2_) * gk * gk;
+        m_[k] = m;
+        v_[k] = v;
+        const Scalar u = (m / c1_) / (::lather::Impl::kmath::sqrt(v / c2_) + eps_) + added * xk;
+        x_[k] = xk - lr_ * u;
+      }
+    }
+  }
+};
+
 inline std::string to_text(double x) {
   std::ostringstream out;
   out << x;
@@ -47,15 +104,23 @@ FirstOrder<ExecutionSpace, Scalar>::~FirstOrder() = default;
 template <class ExecutionSpace, class Scalar>
 void FirstOrder<ExecutionSpace, Scalar>::allocate(const ExecutionSpace& space, const std::vector<std::string>& slots,
                                                   double initial) {
+  // Each slot of state is one buffer over all parameters, in parameter order: a step over
+  // parameters whose values and gradients are contiguous too is one kernel.
   m_slot_names = slots;
   m_state.resize(slots.size());
-  for (std::size_t s = 0; s < slots.size(); ++s)
+  std::int64_t total = 0;
+  for (const auto& spec : this->m_parameters) total += element_count(spec.shape);
+  for (std::size_t s = 0; s < slots.size(); ++s) {
+    const FlatTensor<Scalar, memory_space> buffer(Kokkos::view_alloc(space, "Lather::" + name() + "::" + slots[s]),
+                                                  std::size_t(total));
+    if (initial != 0) Kokkos::deep_copy(space, buffer, Scalar(initial));
+    std::size_t offset = 0;
     for (const auto& spec : this->m_parameters) {
-      FlatTensor<Scalar, memory_space> v(Kokkos::view_alloc(space, "Lather::" + name() + "::" + spec.name + "::" + slots[s]),
-                                         element_count(spec.shape));
-      if (initial != 0) Kokkos::deep_copy(space, v, Scalar(initial));
-      m_state[s].push_back(v);
+      const auto n = std::size_t(element_count(spec.shape));
+      m_state[s].push_back(Kokkos::subview(buffer, std::make_pair(offset, offset + n)));
+      offset += n;
     }
+  }
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -73,49 +138,42 @@ void FirstOrder<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, co
                                                  const Tensors& grads) {
   ::lather::Impl::ScopedRegion region("Lather::" + name() + "::step");
   const long t = m_step;
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    const auto x = params[p];
-    const auto g = grads[p];
-    const auto policy = Kokkos::RangePolicy<ExecutionSpace>(space, 0, x.extent(0));
-    if (m_rule == Rule::sgd) {
-      const Scalar lr = Scalar(m_sgd.learning_rate(t)), mu = Scalar(m_sgd.momentum), wd = Scalar(m_sgd.weight_decay);
-      const bool nesterov = m_sgd.nesterov;
-      const auto m = m_state[0][p];
-      Kokkos::parallel_for("Lather::sgd::update", policy, KOKKOS_LAMBDA(std::int64_t k) {
-        const Scalar gk = g(k) + wd * x(k);
-        const Scalar mk = gk + mu * m(k);
-        m(k) = mk;
-        x(k) -= lr * (nesterov ? gk + mu * mk : mk);
-      });
-    } else if (m_rule == Rule::adagrad) {
-      const Scalar lr = Scalar(m_adagrad.learning_rate(t)), eps = Scalar(m_adagrad.epsilon),
-                   wd = Scalar(m_adagrad.weight_decay);
-      const auto acc = m_state[0][p];
-      Kokkos::parallel_for("Lather::adagrad::update", policy, KOKKOS_LAMBDA(std::int64_t k) {
-        const Scalar gk = g(k) + wd * x(k);
-        const Scalar a = acc(k) + gk * gk;
-        acc(k) = a;
-        x(k) -= lr * gk / ::lather::Impl::kmath::sqrt(a + eps);
-      });
-    } else {
-      const auto& o = m_adam;
-      const Scalar lr = Scalar(o.learning_rate(t)), b1 = Scalar(o.beta1), b2 = Scalar(o.beta2), eps = Scalar(o.epsilon),
-                   wd = Scalar(o.weight_decay);
-      // optax.scale_by_adam's bias correction with the count after this update.
-      const Scalar c1 = Scalar(1 - std::pow(o.beta1, double(t + 1))), c2 = Scalar(1 - std::pow(o.beta2, double(t + 1)));
-      const bool decoupled = o.decoupled_weight_decay;
-      const auto mu = m_state[0][p], nu = m_state[1][p];
-      Kokkos::parallel_for("Lather::adam::update", policy, KOKKOS_LAMBDA(std::int64_t k) {
-        const Scalar gk = decoupled ? g(k) : g(k) + wd * x(k);
-        const Scalar m = b1 * mu(k) + (1 - b1) * gk;
-        const Scalar v = b2 * nu(k) + (1 - b2) * gk * gk;
-        mu(k) = m;
-        nu(k) = v;
-        Scalar u = (m / c1) / (::lather::Impl::kmath::sqrt(v / c2) + eps);
-        if (decoupled) u += wd * x(k);
-        x(k) -= lr * u;
-      });
-    }
+  Impl::FirstOrderUpdate<Scalar, 0> u;  // the scalars; the rule is chosen at the launch
+  if (m_rule == Rule::sgd) {
+    u.lr = Scalar(m_sgd.learning_rate(t)), u.b1 = Scalar(m_sgd.momentum), u.wd = Scalar(m_sgd.weight_decay);
+    u.nesterov = m_sgd.nesterov;
+  } else if (m_rule == Rule::adagrad) {
+    u.lr = Scalar(m_adagrad.learning_rate(t)), u.eps = Scalar(m_adagrad.epsilon);
+    u.wd = Scalar(m_adagrad.weight_decay);
+  } else {
+    const auto& o = m_adam;
+    u.lr = Scalar(o.learning_rate(t)), u.b1 = Scalar(o.beta1), u.b2 = Scalar(o.beta2), u.eps = Scalar(o.epsilon);
+    u.wd = Scalar(o.weight_decay);
+    // optax.scale_by_adam's bias correction with the count after this update.
+    u.c1 = Scalar(1 - std::pow(o.beta1, double(t + 1)));
+    u.c2 = Scalar(1 - std::pow(o.beta2, double(t + 1)));
+    u.decoupled = o.decoupled_weight_decay;
+  }
+  // One kernel per run of parameters whose values and gradients each lie one after the other in
+  // memory (a ParameterList's buffers: the whole model in one pass), the state being contiguous.
+  const auto follows = [](const auto& list, std::size_t p) {
+    return list[p].data() == list[p - 1].data() + list[p - 1].extent(0);
+  };
+  for (std::size_t first = 0, end = 0; first < params.size(); first = end) {
+    std::size_t elements = params[first].extent(0);
+    for (end = first + 1; end < params.size() && follows(params, end) && follows(grads, end); ++end)
+      elements += params[end].extent(0);
+    u.x = params[first].data();
+    u.g = grads[first].data();
+    u.s0 = m_state[0][first].data();
+    u.s1 = m_state.size() > 1 ? m_state[1][first].data() : nullptr;
+    using ::lather::Impl::parallel_for_runs;
+    if (m_rule == Rule::sgd)
+      parallel_for_runs("Lather::sgd::update", space, std::int64_t(elements), u);
+    else if (m_rule == Rule::adagrad)
+      parallel_for_runs("Lather::adagrad::update", space, std::int64_t(elements), Impl::FirstOrderUpdate<Scalar, 1>(u));
+    else
+      parallel_for_runs("Lather::adam::update", space, std::int64_t(elements), Impl::FirstOrderUpdate<Scalar, 2>(u));
   }
   ++m_step;
 }
@@ -129,7 +187,7 @@ StateMemoryReport FirstOrder<ExecutionSpace, Scalar>::memory_report() const {
 }
 
 template <class ExecutionSpace, class Scalar>
-auto FirstOrder<ExecutionSpace, Scalar>::state_arrays() -> std::vector<StateArray<memory_space>> {
+auto FirstOrder<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace&) -> std::vector<StateArray<memory_space>> {
   std::vector<StateArray<memory_space>> arrays;
   m_step_host = m_step;
   StateArray<memory_space> step;
