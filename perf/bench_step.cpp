@@ -1,15 +1,23 @@
 // lather-bench step: one optimizer step (statistics, inverse roots every k steps, preconditioning,
 // graft and momentum) against Adam on the same parameters, in the same run, for the parameter sets
-// of perf/parameter_sets.json (which perf/jax_reference_step.py times too).
+// of perf/parameter_sets.json (which perf/jax_reference_step.py times too); Adam's own update
+// beside a plain triad moving the same bytes. Under mpiexec the ranks form one data-parallel
+// group and Shampoo splits its step over them (--ranks-aware figures: the slowest rank's time).
 #include "bench_common.hpp"
 
+#include <lather/comm/mesh.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/parameters.hpp>
 #include <lather/optim/first_order.hpp>
 #include <lather/optim/shampoo.hpp>
 
 #include <Kokkos_Random.hpp>
 
-#include <fstream>
+#if LATHER_ENABLE_MPI
+#include <mpi.h>
+#endif
+
+#include <algorithm>
 
 namespace lather::bench {
 namespace {
@@ -22,63 +30,118 @@ struct StepBenchOptions {
   std::vector<std::string> root_methods = {"newton", "eigh"};
   std::string file;
   int windows = 2;
+  std::vector<std::string> shampoo;  // name=value overrides of the set's options
 };
 
-/// Seconds per step, averaged over `windows` windows of `window` steps after one warm-up window.
+/// The world the benchmark runs on: MPI_COMM_WORLD when MPI is there, else one process.
+comm::Group world_group() {
+#if LATHER_ENABLE_MPI
+  return comm::Group(MPI_COMM_WORLD);
+#else
+  return comm::Group();
+#endif
+}
+
+/// Seconds per step of the slowest rank, averaged over `windows` windows of `window` steps after
+/// one warm-up window.
 template <class Optimizer>
-double time_steps(Optimizer& optimizer, const TensorList<float, Mem>& params, const TensorList<float, Mem>& grads,
+double time_steps(const comm::Group& world, Optimizer& optimizer, const ParameterList<float, Mem>& params,
                   long window, int windows) {
   const Space space;
-  for (long s = 0; s < window; ++s) optimizer.step(space, params, grads);
+  for (long s = 0; s < window; ++s) optimizer.step(space, params);
   space.fence();
+  world.barrier();
   Kokkos::Timer timer;
-  for (long s = 0; s < window * windows; ++s) optimizer.step(space, params, grads);
+  for (long s = 0; s < window * windows; ++s) optimizer.step(space, params);
   space.fence();
-  return timer.seconds() / double(window * windows);
+  return world.allreduce(timer.seconds() / double(window * windows), comm::Combine::max);
+}
+
+/// Seconds of a triad a = b + s c moving `bytes` bytes (12 per element): the memory bandwidth a
+/// streaming update of that many bytes can reach on this device. Best of 5 after a warm-up.
+double triad_seconds(std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(1, bytes / 12);
+  Kokkos::View<float*, Mem> a("bench::triad_a", n), b("bench::triad_b", n), c("bench::triad_c", n);
+  Kokkos::deep_copy(b, 1.0f);
+  Kokkos::deep_copy(c, 2.0f);
+  const Space space;
+  double best = 1e300;
+  for (int repeat = 0; repeat < 6; ++repeat) {
+    Kokkos::Timer timer;
+    Kokkos::parallel_for(
+        "bench::triad", Kokkos::RangePolicy<Space, Kokkos::IndexType<std::int64_t>>(space, 0, std::int64_t(n)),
+        KOKKOS_LAMBDA(std::int64_t k) { a(k) = b(k) + 0.5f * c(k); });
+    space.fence();
+    if (repeat > 0) best = std::min(best, timer.seconds());
+  }
+  return best;
 }
 
 void run_step(const StepBenchOptions& o) {
   const std::string path = o.file.empty() ? default_parameter_sets_file() : o.file;
   const auto doc = read_parameter_sets(path);
-  const optim::ShampooOptions shampoo_options = shampoo_options_of(doc);
+  optim::ShampooOptions shampoo_options = shampoo_options_of(doc);
+  for (const auto& pair : o.shampoo) {
+    const auto eq = pair.find('=');
+    LATHER_REQUIRE(eq != std::string::npos, "--shampoo expects name=value, got '", pair, "'");
+    optim::set_option(shampoo_options, pair.substr(0, eq), pair.substr(eq + 1));
+  }
   const long window = shampoo_options.preconditioning_compute_steps;
+  const comm::Mesh mesh(world_group());
+  const bool print = mesh.world_rank() == 0;
+  const Space space;
 
   for (const auto& set : o.sets) {
     const auto specs = parameter_specs_of(doc, set, path);
-    TensorList<float, Mem> params, grads;
+    ParameterList<float, Mem> params(space, specs);
     Kokkos::Random_XorShift64_Pool<Space> pool(2024);
-    for (const auto& spec : specs) {
-      const auto n = element_count(spec.shape);
-      FlatTensor<float, Mem> x("bench::param", n), g("bench::grad", n);
-      Kokkos::fill_random(x, pool, -0.02f, 0.02f);
-      Kokkos::fill_random(g, pool, -1.0f, 1.0f);
-      params.push_back(x);
-      grads.push_back(g);
-    }
+    Kokkos::fill_random(params.value_buffer(), pool, -0.02f, 0.02f);
+    Kokkos::fill_random(params.gradient_buffer(), pool, -1.0f, 1.0f);
+    space.fence();
+    const auto elements = params.gradient_buffer().extent(0);
+
     optim::AdamOptions adam_options;
-    optim::FirstOrder<Space, float> adam(Space(), specs, adam_options);
-    const double adam_seconds = time_steps(adam, params, grads, window, o.windows);
-    const auto adam_bytes = adam.memory_report().total();
-    emit({{"bench", "step"}, {"set", set}, {"optimizer", "adam"}, {"seconds_per_step", adam_seconds},
-          {"state_bytes", adam_bytes}, {"ratio_to_adam", 1.0}, {"parameters", specs.size()}});
+    optim::FirstOrder<Space, float> adam(space, params, adam_options);
+    const double adam_seconds = time_steps(mesh.world(), adam, params, window, o.windows);
+    // Adam reads parameter, gradient and both moments and writes back three: 28 bytes a value.
+    const double adam_bytes = 28.0 * double(elements);
+    const double triad = triad_seconds(std::size_t(adam_bytes));
+    if (print)
+      emit({{"bench", "step"}, {"set", set}, {"optimizer", "adam"}, {"ranks", mesh.world_size()},
+            {"seconds_per_step", adam_seconds}, {"state_bytes", adam.memory_report().total()},
+            {"ratio_to_adam", 1.0}, {"parameters", specs.size()}, {"values", elements},
+            {"update_gbps", adam_bytes / adam_seconds / 1e9}, {"triad_gbps", adam_bytes / triad / 1e9},
+            {"ratio_to_triad", triad / adam_seconds},
+            {"ns_per_value", adam_seconds / double(elements) * 1e9}});
     for (const auto& method : o.root_methods) {
       auto options = shampoo_options;
       options.root.method = linalg::parse_root_method(method);
-      optim::Shampoo<Space, float> shampoo(Space(), specs, options);
-      const double seconds = time_steps(shampoo, params, grads, window, o.windows);
+      optim::Shampoo<Space, float> shampoo(space, params, options, mesh);
+      shampoo.measure_phases(true);
+      const double seconds = time_steps(mesh.world(), shampoo, params, window, o.windows);
       double worst = 0;
       for (const auto& m : shampoo.metrics()) worst = std::max(worst, m.error);
-      emit({{"bench", "step"},
-            {"set", set},
-            {"optimizer", "shampoo"},
-            {"root_method", method},
-            {"seconds_per_step", seconds},
-            {"state_bytes", shampoo.memory_report().total()},
-            {"ratio_to_adam", seconds / adam_seconds},
-            {"adam_seconds_per_step", adam_seconds},
-            {"statistics", shampoo.num_statistics()},
-            {"preconditioning_compute_steps", window},
-            {"max_inverse_root_error", worst}});
+      const auto phases = shampoo.phase_seconds();
+      const double steps = double(shampoo.step_count());
+      nlohmann::json breakdown;
+      for (const auto& [phase, total] : phases) breakdown[phase] = total / steps;
+      const auto largest_state = mesh.world().allreduce(shampoo.memory_report().total(), comm::Combine::max);
+      if (print)
+        emit({{"bench", "step"},
+              {"set", set},
+              {"optimizer", "shampoo"},
+              {"root_method", method},
+              {"ranks", mesh.world_size()},
+              {"step_mode", optim::option_value(shampoo.options(), "step_mode")},
+              {"seconds_per_step", seconds},
+              {"state_bytes", largest_state},
+              {"ratio_to_adam", seconds / adam_seconds},
+              {"adam_seconds_per_step", adam_seconds},
+              {"statistics", shampoo.num_statistics()},
+              {"preconditioning_compute_steps", window},
+              {"max_inverse_root_error", worst},
+              {"seconds_per_step_by_phase", breakdown},
+              {"gemm_launches_per_step", double(shampoo.gemm_launches()) / steps}});
     }
   }
 }
@@ -89,14 +152,17 @@ void register_step(CLI::App& app) {
   auto options = std::make_shared<StepBenchOptions>();
   auto* sub = app.add_subcommand(
       "step",
-      "Optimizer step time (statistics + roots every preconditioning_compute_steps + "
-      "preconditioning + update) against Adam on the same parameters, same run.");
+      "Optimizer step time (statistics + roots every preconditioning_compute_steps + preconditioning + "
+      "update) against Adam on the same parameters, same run, with Shampoo's time by phase and Adam's "
+      "bandwidth against a same-run triad. Under mpiexec the ranks share Shampoo's step.");
   add_list_option(*sub, "--set", options->sets, "Parameter sets (transformer, cnn)");
   add_list_option(*sub, "--root-method", options->root_methods, "Inverse-root methods to time (newton, eigh)");
   sub->add_option("--sets-file", options->file, "The parameter sets file (default: perf/parameter_sets.json)");
   sub->add_option("--windows", options->windows, "Timed windows of preconditioning_compute_steps steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  add_list_option(*sub, "--shampoo", options->shampoo,
+                  "Shampoo options over the set's, name=value (e.g. step_mode=replicated)");
   sub->callback([options] { run_step(*options); });
 }
 

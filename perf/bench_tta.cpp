@@ -19,6 +19,8 @@ struct TtaOptions {
   long eval_every = 50;
   int epochs = 5;
   std::string data = "/usr/share/datasets/fashion-mnist";
+  std::vector<std::string> shampoo;  ///< name=value over lather-train's Shampoo defaults (a sweep)
+  double shampoo_lr = -1;            ///< < 0: lather-train's default
 };
 
 void run_tta(const TtaOptions& o) {
@@ -33,10 +35,20 @@ void run_tta(const TtaOptions& o) {
     t.eval_every = o.eval_every;
     t.target_accuracy = o.target;
     t.quiet = true;
+    if (name == "shampoo") {
+      t.shampoo = o.shampoo;
+      t.lr = o.shampoo_lr;
+    }
     const auto result = train::train(t, world, [](const std::string&) {});
     const double steps = result.reached_target ? double(result.target_step) : -1.0;
-    const double seconds = result.reached_target ? result.target_seconds : -1.0;
+    // Training seconds exclude the evaluations (a test pass every --eval-every steps); the
+    // seconds with them are reported beside.
+    const double seconds = result.reached_target ? result.target_training_seconds : -1.0;
+    const double with_evaluations = result.reached_target ? result.target_seconds : -1.0;
     if (name == o.optimizers.front()) baseline_steps = steps, baseline_seconds = seconds;
+    const double samples = double(result.steps) * double(t.batch_size);
+    std::string overrides;
+    for (const auto& pair : t.shampoo) overrides += (overrides.empty() ? "" : " ") + pair;
     if (rank == 0)
       emit({{"bench", "tta"},
             {"optimizer", name},
@@ -44,6 +56,8 @@ void run_tta(const TtaOptions& o) {
             {"reached", result.reached_target},
             {"steps", steps},
             {"seconds", seconds},
+            {"seconds_with_evaluations", with_evaluations},
+            {"samples_per_second", result.training_seconds > 0 ? samples / result.training_seconds : 0.0},
             {"learning_rate", t.learning_rate()},
             {"schedule", t.schedule},
             {"batch_size", t.batch_size},
@@ -52,7 +66,8 @@ void run_tta(const TtaOptions& o) {
             {"final_test_accuracy", result.test_accuracy},
             {"baseline", o.optimizers.front()},
             {"ratio_steps", steps > 0 && baseline_steps > 0 ? steps / baseline_steps : -1.0},
-            {"ratio_seconds", seconds > 0 && baseline_seconds > 0 ? seconds / baseline_seconds : -1.0}});
+            {"ratio_seconds", seconds > 0 && baseline_seconds > 0 ? seconds / baseline_seconds : -1.0},
+            {"shampoo_overrides", name == "shampoo" ? overrides : std::string()}});
   }
 }
 
@@ -71,6 +86,9 @@ void register_tta(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--epochs", options->epochs, "Give up after this many epochs")->capture_default_str();
   sub->add_option("--data", options->data, "Fashion-MNIST directory")->capture_default_str();
+  add_list_option(*sub, "--shampoo", options->shampoo,
+                  "Shampoo options over lather-train's defaults, name=value (e.g. preconditioning_compute_steps=50)");
+  sub->add_option("--shampoo-lr", options->shampoo_lr, "Shampoo's peak learning rate (default: lather-train's)");
   sub->callback([options] { run_tta(*options); });
 }
 

@@ -122,7 +122,7 @@ std::vector<std::unique_ptr<Staged>> stage_all(const ExecutionSpace& space,
     s->to_device = [space, device, host] { Kokkos::deep_copy(space, device, host); };
     staged.push_back(std::move(s));
   }
-  for (const auto& a : optimizer.state_arrays())
+  for (const auto& a : optimizer.state_arrays(space))
     staged.push_back(stage_state(space, a, specs, roles, copy_out));
   for (auto& s : staged) {
     s->slice.data = s->host.data();
@@ -165,7 +165,9 @@ std::string Checkpointer::save(const ExecutionSpace& space, optim::Optimizer<Exe
   std::string options;
   for (const auto& [key, value] : optimizer.describe()) options += key + " = " + value + "\n";
   attributes.strings["optimizer_options"] = options;
-  return save(optimizer.step_count(), arrays, attributes);
+  const std::string file = save(optimizer.step_count(), arrays, attributes);
+  optimizer.state_released();
+  return file;
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -208,7 +210,7 @@ TrainingState Checkpointer::restore(const ExecutionSpace& space, const std::stri
   for (const auto& s : staged) s->to_device();
   // The host staging is freed when this returns.
   ::lather::Impl::fence(space, "Lather::Checkpointer::restore: state copied to the device");
-  optimizer.state_restored(long(integer("optimizer_step")));
+  optimizer.state_restored(space, long(integer("optimizer_step")));
   state.epoch = long(integer("epoch"));
   state.sample_offset = long(integer("sample_offset"));
   state.world_size = int(integer("world_size"));

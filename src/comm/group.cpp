@@ -39,6 +39,7 @@ namespace {
 template <class T>
 MPI_Datatype datatype();
 template <> MPI_Datatype datatype<char>() { return MPI_BYTE; }
+template <> MPI_Datatype datatype<std::int8_t>() { return MPI_INT8_T; }
 template <> MPI_Datatype datatype<int>() { return MPI_INT; }
 template <> MPI_Datatype datatype<std::int64_t>() { return MPI_INT64_T; }
 template <> MPI_Datatype datatype<std::uint16_t>() { return MPI_UINT16_T; }
@@ -404,6 +405,7 @@ void Group::agree_on_failure(const std::string& context, const std::string& loca
   template void Group::exchange<T>(const T*, std::size_t, T*, std::size_t, int, int) const;
 
 LATHER_COMM_GROUP_INSTANTIATE(char)
+LATHER_COMM_GROUP_INSTANTIATE(std::int8_t)
 LATHER_COMM_GROUP_INSTANTIATE(int)
 LATHER_COMM_GROUP_INSTANTIATE(std::int64_t)
 LATHER_COMM_GROUP_INSTANTIATE(std::uint16_t)

@@ -19,28 +19,26 @@ namespace lather::linalg::Impl {
 
 namespace {
 
-void syevd(int n, double* a, double* w, int& info) {
-  int lwork = -1, liwork = -1, iwork_query = 0;
-  double work_query = 0;
-  dsyevd_("V", "L", &n, a, &n, w, &work_query, &lwork, &iwork_query, &liwork, &info, 1, 1);
-  if (info != 0) return;
-  lwork = int(work_query);
-  liwork = iwork_query;
-  std::vector<double> work(std::max(lwork, 1));
-  std::vector<int> iwork(std::max(liwork, 1));
-  dsyevd_("V", "L", &n, a, &n, w, work.data(), &lwork, iwork.data(), &liwork, &info, 1, 1);
+void syevd_call(int n, double* a, double* w, double* work, int lwork, int* iwork, int liwork, int& info) {
+  dsyevd_("V", "L", &n, a, &n, w, work, &lwork, iwork, &liwork, &info, 1, 1);
+}
+void syevd_call(int n, float* a, float* w, float* work, int lwork, int* iwork, int liwork, int& info) {
+  ssyevd_("V", "L", &n, a, &n, w, work, &lwork, iwork, &liwork, &info, 1, 1);
 }
 
-void syevd(int n, float* a, float* w, int& info) {
-  int lwork = -1, liwork = -1, iwork_query = 0;
-  float work_query = 0;
-  ssyevd_("V", "L", &n, a, &n, w, &work_query, &lwork, &iwork_query, &liwork, &info, 1, 1);
-  if (info != 0) return;
-  lwork = int(work_query);
-  liwork = iwork_query;
-  std::vector<float> work(std::max(lwork, 1));
-  std::vector<int> iwork(std::max(liwork, 1));
-  ssyevd_("V", "L", &n, a, &n, w, work.data(), &lwork, iwork.data(), &liwork, &info, 1, 1);
+/// syevd with the workspace of `ws`, sized by one query per matrix size.
+template <class C>
+void syevd(int n, C* a, C* w, EighWorkspace<C>& ws, int& info) {
+  if (ws.queried_n != n) {
+    C work_query = 0;
+    int iwork_query = 0;
+    syevd_call(n, a, w, &work_query, -1, &iwork_query, -1, info);
+    if (info != 0) return;
+    ws.work.resize(std::size_t(std::max(int(work_query), 1)));
+    ws.iwork.resize(std::size_t(std::max(iwork_query, 1)));
+    ws.queried_n = n;
+  }
+  syevd_call(n, a, w, ws.work.data(), int(ws.work.size()), ws.iwork.data(), int(ws.iwork.size()), info);
 }
 
 template <class C>
@@ -51,7 +49,7 @@ using HostMatrix = Kokkos::View<C**, Kokkos::LayoutRight, Kokkos::HostSpace,
 
 template <class C>
 EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const InverseRootOptions& options,
-                              std::vector<C>& root, GemmCount& count) {
+                              std::vector<C>& root, GemmCount& count, EighWorkspace<C>& ws) {
   EighOutcome outcome;
   const std::size_t nn = std::size_t(n) * n;
   for (std::size_t k = 0; k < nn; ++k) {
@@ -62,13 +60,15 @@ EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const Invers
       return outcome;
     }
   }
-  const std::vector<C> original = matrix;
+  ws.original = matrix;
+  const std::vector<C>& original = ws.original;
 
   // Row-major symmetric input read as column-major is the same matrix; the eigenvectors come back
   // as the columns of the column-major result, i.e. as the rows of `vectors` below.
-  std::vector<C> eigenvalues(n);
+  ws.eigenvalues.resize(std::size_t(n));
+  const std::vector<C>& eigenvalues = ws.eigenvalues;
   int info = 0;
-  syevd(n, matrix.data(), eigenvalues.data(), info);
+  syevd(n, matrix.data(), ws.eigenvalues.data(), ws, info);
   if (info != 0) {
     outcome.status = RootStatus::non_finite;
     outcome.error = std::numeric_limits<double>::infinity();
@@ -83,12 +83,14 @@ EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const Invers
 
   // vectors(k, i) = component i of eigenvector k.
   HostMatrix<C> vectors(matrix.data(), n, n);
-  std::vector<C> scaled_storage(nn), power_storage(nn);
-  HostMatrix<C> scaled(scaled_storage.data(), n, n);  // (V diag(mu))^T rows
+  ws.scaled.resize(nn);
+  ws.power.resize(nn);
+  HostMatrix<C> scaled(ws.scaled.data(), n, n);  // (V diag(mu))^T rows
   root.assign(nn, C(0));
   HostMatrix<C> root_view(root.data(), n, n);
 
-  std::vector<C> mu(n);
+  std::vector<C>& mu = ws.mu;
+  mu.resize(std::size_t(n));
   for (int k = 0; k < n; ++k) {
     // A is PSD, so lambda_k + ridge >= ridge; negative rounding noise is dropped, while a truly
     // indefinite input shows up in the residual below.
@@ -112,10 +114,10 @@ EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const Invers
     const C mu_p = C(std::pow(double(mu[k]), p));
     for (int i = 0; i < n; ++i) scaled(k, i) = mu_p * vectors(k, i);
   }
-  HostMatrix<C> power(power_storage.data(), n, n);
+  HostMatrix<C> power(ws.power.data(), n, n);
   ::lather::Impl::gemm(Kokkos::DefaultHostExecutionSpace(), "T", "N", C(1), vectors, scaled, C(0), power);
-  std::vector<C> damped_storage = original;
-  HostMatrix<C> damped(damped_storage.data(), n, n);
+  ws.damped = original;
+  HostMatrix<C> damped(ws.damped.data(), n, n);
   for (int i = 0; i < n; ++i) damped(i, i) += C(ridge);
   HostMatrix<C> residual(matrix.data(), n, n);  // the eigenvectors are no longer needed
   ::lather::Impl::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", C(1), power, damped, C(0), residual);
@@ -132,9 +134,9 @@ EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const Invers
 }
 
 template EighOutcome eigh_inverse_root<float>(std::vector<float>&, int, int, const InverseRootOptions&,
-                                              std::vector<float>&, GemmCount&);
+                                              std::vector<float>&, GemmCount&, EighWorkspace<float>&);
 template EighOutcome eigh_inverse_root<double>(std::vector<double>&, int, int,
                                                const InverseRootOptions&, std::vector<double>&,
-                                               GemmCount&);
+                                               GemmCount&, EighWorkspace<double>&);
 
 }  // namespace lather::linalg::Impl

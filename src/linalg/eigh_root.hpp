@@ -18,16 +18,25 @@ struct EighOutcome {
   RootStatus status = RootStatus::converged;
 };
 
+/// Scratch kept from one root to the next: a 128 x 128 matrix in double is above glibc's mmap
+/// threshold, so fresh vectors per root would cost a mapping and its page faults each time.
+template <class C>
+struct EighWorkspace {
+  std::vector<C> original, eigenvalues, scaled, power, damped, mu, work;
+  std::vector<int> iwork;
+  int queried_n = -1;  ///< the size syevd's workspace query was made for
+};
+
 /// `matrix` holds the n x n input (row-major) and is destroyed; `root` receives the n x n root.
 template <class C>
 EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const InverseRootOptions& options,
-                              std::vector<C>& root, GemmCount& count);
+                              std::vector<C>& root, GemmCount& count, EighWorkspace<C>& workspace);
 
 extern template EighOutcome eigh_inverse_root<float>(std::vector<float>&, int, int,
                                                      const InverseRootOptions&, std::vector<float>&,
-                                                     GemmCount&);
+                                                     GemmCount&, EighWorkspace<float>&);
 extern template EighOutcome eigh_inverse_root<double>(std::vector<double>&, int, int,
                                                       const InverseRootOptions&, std::vector<double>&,
-                                                      GemmCount&);
+                                                      GemmCount&, EighWorkspace<double>&);
 
 }  // namespace lather::linalg::Impl

@@ -169,6 +169,7 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
   HostPadded host_in("Lather::inverse_pth_root::eigh_in", padded, padded);
   HostPadded host_out("Lather::inverse_pth_root::eigh_out", padded, padded);
   std::vector<C> matrix, root;
+  EighWorkspace<C> workspace;
   for (std::size_t t = 0; t < tasks.size(); ++t) {
     const auto& task = tasks[t];
     const int n = task.size;
@@ -188,7 +189,7 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
       outcome.status = ok ? RootStatus::converged : RootStatus::non_finite;
       outcome.error = ok ? 0.0 : std::numeric_limits<double>::infinity();
     } else {
-      outcome = eigh_inverse_root<C>(matrix, n, task.exponent, options, root, count);
+      outcome = eigh_inverse_root<C>(matrix, n, task.exponent, options, root, count, workspace);
     }
     result.error[t] = outcome.error;
     result.iterations[t] = 0;

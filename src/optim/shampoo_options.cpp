@@ -36,6 +36,22 @@ GraftType parse_graft_type(const std::string& name) {
               "' (expected SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED or SQRT_N)");
 }
 
+std::string to_string(StepMode mode) {
+  switch (mode) {
+    case StepMode::automatic: return "auto";
+    case StepMode::replicated: return "replicated";
+    case StepMode::distributed: return "distributed";
+  }
+  return "auto";
+}
+
+StepMode parse_step_mode(const std::string& name) {
+  for (auto mode : {StepMode::automatic, StepMode::replicated, StepMode::distributed})
+    if (name == to_string(mode)) return mode;
+  if (name == "automatic") return StepMode::automatic;
+  LATHER_FAIL("unknown step mode '", name, "' (expected auto, replicated or distributed)");
+}
+
 bool graft_has_diagonal_statistics(GraftType graft) {
   return graft != GraftType::sgd && graft != GraftType::sqrt_n;
 }
@@ -73,6 +89,9 @@ void ShampooOptions::validate() const {
                  "ShampooOptions::skip_preconditioning_rank_lt must be >= 0, got ", skip_preconditioning_rank_lt);
   LATHER_REQUIRE(max_consecutive_root_failures >= 0,
                  "ShampooOptions::max_consecutive_root_failures must be >= 0, got ", max_consecutive_root_failures);
+  LATHER_REQUIRE(!(shard_optimizer_states && step_mode == StepMode::replicated),
+                 "ShampooOptions: shard_optimizer_states = true asks for the distributed step, but step_mode is "
+                 "replicated");
   root.validate();
 }
 
@@ -118,7 +137,7 @@ const std::vector<std::string>& option_names() {
       "relative_matrix_epsilon", "merge_small_dims_block_size", "skip_preconditioning_rank_lt",
       "decoupled_learning_rate", "decoupled_weight_decay", "generate_training_metrics", "root_method",
       "root_compute_precision", "root_max_iterations", "root_tolerance", "retry_failed_roots_in_double",
-      "max_consecutive_root_failures", "statistics_precision", "balance_root_work"};
+      "max_consecutive_root_failures", "statistics_precision", "balance_root_work", "step_mode"};
   return names;
 }
 
@@ -138,7 +157,7 @@ std::string option_help(const std::string& name) {
       {"graft_type", "SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED or SQRT_N"},
       {"nesterov", "Nesterov momentum"},
       {"exponent_override", "p of the inverse p-th root (0: 2 x rank of the block)"},
-      {"shard_optimizer_states", "each rank keeps only its share of the statistics and preconditioners"},
+      {"shard_optimizer_states", "each rank keeps only its share of the state (selects the distributed step)"},
       {"best_effort_memory_usage_reduction", "int8 momentum, int16 statistics and preconditioners"},
       {"inverse_failure_threshold", "roots with an error at or above this keep the previous preconditioner"},
       {"moving_average_for_momentum", "momentum as a moving average (weight 1 - beta1)"},
@@ -157,7 +176,8 @@ std::string option_help(const std::string& name) {
       {"retry_failed_roots_in_double", "recompute a failed float32 root in float64 before rejecting it"},
       {"max_consecutive_root_failures", "error after this many failed roots in a row of one statistic (0: never)"},
       {"statistics_precision", "float32 or float64 statistics and preconditioners"},
-      {"balance_root_work", "assign roots to ranks by n^3 cost (else even split by count)"},
+      {"balance_root_work", "replicated step: assign roots to ranks by n^3 cost (else even split by count)"},
+      {"step_mode", "auto, replicated or distributed: how the ranks of a group share the step"},
   };
   for (const auto& [key, text] : help)
     if (name == key) return text;
@@ -201,6 +221,7 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
   else if (name == "max_consecutive_root_failures") out << o.max_consecutive_root_failures;
   else if (name == "statistics_precision") out << linalg::to_string(o.statistics_precision);
   else if (name == "balance_root_work") out << o.balance_root_work;
+  else if (name == "step_mode") out << to_string(o.step_mode);
   else LATHER_FAIL("unknown Shampoo option '", name, "'");
   return out.str();
 }
@@ -243,6 +264,7 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
   else if (name == "max_consecutive_root_failures") o.max_consecutive_root_failures = int(l());
   else if (name == "statistics_precision") o.statistics_precision = linalg::parse_precision(value);
   else if (name == "balance_root_work") o.balance_root_work = b();
+  else if (name == "step_mode") o.step_mode = parse_step_mode(value);
   else LATHER_FAIL("unknown Shampoo option '", name, "'");
 }
 

@@ -3,6 +3,7 @@
 #include <lather/core/error.hpp>
 
 #include <algorithm>
+#include <numeric>
 
 namespace lather::optim::Impl {
 
@@ -87,6 +88,129 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
   }
   plan.max_size = std::max(plan.max_size, 1);
   return plan;
+}
+
+namespace {
+
+/// Graft-path tensors are cut into ranges of at most this many elements, so that the ranks can
+/// share a large one (an embedding) and the update kernels get enough teams.
+constexpr std::int64_t graft_range = std::int64_t(1) << 16;
+
+/// The relative time of a unit's share of a step: element-wise passes, the Gram and
+/// preconditioning products (2 n E flops per dimension each), and the roots (n^3 per statistic,
+/// a few times the flops of a product, every preconditioning_compute_steps steps).
+double unit_cost(const ParameterPlan& pp, const WorkUnit& unit, const ShampooOptions& options) {
+  double cost = 40.0 * double(unit.elements);
+  if (unit.block < 0) return cost;
+  const auto& block = pp.local_blocks[std::size_t(unit.block)];
+  for (auto n : block.size) {
+    cost += 4.0 * double(n) * double(unit.elements);
+    cost += 30.0 * double(n) * double(n) * double(n) / double(options.preconditioning_compute_steps);
+  }
+  return cost;
+}
+
+}  // namespace
+
+StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, int ranks, int rank,
+                        bool distributed) {
+  StepPlan step;
+  step.distributed = distributed && ranks > 1;
+  step.parts = step.distributed ? ranks : 1;
+  step.part = step.distributed ? rank : 0;
+  for (std::size_t p = 0; p < plan.parameters.size(); ++p) {
+    const auto& pp = plan.parameters[p];
+    if (pp.preconditioned) {
+      for (std::size_t b = 0; b < pp.local_blocks.size(); ++b)
+        step.units.push_back({int(p), int(b), 0, pp.local_blocks[b].elements(), 0.0});
+    } else {
+      for (std::int64_t begin = 0; begin < pp.elements; begin += graft_range)
+        step.units.push_back({int(p), -1, begin, std::min(graft_range, pp.elements - begin), 0.0});
+    }
+  }
+  for (auto& unit : step.units) unit.cost = unit_cost(plan.parameters[unit.parameter], unit, options);
+
+  // Parts: longest processing time first on the cost, ties by position (the same on every rank).
+  std::vector<double> costs;
+  for (const auto& unit : step.units) costs.push_back(unit.cost);
+  step.owner.assign(step.units.size(), 0);
+  if (step.parts > 1) {
+    std::vector<std::size_t> by_cost(step.units.size());
+    std::iota(by_cost.begin(), by_cost.end(), 0);
+    std::stable_sort(by_cost.begin(), by_cost.end(), [&](std::size_t a, std::size_t b) { return costs[a] > costs[b]; });
+    std::vector<double> load(step.parts, 0.0);
+    for (auto u : by_cost) {
+      const int r = int(std::min_element(load.begin(), load.end()) - load.begin());
+      step.owner[u] = r;
+      load[r] += costs[u];
+    }
+  }
+
+  // Packed order of every part: its preconditioned units grouped by block shape (groups in order
+  // of first appearance), then its graft-path units.
+  const auto shape_of = [&](int u) -> const std::vector<std::int64_t>& {
+    const auto& unit = step.units[u];
+    return plan.parameters[unit.parameter].local_blocks[std::size_t(unit.block)].size;
+  };
+  step.order.assign(step.parts, {});
+  step.packed_offset.assign(step.units.size(), 0);
+  step.part_elements.assign(step.parts, 0);
+  for (int part = 0; part < step.parts; ++part) {
+    std::vector<ShapeGroup> groups;
+    std::vector<int> graft_path;
+    for (std::size_t u = 0; u < step.units.size(); ++u) {
+      if (step.owner[u] != part) continue;
+      if (step.units[u].block < 0) {
+        graft_path.push_back(int(u));
+        continue;
+      }
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const ShapeGroup& g) { return g.size == shape_of(int(u)); });
+      if (it == groups.end()) it = groups.insert(groups.end(), ShapeGroup{shape_of(int(u)), {}, 0});
+      it->units.push_back(int(u));
+    }
+    auto& order = step.order[part];
+    for (const auto& g : groups) order.insert(order.end(), g.units.begin(), g.units.end());
+    order.insert(order.end(), graft_path.begin(), graft_path.end());
+    for (int u : order) {
+      step.packed_offset[u] = step.part_elements[part];
+      step.part_elements[part] += step.units[u].elements;
+    }
+    if (part == step.part) step.groups = std::move(groups);
+  }
+
+  // Slots: the statistics of this rank's groups, dimension by dimension, so that a group's
+  // matrices of one dimension are consecutive slots.
+  step.slot.assign(plan.num_statistics(), -1);
+  for (auto& group : step.groups) {
+    group.first_slot = int(step.stored.size());
+    for (std::size_t j = 0; j < group.size.size(); ++j)
+      for (int u : group.units) {
+        const auto& unit = step.units[u];
+        const int s = plan.parameters[unit.parameter].local_block_statistic[std::size_t(unit.block)] + int(j);
+        step.slot[s] = int(step.stored.size());
+        step.stored.push_back(s);
+      }
+  }
+
+  // Roots: distributed, the owner of a block computes its statistics' roots; replicated, the
+  // group splits the statistics of this shard (balanced on n^3 or the reference's even split).
+  step.root_owner.assign(plan.num_statistics(), -1);
+  if (step.distributed) {
+    for (std::size_t u = 0; u < step.units.size(); ++u) {
+      const auto& unit = step.units[u];
+      if (unit.block < 0) continue;
+      const auto& pp = plan.parameters[unit.parameter];
+      const int first = pp.local_block_statistic[std::size_t(unit.block)];
+      for (int j = 0; j < pp.partition.rank(); ++j) step.root_owner[first + j] = step.owner[u];
+    }
+  } else {
+    std::vector<int> sizes;
+    for (int s : plan.local_statistics) sizes.push_back(plan.statistic_size[s]);
+    const auto owners =
+        assign_statistics(sizes, ranks, options.balance_root_work ? RootAssignment::balanced : RootAssignment::even);
+    for (std::size_t k = 0; k < plan.local_statistics.size(); ++k) step.root_owner[plan.local_statistics[k]] = owners[k];
+  }
+  return step;
 }
 
 }  // namespace lather::optim::Impl

@@ -70,7 +70,7 @@ inline const char* name(Kind k) {
 
 template <class Scalar>
 std::unique_ptr<optim::Optimizer<Space, Scalar>> make_optimizer(Kind kind, const comm::Group& group = comm::Group(),
-                                                                 bool sharded = false) {
+                                                                 optim::StepMode mode = optim::StepMode::automatic) {
   if (kind == Kind::adam) {
     optim::AdamOptions o;
     o.learning_rate = optim::LearningRateSchedule::constant(0.01);
@@ -84,7 +84,7 @@ std::unique_ptr<optim::Optimizer<Space, Scalar>> make_optimizer(Kind kind, const
   o.preconditioning_compute_steps = 2;
   o.graft_type = optim::GraftType::adagrad;
   o.skip_preconditioning_dim_size_gt = 40;  // "embed" [50, 3] takes the graft path
-  o.shard_optimizer_states = sharded;
+  o.step_mode = mode;
   if (kind == Kind::shampoo_double_statistics) o.statistics_precision = linalg::Precision::float64;
   if (kind == Kind::shampoo_quantized) o.best_effort_memory_usage_reduction = true;
   return std::make_unique<optim::Shampoo<Space, Scalar>>(Space(), model_specs(), o, group);

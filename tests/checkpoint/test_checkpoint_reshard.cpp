@@ -1,6 +1,8 @@
-// Re-sharding: a distributed Shampoo state (sharded mode: each rank stores only its share of the
-// statistics) written by 4 ranks is continued by 2 ranks, whose checkpoint is continued by 3; the
-// parameters then equal a single-rank run of the same steps. One phase per ctest entry:
+// Re-sharding across rank counts and step modes: a Shampoo state written by 4 ranks in the
+// distributed step (each rank stores only its share of the blocks) is continued by 2 ranks in the
+// replicated step (every rank stores everything), whose checkpoint is continued by 3 ranks in the
+// distributed step again; the parameters then equal a single-rank run of the same steps, for
+// float and for int8 quantized state. One phase per ctest entry:
 //   LATHER_RESHARD_PHASE = 1 (steps 0-4, save), 2 (load, steps 5-9, save), 3 (load, steps 10-14, compare)
 //   LATHER_RESHARD_DIR   = the checkpoint directory the phases share
 #include "checkpoint_test_support.hpp"
@@ -26,41 +28,46 @@ TEST(CheckpointReshard, ContinuesOnAnotherRankCount) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
 
-  checkpoint::CheckpointOptions options;
-  options.directory = dir_env;
-  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
-  auto optimizer = make_optimizer<float>(Kind::shampoo_float, comm::Group(MPI_COMM_WORLD), /*sharded=*/true);
-  auto params = make_params<float>(model_specs());
-  auto grads = make_like(params);
-  long start = 0;
-  if (phase > 1) {
-    const std::string latest = checkpointer.latest();
-    ASSERT_FALSE(latest.empty());
-    const auto state = checkpointer.restore(Space(), latest, *optimizer, params);
-    start = optimizer->step_count();
-    EXPECT_EQ(start, 5 * (phase - 1));
-    EXPECT_EQ(state.world_size, phase == 2 ? 4 : 2);  // who wrote it
+  // Phase 2 runs the replicated step, the others the distributed one.
+  const auto mode = phase == 2 ? optim::StepMode::replicated : optim::StepMode::distributed;
+  for (Kind kind : {Kind::shampoo_float, Kind::shampoo_quantized}) {
+    checkpoint::CheckpointOptions options;
+    options.directory = std::string(dir_env) + "/" + name(kind);
+    checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+    auto optimizer = make_optimizer<float>(kind, comm::Group(MPI_COMM_WORLD), mode);
+    auto params = make_params<float>(model_specs());
+    auto grads = make_like(params);
+    long start = 0;
+    if (phase > 1) {
+      const std::string latest = checkpointer.latest();
+      ASSERT_FALSE(latest.empty());
+      const auto state = checkpointer.restore(Space(), latest, *optimizer, params);
+      start = optimizer->step_count();
+      EXPECT_EQ(start, 5 * (phase - 1));
+      EXPECT_EQ(state.world_size, phase == 2 ? 4 : 2);  // who wrote it
+    }
+    for (long s = start; s < 5 * phase; ++s) {
+      fill_gradients(params, grads, s);
+      optimizer->step(Space(), params, grads);
+    }
+    if (phase < 3) {
+      checkpoint::TrainingState state;
+      checkpointer.save(Space(), *optimizer, params, state);
+      continue;
+    }
+    // Single-rank reference of all 15 steps, on every rank.
+    auto reference = make_optimizer<float>(kind);
+    auto reference_params = make_params<float>(model_specs());
+    for (long s = 0; s < 15; ++s) {
+      fill_gradients(reference_params, grads, s);
+      reference->step(Space(), reference_params, grads);
+    }
+    const auto got = host_vectors(params), want = host_vectors(reference_params);
+    for (std::size_t p = 0; p < got.size(); ++p)
+      for (std::size_t k = 0; k < got[p].size(); ++k)
+        ASSERT_NEAR(got[p][k], want[p][k], 1e-6f * (1 + std::fabs(want[p][k])))
+            << name(kind) << " parameter " << p << " element " << k;
   }
-  for (long s = start; s < 5 * phase; ++s) {
-    fill_gradients(params, grads, s);
-    optimizer->step(Space(), params, grads);
-  }
-  if (phase < 3) {
-    checkpoint::TrainingState state;
-    checkpointer.save(Space(), *optimizer, params, state);
-    return;
-  }
-  // Single-rank reference of all 15 steps, on every rank.
-  auto reference = make_optimizer<float>(Kind::shampoo_float);
-  auto reference_params = make_params<float>(model_specs());
-  for (long s = 0; s < 15; ++s) {
-    fill_gradients(reference_params, grads, s);
-    reference->step(Space(), reference_params, grads);
-  }
-  const auto got = host_vectors(params), want = host_vectors(reference_params);
-  for (std::size_t p = 0; p < got.size(); ++p)
-    for (std::size_t k = 0; k < got[p].size(); ++k)
-      ASSERT_NEAR(got[p][k], want[p][k], 1e-6f * (1 + std::fabs(want[p][k]))) << "parameter " << p << " element " << k;
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ void remove_directory(const std::string& dir) {
 template <class Scalar>
 std::vector<std::vector<char>> state_bytes(optim::Optimizer<Space, Scalar>& optimizer) {
   std::vector<std::vector<char>> out;
-  for (const auto& a : optimizer.state_arrays()) {
+  for (const auto& a : optimizer.state_arrays(Space())) {
     std::vector<char> bytes(a.device_bytes.size() + a.host_bytes.size());
     if (a.host_bytes.size()) {
       std::memcpy(bytes.data(), a.host_bytes.data(), bytes.size());
@@ -49,6 +49,7 @@ std::vector<std::vector<char>> state_bytes(optim::Optimizer<Space, Scalar>& opti
     }
     out.push_back(bytes);
   }
+  optimizer.state_released();
   return out;
 }
 

@@ -2,7 +2,8 @@
 // against a plain element-by-element model of the block layout.
 #include <lather/optim/partition.hpp>
 
-#include <lather/optim/impl/shampoo_kernels.hpp>  // white box: the packing kernels
+#include <lather/optim/impl/shampoo_plan.hpp>  // white box: the step plan and packing kernels
+#include <lather/optim/impl/step_passes.hpp>
 
 #include <gtest/gtest.h>
 
@@ -47,42 +48,81 @@ TEST(BlockPartition, SplitsWithRemainderInReferenceOrder) {
   EXPECT_EQ(BlockPartition({7}, 8).statistic_sizes(), (std::vector<int>{7}));
 }
 
-// Packing then unpacking restores every element, and each packed element is where the plain
-// model (block by block, row-major inside the block) puts it.
-TEST(BlockPartition, PackingRoundTripsForManyShapes) {
+// Gathering a tensor into a step's packed buffer then scattering it back restores every element,
+// and each packed element is where the plain model (unit by unit: a block row-major inside it,
+// or a range of the flat tensor) puts it, for the packed order of every part of a distributed
+// step.
+TEST(StepPlan, PackingRoundTripsForManyShapes) {
   using Space = Kokkos::DefaultExecutionSpace;
   using Mem = Space::memory_space;
+  namespace impl = lather::optim::Impl;
   const std::vector<std::pair<TensorShape, std::int64_t>> cases = {
       {{7}, 3},         {{20, 11}, 8},        {{4, 6, 5}, 2},    {{3, 3, 4, 5}, 2},
       {{1, 9}, 4},      {{13, 1, 6}, 5},      {{2, 3, 4, 5, 6}, 3}, {{5, 5}, 5},
-      {{17, 19, 3}, 7}, {{2, 2, 2, 2, 2, 2, 2, 2}, 1},
+      {{17, 19, 3}, 7}, {{2, 2, 2, 2, 2, 2, 2, 2}, 1}, {{70000}, 8},
   };
   for (const auto& [shape, block_size] : cases) {
-    const BlockPartition p(shape, block_size);
-    const std::int64_t n = p.elements();
-    Kokkos::View<double*, Mem> tensor("tensor", n), packed("packed", n), back("back", n);
-    auto host = Kokkos::create_mirror_view(tensor);
-    for (std::int64_t k = 0; k < n; ++k) host(k) = double(k);
-    Kokkos::deep_copy(tensor, host);
-    const auto table = lather::optim::Impl::make_block_table(Kokkos::DefaultExecutionSpace(), p.shape(), p.blocks(), "test");
-    lather::optim::Impl::repack_blocks<Space, double, double, Mem>(Space(), table, true, tensor, packed);
-    lather::optim::Impl::repack_blocks<Space, double, double, Mem>(Space(), table, false, packed, back);
-    auto packed_host = Kokkos::create_mirror_view(packed);
-    auto back_host = Kokkos::create_mirror_view(back);
-    Kokkos::deep_copy(packed_host, packed);
-    Kokkos::deep_copy(back_host, back);
-    for (std::int64_t k = 0; k < n; ++k) ASSERT_EQ(back_host(k), double(k)) << lather::to_string(shape);
-    // Plain model: walk each block's elements row-major, compute the global row-major index.
-    std::vector<std::int64_t> stride(shape.size(), 1);
-    for (int d = int(shape.size()) - 2; d >= 0; --d) stride[d] = stride[d + 1] * shape[d + 1];
-    for (const auto& block : p.blocks()) {
-      for (std::int64_t e = 0; e < block.elements(); ++e) {
-        std::int64_t rest = e, global = 0;
-        for (int d = int(shape.size()) - 1; d >= 0; --d) {
-          global += (block.offset[d] + rest % block.size[d]) * stride[d];
-          rest /= block.size[d];
+    lather::optim::ShampooOptions options;
+    options.block_size = int(block_size);
+    options.merge_small_dims_block_size = 1;  // keep the shape as given
+    const std::vector<lather::ParameterSpec> specs = {{"w", shape}};
+    const auto plan = impl::make_plan(specs, options);
+    const auto& local = plan.parameters[0];
+    const std::int64_t n = local.elements;
+    for (int parts : {1, 3}) {
+      for (int part = 0; part < parts; ++part) {
+        const auto step = impl::make_step_plan(plan, options, parts, part, parts > 1);
+        const auto& units = step.mine();
+        std::vector<std::int64_t> packed_at, state_at;
+        for (int u : units) {
+          packed_at.push_back(step.packed_offset[u]);
+          state_at.push_back(0);
         }
-        ASSERT_EQ(packed_host(block.packed_offset + e), double(global)) << lather::to_string(shape);
+        const auto table = impl::make_unit_table(Space(), plan, step, units, packed_at, state_at);
+        Kokkos::View<double*, Mem> tensor("tensor", n), back("back", n);
+        Kokkos::View<double*, Mem> packed("packed", std::max<std::int64_t>(step.my_elements(), 1));
+        auto host = Kokkos::create_mirror_view(tensor);
+        for (std::int64_t k = 0; k < n; ++k) host(k) = double(k);
+        Kokkos::deep_copy(tensor, host);
+        Kokkos::deep_copy(back, -1.0);
+        lather::optim::Impl::PointerTable<double, Mem> in, out;
+        in.update(Space(), std::vector<Kokkos::View<double*, Mem>>{tensor});
+        out.update(Space(), std::vector<Kokkos::View<double*, Mem>>{back});
+        impl::gather<Space, double, double, Mem>(Space(), table, in.device(), packed);
+        impl::scatter<Space, double, double, Mem>(Space(), table, out.device(), packed);
+        auto packed_host = Kokkos::create_mirror_view(packed);
+        auto back_host = Kokkos::create_mirror_view(back);
+        Kokkos::deep_copy(packed_host, packed);
+        Kokkos::deep_copy(back_host, back);
+        // The plain model, unit by unit.
+        const auto& lshape = local.local_shape;
+        std::vector<std::int64_t> stride(lshape.size(), 1);
+        for (int d = int(lshape.size()) - 2; d >= 0; --d) stride[d] = stride[d + 1] * lshape[d + 1];
+        std::vector<char> mine(std::size_t(n), 0);
+        std::int64_t covered = 0;
+        for (int u : units) {
+          const auto& unit = step.units[u];
+          covered += unit.elements;
+          for (std::int64_t e = 0; e < unit.elements; ++e) {
+            std::int64_t global = unit.begin + e;
+            if (unit.block >= 0) {
+              const auto& block = local.local_blocks[std::size_t(unit.block)];
+              std::int64_t rest = e;
+              global = 0;
+              for (int d = int(lshape.size()) - 1; d >= 0; --d) {
+                global += (block.offset[d] + rest % block.size[d]) * stride[d];
+                rest /= block.size[d];
+              }
+            }
+            mine[std::size_t(global)] = 1;
+            ASSERT_EQ(packed_host(step.packed_offset[u] + e), double(global)) << lather::to_string(shape);
+          }
+        }
+        ASSERT_EQ(covered, step.my_elements());
+        // Scatter wrote exactly this part's elements back.
+        for (std::int64_t k = 0; k < n; ++k)
+          ASSERT_EQ(back_host(k), mine[std::size_t(k)] ? double(k) : -1.0) << lather::to_string(shape) << " " << k;
+        if (parts == 1) ASSERT_EQ(covered, n);
       }
     }
   }

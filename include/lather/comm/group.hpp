@@ -59,8 +59,8 @@ class Group {
   std::vector<int> ranks_in(const Group& other) const;
 
   // ---- collectives on memory MPI can read (counts in elements) ----------------------------------
-  // T is one of char, int, std::int64_t, std::uint16_t, std::uint32_t, std::uint64_t, float,
-  // double. Counts of any size are split into calls MPI's int counts can describe.
+  // T is one of char, std::int8_t, int, std::int64_t, std::uint16_t, std::uint32_t, std::uint64_t,
+  // float, double (char moves bytes; reduce std::int8_t, not char). Counts of any size are split into calls MPI's int counts can describe.
 
   void barrier() const;
   /// values[0, count) := element-wise `op` over the group, in place.
@@ -128,6 +128,11 @@ class Group {
 
   // ---- Views -----------------------------------------------------------------------------------------
 
+  /// allreduce of a 1-D View of the execution space's memory, in place: handed to MPI directly
+  /// where MPI can read that memory, else staged through a host copy made on `space`.
+  template <class ExecutionSpace, class T>
+  void allreduce(const ExecutionSpace& space, const Kokkos::View<T*, typename ExecutionSpace::memory_space>& data,
+                 Combine op) const;
   /// allgatherv of 1-D Views of the execution space's memory: handed to MPI in place where MPI
   /// can read that memory, else staged through host copies made on `space`.
   template <class ExecutionSpace, class T>
@@ -142,6 +147,25 @@ class Group {
   const State& state() const;
   std::shared_ptr<State> m_state;
 };
+
+template <class ExecutionSpace, class T>
+void Group::allreduce(const ExecutionSpace& space, const Kokkos::View<T*, typename ExecutionSpace::memory_space>& data,
+                      Combine op) const {
+  using memory_space = typename ExecutionSpace::memory_space;
+  if (size() == 1 || data.extent(0) == 0) return;
+  if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
+    ::lather::Impl::fence(space, "Lather::comm::Group::allreduce: data ready before sending");
+    allreduce(data.data(), data.extent(0), op);
+  } else {
+    Kokkos::View<T*, Kokkos::HostSpace> host(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::comm::Group::allreduce::staging"), data.extent(0));
+    Kokkos::deep_copy(space, host, data);
+    ::lather::Impl::fence(space, "Lather::comm::Group::allreduce: staged data ready before sending");
+    allreduce(host.data(), host.extent(0), op);
+    Kokkos::deep_copy(space, data, host);
+    ::lather::Impl::fence(space, "Lather::comm::Group::allreduce: result in place");
+  }
+}
 
 template <class ExecutionSpace, class T>
 void Group::allgatherv(const ExecutionSpace& space,

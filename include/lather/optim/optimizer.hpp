@@ -91,10 +91,15 @@ class Optimizer {
   virtual long step_count() const = 0;
   virtual StateMemoryReport memory_report() const = 0;
   /// The state, for checkpoints: writing these arrays and the step count, then filling them back
-  /// into an optimizer built with the same parameters and options, restores it exactly.
-  virtual std::vector<StateArray<memory_space>> state_arrays() = 0;
+  /// into an optimizer built with the same parameters and options, restores it exactly. Collective
+  /// over the optimizer's group (an optimizer that splits its state gathers it here); copies are
+  /// made on `space`.
+  virtual std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) = 0;
   /// Called after the arrays of state_arrays() were overwritten (e.g. by a checkpoint load).
-  virtual void state_restored(long step_count) = 0;
+  virtual void state_restored(const ExecutionSpace& space, long step_count) = 0;
+  /// Called when the arrays of state_arrays() are no longer read (after a checkpoint save): an
+  /// optimizer may free what it assembled for them.
+  virtual void state_released() {}
   /// The options as (name, value) pairs for logs and checkpoint attributes.
   virtual std::vector<std::pair<std::string, std::string>> describe() const = 0;
 

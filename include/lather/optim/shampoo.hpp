@@ -65,11 +65,14 @@ class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
   std::string name() const override { return "shampoo"; }
   long step_count() const override;
   StateMemoryReport memory_report() const override;
-  std::vector<StateArray<memory_space>> state_arrays() override;
-  void state_restored(long step_count) override;
+  std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;
+  void state_restored(const ExecutionSpace& space, long step_count) override;
+  void state_released() override;
   std::vector<std::pair<std::string, std::string>> describe() const override;
 
   const ShampooOptions& options() const;
+  /// True when the ranks of the group split the step (StepMode::distributed in effect).
+  bool distributed() const;
   int num_statistics() const;
   bool is_preconditioned(int parameter) const;
   const BlockPartition& partition(int parameter) const;
@@ -80,6 +83,16 @@ class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
   /// on `space`. In sharded mode only the statistics this rank stores can be read.
   std::vector<double> statistic(const ExecutionSpace& space, int s) const;
   std::vector<double> preconditioner(const ExecutionSpace& space, int s) const;
+
+  /// Measure the seconds of each phase of a step (statistics, roots, precondition, graft,
+  /// update, communication, ...): the execution space is fenced at each boundary, which costs
+  /// time on a device, so it is off by default.
+  void measure_phases(bool on);
+  /// Seconds spent in each phase since construction (while measuring).
+  std::vector<std::pair<std::string, double>> phase_seconds() const;
+  /// GEMM launches since construction (statistics, preconditioning and roots; a batched call is
+  /// one launch).
+  long gemm_launches() const;
 
  protected:
   void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;

@@ -13,6 +13,16 @@ namespace lather::optim {
 /// The first-order method whose per-tensor step size Shampoo's direction is rescaled to.
 enum class GraftType { sgd, adagrad, rmsprop, rmsprop_normalized, sqrt_n, adagrad_normalized };
 
+/// How the ranks of a data-parallel group share a step (Lather's; the reference replicates it).
+enum class StepMode {
+  automatic,    ///< distributed when the group has more than one rank
+  replicated,   ///< every rank updates every parameter; the inverse roots are split and exchanged
+  distributed,  ///< each rank updates its share of the blocks, then one all-gather of parameters
+};
+std::string to_string(StepMode mode);
+/// "auto", "replicated" or "distributed".
+StepMode parse_step_mode(const std::string& name);
+
 std::string to_string(GraftType graft);
 /// Accepts the reference's names ("RMSPROP_NORMALIZED") and lower case ("rmsprop_normalized").
 GraftType parse_graft_type(const std::string& name);
@@ -34,8 +44,8 @@ struct ShampooOptions {
   GraftType graft_type = GraftType::sgd;
   bool nesterov = true;
   int exponent_override = 0;  ///< 0: exponent 2 * rank of the block
-  /// Sharded mode: each rank of the data-parallel group keeps only its share of the statistics and
-  /// preconditioners and gathers what it needs when preconditioning.
+  /// The reference's state sharding: each rank of the data-parallel group keeps only its share of
+  /// the state. In Lather it selects the distributed step (step_mode), which shares the work too.
   bool shard_optimizer_states = false;
   /// int8 momentum (rank > 1 parameters) and int16 statistics/preconditioners with the diagonal
   /// kept apart in float, per-column scales.
@@ -63,9 +73,12 @@ struct ShampooOptions {
   int max_consecutive_root_failures = 0;
   /// Precision of the statistics and preconditioner stacks.
   linalg::Precision statistics_precision = linalg::Precision::float32;
-  /// Assign statistics to the ranks of the data-parallel group by greedy longest-processing-time
-  /// on their root cost (n^3) instead of the reference's even split by count.
+  /// Replicated step: assign statistics to the ranks of the data-parallel group by greedy
+  /// longest-processing-time on their root cost (n^3) instead of the reference's even split by
+  /// count. (The distributed step always balances its blocks by their whole cost.)
   bool balance_root_work = true;
+  /// Replicated or distributed step; automatic: distributed on groups of more than one rank.
+  StepMode step_mode = StepMode::automatic;
 
   void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
 };

@@ -40,6 +40,8 @@ class RootPhase {
   }
 
   std::int64_t workspace_bytes() const { return std::int64_t((m_in.span() + m_out.span()) * sizeof(T)); }
+  /// GEMM calls the solver made so far (retries included).
+  long gemm_calls() const { return m_gemm_calls; }
 
   /// Roots of the statistics `owned` (global ids; slot_of[s] their slot in both stores) from
   /// `statistics` into `preconditioners`; metrics[s] records each outcome.
@@ -87,6 +89,7 @@ class RootPhase {
 
     const double threshold = m_options.inverse_failure_threshold;
     linalg::InverseRootResult result = linalg::inverse_pth_root(space, m_in, m_out, tasks, m_root_options);
+    m_gemm_calls += result.gemm_calls;
     if (m_options.retry_failed_roots_in_double && m_root_options.compute_precision == linalg::Precision::float32) {
       std::vector<linalg::RootTask> retry;
       std::vector<int> where;
@@ -96,6 +99,7 @@ class RootPhase {
         auto options = m_root_options;
         options.compute_precision = linalg::Precision::float64;
         const auto again = linalg::inverse_pth_root(space, m_in, m_out, retry, options);
+        m_gemm_calls += again.gemm_calls;
         for (std::size_t k = 0; k < retry.size(); ++k) {
           const int c = where[k];
           result.error[c] = again.error[k];
@@ -128,6 +132,7 @@ class RootPhase {
   ShampooOptions m_options;
   linalg::InverseRootOptions m_root_options;
   int m_chunk = 1;
+  long m_gemm_calls = 0;
   Stack m_in, m_out;
   SlotList<memory_space> m_list;
 };

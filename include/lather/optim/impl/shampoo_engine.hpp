@@ -1,22 +1,31 @@
 #pragma once
 // The Shampoo state and step, templated on the statistics precision T (float or double); the
 // public Shampoo class picks T at run time from ShampooOptions::statistics_precision. The step is
-// written once over its parts: the plan (shampoo_plan.hpp), the statistics and preconditioner
-// stores (matrix_store.hpp), the inverse-root phase (root_phase.hpp), the exchanges between
-// ranks (root_exchange.hpp) and the element-wise kernels (shampoo_kernels.hpp).
+// written once over its parts: the plan of blocks and who updates them (shampoo_plan.hpp), the
+// statistics and preconditioner stores (matrix_store.hpp), the batched block products
+// (block_products.hpp), the inverse-root phase (root_phase.hpp), the exchanges between ranks
+// (root_exchange.hpp) and the element-wise passes (step_passes.hpp).
+//
+// A step on a rank: (1) its units' gradients are packed, once, with their squared norms; (2) the
+// statistics of its blocks take their Gram matrices; (3) every preconditioning_compute_steps the
+// inverse roots of the statistics it owns; (4) its blocks are preconditioned; (5) the graft and the
+// norms grafting needs; (6) momentum and the parameter update of its units. Replicated, a rank's
+// units are all units and the roots are exchanged; distributed, each rank updates its share and
+// one all-gather of parameter values ends the step.
 
 #include <lather/comm/group.hpp>
-#include <lather/core/impl/gemm.hpp>
+#include <lather/optim/impl/block_products.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/root_exchange.hpp>
 #include <lather/optim/impl/root_phase.hpp>
-#include <lather/optim/impl/shampoo_kernels.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
-#include <lather/optim/quantization.hpp>
+#include <lather/optim/impl/step_passes.hpp>
 #include <lather/optim/shampoo.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,13 +41,18 @@ class ShampooEngineBase {
   virtual void step(const ExecutionSpace& space, const Tensors& params, const Tensors& grads) = 0;
   virtual long step_count() const = 0;
   virtual StateMemoryReport memory_report() const = 0;
-  virtual std::vector<StateArray<memory_space>> state_arrays() = 0;
-  virtual void state_restored(long step_count) = 0;
+  virtual std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) = 0;
+  virtual void state_restored(const ExecutionSpace& space, long step_count) = 0;
+  virtual void state_released() = 0;
   virtual const ShampooOptions& options() const = 0;
   virtual const ShampooPlan& plan() const = 0;
+  virtual bool distributed() const = 0;
   virtual std::vector<StatisticMetrics> metrics() const = 0;
   virtual double root_load_imbalance() const = 0;
   virtual std::vector<double> matrix(const ExecutionSpace& space, int s, bool preconditioner) const = 0;
+  virtual void measure_phases(bool on) = 0;
+  virtual std::vector<std::pair<std::string, double>> phase_seconds() const = 0;
+  virtual long gemm_launches() const = 0;
 };
 
 template <class ExecutionSpace, class Scalar, class T>
@@ -48,8 +62,6 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   using Tensors = TensorList<Scalar, memory_space>;
   template <class X>
   using V1 = Kokkos::View<X*, memory_space>;
-  using Matrix = Kokkos::View<T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  using ConstMatrix = Kokkos::View<const T**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using Store = MatrixStore<ExecutionSpace, T>;
 
   ShampooEngine(const ExecutionSpace& space, const std::vector<ParameterSpec>& parameters,
@@ -57,37 +69,97 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
       : m_options(options), m_group(std::move(group)), m_shards(std::move(shards)), m_exchange(m_group) {
     m_options.validate();
     m_plan = make_plan(parameters, m_options);
-    m_ranks = m_group.size();
-    m_rank = m_group.rank();
-    m_sharded = m_options.shard_optimizer_states && m_ranks > 1;
-    assign_statistics_to_ranks();
+    const bool distributed = m_options.step_mode == StepMode::distributed || m_options.shard_optimizer_states ||
+                             (m_options.step_mode == StepMode::automatic && m_group.size() > 1);
+    m_step_plan = make_step_plan(m_plan, m_options, m_group.size(), m_group.rank(), distributed);
+    m_metrics.resize(m_plan.num_statistics());
+    for (int s = 0; s < m_plan.num_statistics(); ++s)
+      m_metrics[s] = {m_plan.statistic_owner[s], m_plan.statistic_size[s], m_plan.statistic_exponent[s],
+                      m_step_plan.root_owner[s], 0.0, 0, 0, 0};
+    for (int s : m_plan.local_statistics)
+      if (m_step_plan.root_owner[s] == m_group.rank()) m_mine.push_back(s);
     allocate_stores(space);
-    allocate_parameter_state(space);
-    allocate_scratch(space);
+    allocate_state(space);
+    m_roots = std::make_unique<RootPhase<ExecutionSpace, T>>(space, m_options, m_plan.max_size, int(m_mine.size()));
+    m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(space, m_plan, m_step_plan,
+                                                                    m_options.root.workspace_bytes, quantized());
   }
 
   // ---------------------------------------------------------------------------------------------
   void step(const ExecutionSpace& space, const Tensors& params, const Tensors& grads) override {
     ::lather::Impl::ScopedRegion region("Lather::Shampoo::step");
     const long t = m_step;
-    check_finite(space, grads);
-    pack_gradients(space, grads);
-    if (t % m_options.statistics_compute_steps == 0) {
-      const double beta2 = m_options.beta2;
-      update_statistics(space, beta2, beta2 == 1.0 ? 1.0 : 1.0 - beta2);
-    }
-    if (t % m_options.preconditioning_compute_steps == 0) compute_preconditioners(space);
+    m_values.update(space, params);
+    m_gradients.update(space, grads);
+    Phases phases(*this, space);
 
-    ::lather::Impl::ScopedRegion update_region("Lather::Shampoo::update");
-    const double lr = m_options.learning_rate(t);
-    for (const auto& chunk : m_chunks) {
-      if (m_sharded) {
-        m_exchange.gather(space, m_plan, m_plan.local_statistics, chunk.first_statistic, chunk.end_statistic, m_owner,
-                          m_slot, *m_preconditioners, *m_gathered);
-        m_gathered_first = chunk.first_statistic;
+    // (1) Pack, and agree on the gradients' norms: a NaN or Inf anywhere is refused on every rank
+    // before any state moves.
+    pack_gradients<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_gradients.device(),
+                                                            m_parameter_scalars, m_packed, m_packed_t, m_unit_norms);
+    phases.end("pack");
+    const std::vector<Sums2> gradient_norm2 = parameter_norms(space);
+    phases.end("communication");
+    for (std::size_t p = 0; p < gradient_norm2.size(); ++p)
+      LATHER_REQUIRE(std::isfinite(gradient_norm2[p].a), "Shampoo::step ", m_step, ": the gradient of '",
+                     m_plan.parameters[p].spec.name, "' contains NaN or Inf; the optimizer state was not changed");
+    const T* blocks = m_packed_t.extent(0) > 0 ? m_packed_t.data() : reinterpret_cast<const T*>(m_packed.data());
+
+    // (2)-(4) Statistics, roots, preconditioning of this rank's blocks.
+    if (t % m_options.statistics_compute_steps == 0) {
+      ::lather::Impl::ScopedRegion statistics("Lather::Shampoo::statistics");
+      const double beta2 = m_options.beta2;
+      m_products->update_statistics(space, blocks, *m_statistics, T(beta2), T(beta2 == 1.0 ? 1.0 : 1.0 - beta2));
+      phases.end("statistics");
+    }
+    if (t % m_options.preconditioning_compute_steps == 0) {
+      statistics_symmetric(space);
+      compute_preconditioners(space, phases);
+    }
+    {
+      ::lather::Impl::ScopedRegion precondition("Lather::Shampoo::precondition");
+      m_products->precondition(space, blocks, *m_preconditioners, m_work.data(), m_direction.data());
+      phases.end("precondition");
+    }
+
+    // (5) The graft and the norms that scale the two directions, per parameter.
+    const auto c = step_scalars(t);
+    set_gradient_scales(space, gradient_norm2);
+    graft_and_norms<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, c, m_parameter_scalars, m_packed,
+                                                             m_direction, m_diagonal, m_graft, m_unit_norms);
+    phases.end("graft");
+    const std::vector<Sums2> norms2 = parameter_norms(space);
+    phases.end("communication");
+    set_multipliers(space, norms2, c.lr);
+
+    // (6) Momentum and the update; distributed, every rank's new values to every rank.
+    UpdateElement<Scalar, T, memory_space> element = update_element(c);
+    if (m_quantized_columns > 0) {
+      // The new column scales of int8 momentum: the column maxima over every rank's units.
+      Kokkos::deep_copy(space, m_scales[1], Scalar(0));
+      column_maxima<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_values.device(),
+                                                             m_parameter_scalars, element);
+      if (m_step_plan.distributed || m_row_split_columns > 0) phases.end("update");
+      if (m_step_plan.distributed) m_group.allreduce(space, m_scales[1], comm::Combine::max);
+      if (m_row_split_columns > 0) {
+        // Tensors split by rows: the maxima over the shards (their columns come first).
+        const auto first = std::make_pair(std::size_t(0), std::size_t(m_row_split_columns));
+        const auto second = std::make_pair(std::size_t(m_quantized_columns),
+                                           std::size_t(m_quantized_columns + m_row_split_columns));
+        m_shards.allreduce(space, V1<Scalar>(Kokkos::subview(m_scales[1], first)), comm::Combine::max);
+        m_shards.allreduce(space, V1<Scalar>(Kokkos::subview(m_scales[1], second)), comm::Combine::max);
       }
-      for (int p = chunk.first_parameter; p < chunk.end_parameter; ++p)
-        update_parameter(space, p, params[p], grads[p], lr, t);
+      if (m_step_plan.distributed || m_row_split_columns > 0) phases.end("communication");
+    }
+    update_parameters<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_values.device(),
+                                                               m_parameter_scalars, element, m_outgoing);
+    std::swap(m_scales[0], m_scales[1]);  // the new scales are the current ones from here on
+    phases.end("update");
+    if (m_step_plan.distributed) {
+      m_group.allgatherv(space, V1<const Scalar>(m_outgoing), m_incoming, part_counts());
+      phases.end("communication");
+      scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, m_all_table, m_values.device(), m_incoming);
+      phases.end("update");
     }
     ++m_step;
   }
@@ -95,485 +167,124 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   long step_count() const override { return m_step; }
   const ShampooOptions& options() const override { return m_options; }
   const ShampooPlan& plan() const override { return m_plan; }
+  bool distributed() const override { return m_step_plan.distributed; }
   std::vector<StatisticMetrics> metrics() const override { return m_metrics; }
-  double root_load_imbalance() const override { return load_imbalance(m_plan.statistic_size, m_owner, m_ranks); }
-
-  StateMemoryReport memory_report() const override {
-    StateMemoryReport r;
-    const auto bytes = [](const auto& view) {
-      return std::int64_t(view.span() * sizeof(typename std::decay_t<decltype(view)>::value_type));
-    };
-    for (const Store* store : {m_statistics.get(), m_preconditioners.get()})
-      (store->quantized() ? r.quantized_bytes : r.stack_bytes) += store->bytes();
-    for (const auto& l : m_local) {
-      r.local_bytes += bytes(l.diagonal) + bytes(l.momentum) + bytes(l.diagonal_momentum);
-      r.quantized_bytes += bytes(l.momentum_codes) + bytes(l.momentum_scales) + bytes(l.diagonal_momentum_codes) +
-                           bytes(l.diagonal_momentum_scales);
-    }
-    r.workspace_bytes = bytes(m_packed) + bytes(m_work) + bytes(m_matrices) + bytes(m_grams) +
-                        bytes(m_gram_scratch) + bytes(m_graft) + bytes(m_direction) + bytes(m_momentum_work) +
-                        bytes(m_diagonal_momentum_work) + m_roots->workspace_bytes() +
-                        (m_gathered ? m_gathered->bytes() : 0);
-    return r;
+  double root_load_imbalance() const override {
+    std::vector<int> owner(m_plan.num_statistics(), -1);
+    for (int s = 0; s < m_plan.num_statistics(); ++s) owner[s] = m_step_plan.root_owner[s];
+    return load_imbalance(m_plan.statistic_size, owner, m_group.size());
   }
-
-  std::vector<StateArray<memory_space>> state_arrays() override;
-  void state_restored(long step_count) override {
-    m_step = step_count;
-    const auto& local = m_plan.local_statistics;
-    for (std::size_t k = 0; k < local.size() && k < m_errors_host.size(); ++k) {
-      m_metrics[local[k]].error = m_errors_host[k];
-      m_metrics[local[k]].consecutive_failures = m_failures_host[k];
-    }
+  void measure_phases(bool on) override { m_measure = on; }
+  std::vector<std::pair<std::string, double>> phase_seconds() const override {
+    return {m_phase_seconds.begin(), m_phase_seconds.end()};
   }
+  long gemm_launches() const override { return m_products->launches() + m_root_gemm_calls; }
+
+  StateMemoryReport memory_report() const override;
+  std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;
+  void state_restored(const ExecutionSpace& space, long step_count) override;
+  void state_released() override;
 
   std::vector<double> matrix(const ExecutionSpace& space, int s, bool preconditioner) const override {
     LATHER_REQUIRE(s >= 0 && s < m_plan.num_statistics(), "Shampoo: statistic ", s, " out of range [0, ",
                    m_plan.num_statistics(), ")");
-    LATHER_REQUIRE(m_slot[s] >= 0, "Shampoo: statistic ", s, " is not stored on this rank (group rank ", m_rank,
-                   m_owner[s] < 0 ? ", it belongs to another weight shard)" : ")");
+    LATHER_REQUIRE(m_step_plan.slot[s] >= 0, "Shampoo: statistic ", s, " is not stored on this rank (group rank ",
+                   m_group.rank(),
+                   m_step_plan.root_owner[s] < 0 ? ", it belongs to another weight shard)"
+                                                 : "; the distributed step keeps it on its block's rank)");
+    if (!preconditioner) statistics_symmetric(space);
     const Store& store = preconditioner ? *m_preconditioners : *m_statistics;
-    return store.host_matrix(space, m_slot[s], m_plan.statistic_size[s]);
+    return store.host_matrix(space, m_step_plan.slot[s], m_plan.statistic_size[s]);
   }
 
   // Public, not private: nvcc rejects an extended __host__ __device__ lambda (KOKKOS_LAMBDA) whose
   // enclosing member function is private or protected.
  public:
-  /// Per-parameter state: the diagonal statistics of the graft, momentum and the graft's momentum
-  /// (int8 with per-column scales for rank > 1 parameters when quantized).
-  struct LocalState {
-    BlockTable<memory_space> blocks;
-    V1<Scalar> diagonal, momentum, diagonal_momentum;
-    V1<std::int8_t> momentum_codes, diagonal_momentum_codes;
-    V1<Scalar> momentum_scales, diagonal_momentum_scales;
+  /// Seconds by phase when measuring (the execution space fenced at each boundary).
+  class Phases {
+   public:
+    Phases(ShampooEngine& engine, const ExecutionSpace& space) : m_engine(engine), m_space(space) {}
+    void end(const char* phase) {
+      if (!m_engine.m_measure) return;
+      ::lather::Impl::fence(m_space, "Lather::Shampoo: phase timing");
+      const auto now = std::chrono::steady_clock::now();
+      m_engine.m_phase_seconds[phase] += std::chrono::duration<double>(now - m_last).count();
+      m_last = now;
+    }
+
+   private:
+    ShampooEngine& m_engine;
+    ExecutionSpace m_space;
+    std::chrono::steady_clock::time_point m_last = std::chrono::steady_clock::now();
   };
-  /// Consecutive parameters whose preconditioners are gathered together in sharded mode.
-  struct Chunk {
-    int first_parameter = 0, end_parameter = 0;
-    int first_statistic = 0, end_statistic = 0;
-  };
 
-  // ---- construction -----------------------------------------------------------------------------
-
-  /// Root work is shared by the group over this rank's statistics (the same set on every rank of
-  /// a data-parallel group: the statistics of one weight shard); in sharded mode each rank stores
-  /// only the statistics it owns.
-  void assign_statistics_to_ranks() {
-    const int n_stats = m_plan.num_statistics();
-    const auto& local = m_plan.local_statistics;
-    std::vector<int> local_sizes;
-    for (int s : local) local_sizes.push_back(m_plan.statistic_size[s]);
-    const auto local_owner = assign_statistics(
-        local_sizes, m_ranks, m_options.balance_root_work ? RootAssignment::balanced : RootAssignment::even);
-    m_owner.assign(n_stats, -1);
-    m_local_index.assign(n_stats, -1);
-    for (std::size_t k = 0; k < local.size(); ++k) {
-      m_owner[local[k]] = local_owner[k];
-      m_local_index[local[k]] = int(k);
-      if (local_owner[k] == m_rank) m_mine.push_back(local[k]);
-    }
-    m_metrics.resize(n_stats);
-    for (int s = 0; s < n_stats; ++s) {
-      m_metrics[s].parameter = m_plan.statistic_owner[s];
-      m_metrics[s].size = m_plan.statistic_size[s];
-      m_metrics[s].exponent = m_plan.statistic_exponent[s];
-      m_metrics[s].owner_rank = m_owner[s];
-    }
-    m_slot.assign(n_stats, -1);
-    for (int s : local)
-      if (!m_sharded || m_owner[s] == m_rank) {
-        m_slot[s] = int(m_stored.size());
-        m_stored.push_back(s);
-      }
+  bool quantized() const { return m_options.best_effort_memory_usage_reduction; }
+  /// Completes statistics that the products left as upper triangles (BlockProducts::upper_only).
+  void statistics_symmetric(const ExecutionSpace& space) const {
+    if (!m_products->upper_only()) return;
+    m_statistics->symmetrize(space, 0, m_statistics->slots());
+    m_products->clear_upper_only();
   }
-
-  void allocate_stores(const ExecutionSpace& space) {
-    const int m = m_plan.max_size;
-    // The reference's layout: padded with identity to a multiple of the group size.
-    const int stored = int(m_stored.size());
-    const int slots = m_sharded ? std::max(1, stored) : std::max(1, ((stored + m_ranks - 1) / m_ranks) * m_ranks);
-    const bool quantized = m_options.best_effort_memory_usage_reduction;
-    m_statistics = make_matrix_store<ExecutionSpace, T>(space, quantized, "Lather::Shampoo::statistics", slots, m);
-    m_preconditioners =
-        make_matrix_store<ExecutionSpace, T>(space, quantized, "Lather::Shampoo::preconditioners", slots, m);
-    // Statistics start at matrix_epsilon * I, preconditioners at I; padding slots are identity.
-    m_statistics->fill_identity(space, T(m_options.matrix_epsilon), 0, stored);
-    m_statistics->fill_identity(space, T(1), stored, slots);
-    m_preconditioners->fill_identity(space, T(1), 0, slots);
-  }
-
-  void allocate_parameter_state(const ExecutionSpace& space) {
-    const bool diagonal = graft_has_diagonal_statistics(m_options.graft_type);
-    const auto alloc = [&](auto& view, const std::string& label, std::int64_t n) {
-      using View = std::decay_t<decltype(view)>;
-      view = View(Kokkos::view_alloc(space, label), std::size_t(n));
-    };
-    for (const auto& pp : m_plan.parameters) {
-      LocalState l;
-      const std::string label = "Lather::Shampoo::" + pp.spec.name;
-      if (pp.preconditioned) l.blocks = make_block_table(space, pp.local_shape, pp.local_blocks, pp.spec.name);
-      if (diagonal) alloc(l.diagonal, label + "::diagonal_statistics", pp.elements);
-      if (pp.quantized_momentum) {
-        const std::int64_t columns = pp.elements / pp.spec.shape[0];
-        alloc(l.momentum_codes, label + "::momentum_codes", pp.elements);
-        alloc(l.diagonal_momentum_codes, label + "::diagonal_momentum_codes", pp.elements);
-        alloc(l.momentum_scales, label + "::momentum_scales", columns);
-        alloc(l.diagonal_momentum_scales, label + "::diagonal_momentum_scales", columns);
-      } else {
-        alloc(l.momentum, label + "::momentum", pp.elements);
-        alloc(l.diagonal_momentum, label + "::diagonal_momentum", pp.elements);
-      }
-      m_local.push_back(std::move(l));
-    }
-  }
-
-  void allocate_scratch(const ExecutionSpace& space) {
-    const std::int64_t elements = std::max<std::int64_t>(1, m_plan.max_elements);
-    const int m = m_plan.max_size;
-    const auto scratch = [&](auto& view, const char* label, std::int64_t n) {
-      using View = std::decay_t<decltype(view)>;
-      view = View(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Shampoo::") + label),
-                  std::size_t(std::max<std::int64_t>(n, 1)));
-    };
-    // The gradient blocks of every preconditioned parameter, packed once per step; the largest
-    // parameter's preconditioner matrices, contiguous.
-    std::int64_t packed = 0, matrices = 0, statistics_elements = 0;
-    m_packed_offset.assign(m_plan.parameters.size(), 0);
-    for (std::size_t p = 0; p < m_plan.parameters.size(); ++p) {
-      const auto& pp = m_plan.parameters[p];
-      if (!pp.preconditioned) continue;
-      m_packed_offset[p] = packed;
-      packed += pp.elements;
-      std::int64_t squares = 0;
-      for (std::size_t b = 0; b < pp.local_blocks.size(); ++b)
-        for (auto n : pp.local_blocks[b].size) squares += n * n;
-      matrices = std::max(matrices, squares);
-      statistics_elements += squares;
-    }
-    scratch(m_packed, "packed_gradients", packed);
-    scratch(m_work, "packed_work", elements);
-    scratch(m_matrices, "preconditioner_matrices", matrices);
-    // Gram matrices are blended into the statistics in chunks within the root workspace.
-    const bool quantized = m_options.best_effort_memory_usage_reduction;
-    const std::int64_t budget = std::int64_t(m_options.root.workspace_bytes / sizeof(T)) / (quantized ? 2 : 1);
-    m_gram_capacity = std::max<std::int64_t>(std::int64_t(m) * m, std::min(statistics_elements, budget));
-    scratch(m_grams, "grams", m_gram_capacity);
-    if (quantized) scratch(m_gram_scratch, "gram_scratch", m_gram_capacity);
-    scratch(m_graft, "graft", elements);
-    scratch(m_direction, "direction", elements);
-    if (quantized) {
-      scratch(m_momentum_work, "momentum_work", elements);
-      scratch(m_diagonal_momentum_work, "diagonal_momentum_work", elements);
-    }
-    m_roots = std::make_unique<RootPhase<ExecutionSpace, T>>(space, m_options, m, int(m_mine.size()));
-
-    // Parameter chunks: one in replicated mode; in sharded mode, consecutive parameters whose
-    // preconditioners fit the gather budget together. Chunks are ranges of this rank's
-    // statistics (m_plan.local_statistics), which are in parameter order.
-    const int n_params = int(m_plan.parameters.size());
-    if (!m_sharded) {
-      m_chunks.push_back({0, n_params, 0, int(m_plan.local_statistics.size())});
-      return;
-    }
-    const std::size_t per_statistic = m_preconditioners->packed_bytes(m);
-    const std::size_t budget_bytes = std::max<std::size_t>(per_statistic, m_options.root.workspace_bytes);
-    Chunk chunk{0, 0, 0, 0};
-    int next_local = 0;
-    for (int p = 0; p < n_params; ++p) {
-      const auto& pp = m_plan.parameters[p];
-      const int stats = pp.preconditioned ? int(pp.local_blocks.size()) * pp.partition.rank() : 0;
-      if (chunk.end_parameter > chunk.first_parameter &&
-          std::size_t(chunk.end_statistic - chunk.first_statistic + stats) * per_statistic > budget_bytes) {
-        m_chunks.push_back(chunk);
-        chunk = Chunk{p, p, next_local, next_local};
-      }
-      next_local += stats;
-      chunk.end_parameter = p + 1;
-      chunk.end_statistic = next_local;
-    }
-    m_chunks.push_back(chunk);
-    int largest = 1;
-    for (const auto& c : m_chunks) largest = std::max(largest, c.end_statistic - c.first_statistic);
-    m_gathered = make_matrix_store<ExecutionSpace, T>(space, quantized, "Lather::Shampoo::gathered", largest, m);
-  }
-
-  // ---- the step ---------------------------------------------------------------------------------
-
-  /// Squared gradient norms (kept for the normalized grafts); a NaN or Inf anywhere makes its sum
-  /// non-finite (squares of floats cannot overflow a double), and is refused before any state moves.
-  void check_finite(const ExecutionSpace& space, const Tensors& grads) {
-    m_gradient_norm2.resize(grads.size());
-    for (std::size_t p = 0; p < grads.size(); ++p) {
-      const V1<const Scalar> g = grads[p];
-      m_gradient_norm2[p] = squared_norm<ExecutionSpace, Scalar, memory_space>(space, g);
-      LATHER_REQUIRE(std::isfinite(m_gradient_norm2[p]), "Shampoo::step ", m_step, ": the gradient of '",
-                     m_plan.parameters[p].spec.name, "' contains NaN or Inf; the optimizer state was not changed");
-    }
-    // Split tensors: the norm of the whole tensor, over the shards (one collective for all).
-    std::vector<double> split;
-    for (std::size_t p = 0; p < grads.size(); ++p)
-      if (sums_over_shards(int(p))) split.push_back(m_gradient_norm2[p]);
-    if (split.empty()) return;
-    m_shards.allreduce(split, comm::Combine::sum);
-    for (std::size_t p = 0, k = 0; p < grads.size(); ++p)
-      if (sums_over_shards(int(p))) m_gradient_norm2[p] = split[k++];
-  }
-
-  /// True for a parameter split over the shard group, whose per-tensor norms are group sums.
-  bool sums_over_shards(int p) const {
-    return m_shards.size() > 1 && m_plan.parameters[p].spec.split() &&
-           m_plan.parameters[p].spec.shape != m_plan.parameters[p].spec.global();
-  }
-
-  /// The gradient blocks of every preconditioned parameter into m_packed (statistics precision,
-  /// each block contiguous): once per step, for the statistics and the preconditioning.
-  void pack_gradients(const ExecutionSpace& space, const Tensors& grads) {
-    for (std::size_t p = 0; p < m_plan.parameters.size(); ++p) {
-      if (!m_plan.parameters[p].preconditioned) continue;
-      const V1<const Scalar> from = grads[p];
-      repack_blocks<ExecutionSpace, Scalar, T, memory_space>(space, m_local[p].blocks, true, from, packed(int(p)));
-    }
-  }
-
-  V1<T> packed(int p) const {
-    const auto begin = std::size_t(m_packed_offset[p]);
-    return Kokkos::subview(m_packed, std::make_pair(begin, begin + std::size_t(m_plan.parameters[p].elements)));
-  }
-
-  /// statistic s <- w1 * statistic s + w2 * (mode-j Gram matrix of the block), for every block and
-  /// dimension this rank stores. The Gram matrix first, then the blend with the reference's
-  /// roundings: folding the weights into the GEMM changes the last bit, which ill-conditioned
-  /// statistics amplify.
-  void update_statistics(const ExecutionSpace& space, double w1, double w2) {
-    ::lather::Impl::ScopedRegion region("Lather::Shampoo::statistics");
-    m_list.clear();
-    std::int64_t used = 0;
-    const auto flush = [&] {
-      m_list.upload(space);
-      m_statistics->blend(space, m_list, m_grams, T(w1), T(w2), m_gram_scratch);
-      m_list.clear();
-      used = 0;
-    };
-    for (std::size_t p = 0; p < m_plan.parameters.size(); ++p) {
-      const auto& pp = m_plan.parameters[p];
-      if (!pp.preconditioned) continue;
-      const int rank = pp.partition.rank();
-      const T* gradient = packed(int(p)).data();
-      for (std::size_t b = 0; b < pp.local_blocks.size(); ++b) {
-        const auto& block = pp.local_blocks[b];
-        for (int j = 0, s = pp.local_block_statistic[b]; j < rank; ++j, ++s) {
-          const int slot = m_slot[s];
-          if (slot < 0) continue;
-          const std::int64_t n = block.size[j];
-          if (used + n * n > m_gram_capacity) flush();
-          std::int64_t before = 1, after = 1;
-          for (int d = 0; d < j; ++d) before *= block.size[d];
-          for (int d = j + 1; d < rank; ++d) after *= block.size[d];
-          const Matrix gram(m_grams.data() + used, n, n);
-          const T* x = gradient + block.packed_offset;
-          if (before == 1) {
-            const ConstMatrix g(x, n, after);
-            ::lather::Impl::gemm(space, "N", "T", T(1), g, g, T(0), gram);
-          } else if (after == 1) {
-            const ConstMatrix g(x, before, n);
-            ::lather::Impl::gemm(space, "T", "N", T(1), g, g, T(0), gram);
-          } else {
-            for (std::int64_t a = 0; a < before; ++a) {
-              const ConstMatrix g(x + a * n * after, n, after);
-              ::lather::Impl::gemm(space, "N", "T", T(1), g, g, a == 0 ? T(0) : T(1), gram);
-            }
-          }
-          m_list.add(slot, int(n), used, int(n));
-          used += n * n;
-        }
-      }
-    }
-    if (m_list.count() > 0) flush();
-  }
-
-  /// Inverse roots of the statistics this rank owns, the exchange that gives every rank the
-  /// metrics (and, replicated, the preconditioners), then the failure rule.
-  void compute_preconditioners(const ExecutionSpace& space) {
-    ::lather::Impl::ScopedRegion region("Lather::Shampoo::inverse_roots");
-    m_roots->compute(space, m_plan, m_mine, m_slot, *m_statistics, *m_preconditioners, m_metrics);
-    if (m_ranks > 1)
-      m_exchange.share_roots(space, m_plan, m_plan.local_statistics, m_owner, m_slot, m_metrics, *m_preconditioners,
-                             !m_sharded);
-    m_roots->check_failures(m_plan, m_plan.local_statistics, m_metrics, m_step);
-  }
-
-  /// direction = the reference's preconditioned_grad: each block contracted with its
-  /// preconditioners in order (tensordot over the leading axis, which returns the axes to their
-  /// order after rank steps), merged back to the parameter's shape.
-  void precondition(const ExecutionSpace& space, int p) {
-    const auto& pp = m_plan.parameters[p];
-    const int rank = pp.partition.rank();
-    // The preconditioners as contiguous matrices: the stored slot itself where it is one (dense,
-    // unpadded), else a copy in m_matrices.
-    const Store& store = m_sharded ? *m_gathered : *m_preconditioners;
-    std::vector<const T*> matrix_of;
-    m_list.clear();
-    std::int64_t used = 0;
-    for (std::size_t b = 0; b < pp.local_blocks.size(); ++b)
-      for (int j = 0, s = pp.local_block_statistic[b]; j < rank; ++j, ++s) {
-        const int n = int(pp.local_blocks[b].size[j]);
-        const int slot = m_sharded ? m_local_index[s] - m_gathered_first : m_slot[s];
-        const T* direct = store.contiguous(slot, n);
-        if (!direct) {
-          m_list.add(slot, n, used, n);
-          direct = m_matrices.data() + used;
-          used += std::int64_t(n) * n;
-        }
-        matrix_of.push_back(direct);
-      }
-    if (m_list.count() > 0) {
-      m_list.upload(space);
-      store.read(space, m_list, m_matrices);
-    }
-    V1<T> current = packed(p), next = m_work;
-    for (std::size_t b = 0, k = 0; b < pp.local_blocks.size(); ++b) {
-      const auto& block = pp.local_blocks[b];
-      current = packed(p);
-      next = m_work;
-      for (int j = 0; j < rank; ++j, ++k) {
-        const std::int64_t n = block.size[j];
-        std::int64_t before = 1, after = 1;
-        for (int d = 0; d < j; ++d) before *= block.size[d];
-        for (int d = j + 1; d < rank; ++d) after *= block.size[d];
-        const ConstMatrix pm(matrix_of[k], n, n);
-        const T* x = current.data() + block.packed_offset;
-        T* y = next.data() + block.packed_offset;
-        if (before == 1) {
-          ::lather::Impl::gemm(space, "T", "N", T(1), pm, ConstMatrix(x, n, after), T(0), Matrix(y, n, after));
-        } else if (after == 1) {
-          ::lather::Impl::gemm(space, "N", "N", T(1), ConstMatrix(x, before, n), pm, T(0), Matrix(y, before, n));
-        } else {
-          for (std::int64_t a = 0; a < before; ++a)
-            ::lather::Impl::gemm(space, "T", "N", T(1), pm, ConstMatrix(x + a * n * after, n, after), T(0),
-                                 Matrix(y + a * n * after, n, after));
-        }
-        std::swap(current, next);
-      }
-    }
-    const V1<const T> result = current;
-    repack_blocks<ExecutionSpace, T, Scalar, memory_space>(space, m_local[p].blocks, false, result, m_direction);
-  }
-
-  void update_parameter(const ExecutionSpace& space, int p, const V1<Scalar>& param, const V1<Scalar>& grad,
-                        double lr, long t);
+  void allocate_stores(const ExecutionSpace& space);
+  void allocate_state(const ExecutionSpace& space);
+  StepScalars<Scalar> step_scalars(long t) const;
+  UpdateElement<Scalar, T, memory_space> update_element(const StepScalars<Scalar>& c) const;
+  void compute_preconditioners(const ExecutionSpace& space, Phases& phases);
+  std::vector<Sums2> parameter_norms(const ExecutionSpace& space);
+  void set_gradient_scales(const ExecutionSpace& space, const std::vector<Sums2>& gradient_norm2);
+  void set_multipliers(const ExecutionSpace& space, const std::vector<Sums2>& norms2, double lr);
+  bool sums_over_shards(int p) const;
+  bool split_by_rows(int p) const;
+  void upload_parameter_scalars(const ExecutionSpace& space);
+  std::vector<std::size_t> part_counts() const;
 
   // ---- members ----------------------------------------------------------------------------------
 
   ShampooOptions m_options;
   ShampooPlan m_plan;
+  StepPlan m_step_plan;
   comm::Group m_group;
   comm::Group m_shards;  // ranks holding the other slices of split parameters
-  int m_ranks = 1, m_rank = 0;
-  bool m_sharded = false;
-  std::vector<int> m_owner;        // per statistic: rank computing its root (-1: another shard's)
-  std::vector<int> m_local_index;  // per statistic: position in m_plan.local_statistics, or -1
-  std::vector<int> m_slot;         // per statistic: slot in the stores, -1 if not stored here
-  std::vector<int> m_stored;       // statistics stored here, by slot
-  std::vector<int> m_mine;         // statistics whose roots this rank computes
-  std::vector<Chunk> m_chunks;
-  int m_gathered_first = 0;
+  std::vector<int> m_mine;  // statistics whose roots this rank computes
   long m_step = 0;
 
-  std::unique_ptr<Store> m_statistics, m_preconditioners, m_gathered;
+  std::unique_ptr<Store> m_statistics, m_preconditioners;
   std::unique_ptr<RootPhase<ExecutionSpace, T>> m_roots;
+  std::unique_ptr<BlockProducts<ExecutionSpace, T>> m_products;
   RootExchange<ExecutionSpace, T> m_exchange;
-  std::vector<LocalState> m_local;
   std::vector<StatisticMetrics> m_metrics;
 
-  SlotList<memory_space> m_list;
-  std::vector<std::int64_t> m_packed_offset;
-  std::int64_t m_gram_capacity = 1;
-  V1<T> m_packed, m_work, m_matrices, m_grams, m_gram_scratch;
-  V1<Scalar> m_graft, m_direction, m_momentum_work, m_diagonal_momentum_work;
+  // The units this rank updates (packed order) and, distributed, every unit in gather order.
+  UnitTable<memory_space> m_mine_table, m_all_table;
+  PointerTable<Scalar, memory_space> m_values, m_gradients;
+  std::vector<ParameterScalars<Scalar>> m_parameter_scalars_host;
+  V1<ParameterScalars<Scalar>> m_parameter_scalars;
+  V1<Sums2> m_unit_norms;
+  typename V1<Sums2>::HostMirror m_unit_norms_host;
 
-  std::vector<double> m_gradient_norm2;
-  // Host mirrors of host-side state, for state_arrays().
+  // Packed per-element buffers over this rank's units, and the per-element state.
+  V1<Scalar> m_packed, m_graft, m_diagonal, m_momentum, m_diagonal_momentum, m_outgoing, m_incoming;
+  V1<T> m_packed_t, m_work, m_direction;
+  V1<std::int8_t> m_momentum_codes, m_diagonal_momentum_codes;
+  /// int8 momentum: the column scales [momentum columns | diagonal momentum columns], current and
+  /// being computed.
+  V1<Scalar> m_scales[2];
+  std::int64_t m_quantized_columns = 0;
+  std::int64_t m_row_split_columns = 0;  // of those, the columns of tensors split by rows
+
+  bool m_measure = false;
+  std::map<std::string, double> m_phase_seconds;
+  long m_root_gemm_calls = 0;
+
+  // Host copies for state_arrays() and the full-shape state they describe.
   std::int64_t m_step_host = 0;
   std::vector<std::int32_t> m_exponents_host, m_failures_host;
   std::vector<double> m_errors_host;
+  std::vector<V1<Scalar>> m_state_scalars;
+  std::vector<V1<std::int8_t>> m_state_codes;
 };
-
-template <class ExecutionSpace, class Scalar, class T>
-void ShampooEngine<ExecutionSpace, Scalar, T>::update_parameter(const ExecutionSpace& space, int p,
-                                                               const V1<Scalar>& param, const V1<Scalar>& grad,
-                                                               double lr, long t) {
-  const auto& pp = m_plan.parameters[p];
-  auto& l = m_local[p];
-  const auto& o = m_options;
-  const std::int64_t elements = pp.elements;
-  const auto graft = Kokkos::subview(m_graft, std::pair<std::int64_t, std::int64_t>(0, elements));
-  const auto direction = Kokkos::subview(m_direction, std::pair<std::int64_t, std::int64_t>(0, elements));
-
-  UpdateScalars<Scalar> s;
-  s.graft = int(o.graft_type);
-  s.beta1 = Scalar(o.beta1);
-  s.w1 = Scalar(o.beta2);
-  s.w2 = Scalar(o.beta2 == 1.0 ? 1.0 : 1.0 - o.beta2);
-  s.diagonal_epsilon = Scalar(o.diagonal_epsilon);
-  const V1<const Scalar> g = grad;
-  if (o.graft_type == GraftType::adagrad_normalized || o.graft_type == GraftType::rmsprop_normalized)
-    s.gradient_scale = Scalar(1.0 / (std::sqrt(m_gradient_norm2[p]) + 1e-16));
-  graft_direction<ExecutionSpace, Scalar, memory_space>(space, s, g, l.diagonal, graft);
-  // Squared norms of the graft and of the preconditioned gradient (summed over the shards for a
-  // split tensor, so that it is grafted as a whole).
-  std::vector<double> norms2 = {squared_norm<ExecutionSpace, Scalar, memory_space>(space, graft), 0.0};
-  if (pp.preconditioned) {
-    precondition(space, p);
-    norms2[1] = squared_norm<ExecutionSpace, Scalar, memory_space>(space, direction);
-  }
-  if (sums_over_shards(p)) m_shards.allreduce(norms2, comm::Combine::sum);
-  const double graft_norm_raw = std::sqrt(norms2[0]);
-  double graft_multiplier = 1.0;
-  if ((o.graft_type == GraftType::rmsprop || o.graft_type == GraftType::rmsprop_normalized) &&
-      o.clip_by_scaled_gradient_norm > 0) {
-    const double scaled_norm = graft_norm_raw / std::sqrt(double(element_count(pp.spec.global())));
-    graft_multiplier = 1.0 / std::max(1.0, scaled_norm / o.clip_by_scaled_gradient_norm);
-  }
-  if (!o.decoupled_learning_rate) graft_multiplier *= lr;
-  const double graft_norm = graft_norm_raw * graft_multiplier;
-
-  double shampoo_multiplier;
-  V1<const Scalar> dir;
-  if (pp.preconditioned) {
-    shampoo_multiplier = graft_norm / (std::sqrt(norms2[1]) + 1e-16);
-    dir = direction;
-  } else {
-    // The reference sets precond_grad = grafting_update for parameters it skips.
-    shampoo_multiplier = graft_multiplier * (graft_norm / (graft_norm + 1e-16));
-    dir = graft;
-  }
-  s.graft_multiplier = Scalar(graft_multiplier);
-  s.shampoo_multiplier = Scalar(shampoo_multiplier);
-  s.weight_decay = Scalar(o.weight_decay);
-  s.decoupled_weight_decay = o.decoupled_weight_decay;
-  s.momentum_weight = Scalar(o.moving_average_for_momentum ? 1.0 - o.beta1 : 1.0);
-  s.run_shampoo = t >= o.start_preconditioning_step;
-  s.nesterov = o.nesterov;
-  s.lr = Scalar(lr);
-  s.update_multiplier = Scalar(o.decoupled_learning_rate ? lr : 1.0);
-
-  if (pp.quantized_momentum) {
-    const std::int64_t rows = pp.spec.shape[0], columns = elements / rows;
-    const auto m = Kokkos::subview(m_momentum_work, std::pair<std::int64_t, std::int64_t>(0, elements));
-    const auto dm = Kokkos::subview(m_diagonal_momentum_work, std::pair<std::int64_t, std::int64_t>(0, elements));
-    dequantize_columns<ExecutionSpace, Scalar, std::int8_t>(space, l.momentum_codes, l.momentum_scales, rows, columns,
-                                                            m);
-    dequantize_columns<ExecutionSpace, Scalar, std::int8_t>(space, l.diagonal_momentum_codes,
-                                                            l.diagonal_momentum_scales, rows, columns, dm);
-    apply_update<ExecutionSpace, Scalar, memory_space>(space, s, graft, dir, m, dm, param);
-    quantize_columns<ExecutionSpace, Scalar, std::int8_t>(space, m, rows, columns, l.momentum_codes, l.momentum_scales);
-    quantize_columns<ExecutionSpace, Scalar, std::int8_t>(space, dm, rows, columns, l.diagonal_momentum_codes,
-                                                          l.diagonal_momentum_scales);
-  } else {
-    apply_update<ExecutionSpace, Scalar, memory_space>(space, s, graft, dir, l.momentum, l.diagonal_momentum, param);
-  }
-}
 
 }  // namespace lather::optim::Impl
 
-#include <lather/optim/impl/shampoo_state.hpp>
+#include <lather/optim/impl/shampoo_engine_state.hpp>
+#include <lather/optim/impl/shampoo_engine_step.hpp>

@@ -46,12 +46,32 @@ StateMemoryReport Shampoo<ExecutionSpace, Scalar>::memory_report() const {
   return m_engine->memory_report();
 }
 template <class ExecutionSpace, class Scalar>
-auto Shampoo<ExecutionSpace, Scalar>::state_arrays() -> std::vector<StateArray<memory_space>> {
-  return m_engine->state_arrays();
+auto Shampoo<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> std::vector<StateArray<memory_space>> {
+  return m_engine->state_arrays(space);
 }
 template <class ExecutionSpace, class Scalar>
-void Shampoo<ExecutionSpace, Scalar>::state_restored(long step_count) {
-  m_engine->state_restored(step_count);
+void Shampoo<ExecutionSpace, Scalar>::state_restored(const ExecutionSpace& space, long step_count) {
+  m_engine->state_restored(space, step_count);
+}
+template <class ExecutionSpace, class Scalar>
+void Shampoo<ExecutionSpace, Scalar>::state_released() {
+  m_engine->state_released();
+}
+template <class ExecutionSpace, class Scalar>
+bool Shampoo<ExecutionSpace, Scalar>::distributed() const {
+  return m_engine->distributed();
+}
+template <class ExecutionSpace, class Scalar>
+void Shampoo<ExecutionSpace, Scalar>::measure_phases(bool on) {
+  m_engine->measure_phases(on);
+}
+template <class ExecutionSpace, class Scalar>
+std::vector<std::pair<std::string, double>> Shampoo<ExecutionSpace, Scalar>::phase_seconds() const {
+  return m_engine->phase_seconds();
+}
+template <class ExecutionSpace, class Scalar>
+long Shampoo<ExecutionSpace, Scalar>::gemm_launches() const {
+  return m_engine->gemm_launches();
 }
 template <class ExecutionSpace, class Scalar>
 const ShampooOptions& Shampoo<ExecutionSpace, Scalar>::options() const {

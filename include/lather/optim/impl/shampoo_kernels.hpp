@@ -1,10 +1,14 @@
 #pragma once
-// Kernels of the Shampoo step: block packing and the element-wise graft, momentum and update
-// passes, following the reference's `_transform_grad` term by term.
+// The element-wise passes of a Shampoo step, each one kernel over all the units a rank updates
+// (whatever the parameters they belong to): gather the gradient into the packed buffer (with its
+// squared norms), the graft direction (with the squared norms grafting needs), the momentum and
+// parameter update following the reference's `_transform_grad` term by term, and the scatter of
+// packed values back into the parameters. Units are described on the device by a UnitTable; the
+// parameters are reached through a table of their pointers.
 
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
-#include <lather/optim/partition.hpp>
+#include <lather/optim/impl/shampoo_plan.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -18,204 +22,265 @@ namespace kmath = ::lather::Impl::kmath;
 
 constexpr int max_block_rank = 8;
 
-/// A parameter's blocks on the device: per block its packed offset, per-dimension offsets and
-/// sizes; plus the strides of the interpreted shape.
-template <class MemorySpace>
-struct BlockTable {
-  Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemorySpace> table;  // [blocks, 1 + 2 * rank]
-  std::int64_t strides[max_block_rank] = {};
-  int rank = 0;
-  int blocks = 0;
+/// Two sums in double, reduced together inside a team.
+struct Sums2 {
+  double a = 0, b = 0;
+  Sums2() = default;
+  KOKKOS_INLINE_FUNCTION Sums2(double x, double y) : a(x), b(y) {}
+  KOKKOS_INLINE_FUNCTION Sums2& operator+=(const Sums2& other) {
+    a += other.a;
+    b += other.b;
+    return *this;
+  }
+#if KOKKOS_VERSION < 40000
+  // Kokkos 3 reduces custom types through volatile references on some backends.
+  KOKKOS_INLINE_FUNCTION void operator+=(const volatile Sums2& other) volatile {
+    a += other.a;
+    b += other.b;
+  }
+#endif
 };
 
-/// The table of `blocks` of a tensor of (interpreted) shape `shape`, uploaded on `space`.
+}  // namespace lather::optim::Impl
+
+namespace Kokkos {
+template <>
+struct reduction_identity<lather::optim::Impl::Sums2> {
+  KOKKOS_FORCEINLINE_FUNCTION static lather::optim::Impl::Sums2 sum() { return lather::optim::Impl::Sums2(0, 0); }
+};
+}  // namespace Kokkos
+
+namespace lather::optim::Impl {
+
+/// A list of units on the device. Row k: the parameter, where the unit starts in the packed
+/// buffer the kernel works on, the rank of its box (0: a range [begin, begin + elements) of the
+/// flat tensor), begin, elements, where its per-element state starts (its kind's buffer), then
+/// the box's offsets and sizes in the parameter's interpreted local shape.
+template <class MemorySpace>
+struct UnitTable {
+  enum Column : int { parameter, packed, rank, begin, elements, state, offsets, sizes = offsets + max_block_rank };
+  static constexpr int columns = sizes + max_block_rank;
+  Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemorySpace> units;
+  /// Per parameter: the strides of its interpreted local shape.
+  Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemorySpace> strides;
+  int count = 0;
+};
+
+/// The table of `units` (indices into step.units, in this order) with unit u starting at packed
+/// offset `packed[k]` and its state at `state[k]`; uploaded on `space`.
 template <class ExecutionSpace, class MemorySpace = typename ExecutionSpace::memory_space>
-BlockTable<MemorySpace> make_block_table(const ExecutionSpace& space, const TensorShape& shape,
-                                         const std::vector<Block>& blocks, const std::string& label) {
-  BlockTable<MemorySpace> t;
-  t.rank = int(shape.size());
-  t.blocks = int(blocks.size());
-  LATHER_REQUIRE(t.rank <= max_block_rank, "Shampoo supports tensors of rank <= ", max_block_rank,
-                 " after shape interpretation, got ", t.rank, " for ", label);
-  std::int64_t stride = 1;
-  for (int d = t.rank - 1; d >= 0; --d) {
-    t.strides[d] = stride;
-    stride *= shape[d];
-  }
-  t.table = Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemorySpace>(
-      Kokkos::view_alloc(space, "Lather::Shampoo::block_table"), std::max(t.blocks, 1), 1 + 2 * t.rank);
-  auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), t.table);
-  for (int b = 0; b < t.blocks; ++b) {
-    const auto& block = blocks[b];
-    host(b, 0) = block.packed_offset;
-    for (int d = 0; d < t.rank; ++d) {
-      host(b, 1 + d) = block.offset[d];
-      host(b, 1 + t.rank + d) = block.size[d];
+UnitTable<MemorySpace> make_unit_table(const ExecutionSpace& space, const ShampooPlan& plan, const StepPlan& step,
+                                       const std::vector<int>& units, const std::vector<std::int64_t>& packed,
+                                       const std::vector<std::int64_t>& state) {
+  using Table = UnitTable<MemorySpace>;
+  Table t;
+  t.count = int(units.size());
+  t.units = decltype(t.units)(Kokkos::view_alloc(space, "Lather::Shampoo::units"), std::max(t.count, 1),
+                              std::size_t(Table::columns));
+  t.strides = decltype(t.strides)(Kokkos::view_alloc(space, "Lather::Shampoo::strides"),
+                                  std::max<std::size_t>(plan.parameters.size(), 1), std::size_t(max_block_rank));
+  auto units_host = Kokkos::create_mirror_view(Kokkos::HostSpace(), t.units);
+  auto strides_host = Kokkos::create_mirror_view(Kokkos::HostSpace(), t.strides);
+  Kokkos::deep_copy(units_host, 0);
+  Kokkos::deep_copy(strides_host, 0);
+  for (std::size_t p = 0; p < plan.parameters.size(); ++p) {
+    const auto& shape = plan.parameters[p].local_shape;
+    LATHER_REQUIRE(shape.size() <= std::size_t(max_block_rank), "Shampoo supports tensors of rank <= ",
+                   max_block_rank, " after shape interpretation, got ", shape.size(), " for ",
+                   plan.parameters[p].spec.name);
+    std::int64_t stride = 1;
+    for (int d = int(shape.size()) - 1; d >= 0; --d) {
+      strides_host(p, d) = stride;
+      stride *= shape[d];
     }
   }
-  Kokkos::deep_copy(space, t.table, host);
-  ::lather::Impl::fence(space, "Lather::Shampoo::make_block_table: uploaded");
+  for (int k = 0; k < t.count; ++k) {
+    const auto& unit = step.units[units[k]];
+    units_host(k, Table::parameter) = unit.parameter;
+    units_host(k, Table::packed) = packed[k];
+    units_host(k, Table::state) = state[k];
+    units_host(k, Table::elements) = unit.elements;
+    if (unit.block < 0) {
+      units_host(k, Table::rank) = 0;
+      units_host(k, Table::begin) = unit.begin;
+      continue;
+    }
+    const auto& block = plan.parameters[unit.parameter].local_blocks[std::size_t(unit.block)];
+    units_host(k, Table::rank) = std::int64_t(block.size.size());
+    for (std::size_t d = 0; d < block.size.size(); ++d) {
+      units_host(k, Table::offsets + d) = block.offset[d];
+      units_host(k, Table::sizes + d) = block.size[d];
+    }
+  }
+  Kokkos::deep_copy(space, t.units, units_host);
+  Kokkos::deep_copy(space, t.strides, strides_host);
+  ::lather::Impl::fence(space, "Lather::Shampoo::make_unit_table: uploaded");
   return t;
 }
 
-/// Tensor strides captured by value into repack_blocks' kernel. At namespace scope because nvcc
-/// rejects a function-local type in the captures of an extended __host__ __device__ lambda.
-struct BlockStrides {
-  std::int64_t s[max_block_rank];
-};
-
-/// Moves elements between a tensor (row-major in its interpreted shape) and the packed buffer in
-/// which every block is contiguous and row-major. to_packed: packed = Out(tensor); else the reverse.
-template <class ExecutionSpace, class In, class Out, class MemorySpace>
-void repack_blocks(const ExecutionSpace& space, const BlockTable<MemorySpace>& t, bool to_packed,
-                   const Kokkos::View<const In*, MemorySpace>& from,
-                   const Kokkos::View<Out*, MemorySpace>& to) {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  const auto table = t.table;
-  const int rank = t.rank;
-  BlockStrides st;  // captured by value into the kernel
-  for (int d = 0; d < max_block_rank; ++d) st.s[d] = t.strides[d];
-  Kokkos::parallel_for(
-      "Lather::Shampoo::repack_blocks", Kokkos::TeamPolicy<ExecutionSpace>(space, t.blocks, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const int b = member.league_rank();
-        const std::int64_t packed = table(b, 0);
-        const std::int64_t last = table(b, 2 * rank);  // size of the last dimension
-        std::int64_t rows = 1;
-        for (int d = 0; d < rank - 1; ++d) rows *= table(b, 1 + rank + d);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, rows), [&](std::int64_t row) {
-          // Global offset of this row of the block: decompose row over dims 0..rank-2.
-          std::int64_t rest = row, global = table(b, 1 + rank - 1) * st.s[rank - 1];
-          for (int d = rank - 2; d >= 0; --d) {
-            const std::int64_t extent = table(b, 1 + rank + d);
-            global += (table(b, 1 + d) + rest % extent) * st.s[d];
-            rest /= extent;
-          }
-          const std::int64_t base = packed + row * last;
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, last), [&](std::int64_t j) {
-            if (to_packed)
-              to(base + j) = Out(from(global + j));
-            else
-              to(global + j) = Out(from(base + j));
-          });
-        });
+/// Calls f(packed, flat, count) over the elements of unit k of the table in runs: packed indices
+/// packed .. packed + count - 1 and flat indices flat .. flat + count - 1 are one run. On the host
+/// a run is a row of the box (or a piece of a range), a loop the pass writes with restrict
+/// pointers so that it vectorises; on a device every vector lane gets one element (count 1).
+template <class ExecutionSpace, class MemorySpace, class Member, class F>
+KOKKOS_INLINE_FUNCTION void for_unit_runs(const Member& member, const UnitTable<MemorySpace>& t, int k, const F& f) {
+  using Table = UnitTable<MemorySpace>;
+  constexpr bool host = ::lather::Impl::runs_on_host<ExecutionSpace>;
+  const std::int64_t packed = t.units(k, Table::packed);
+  const int rank = int(t.units(k, Table::rank));
+  const std::int64_t elements = t.units(k, Table::elements);
+  if (rank == 0) {
+    const std::int64_t begin = t.units(k, Table::begin);
+    if constexpr (host) {
+      constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, (elements + run - 1) / run), [&](std::int64_t r) {
+        const std::int64_t e = r * run;
+        f(packed + e, begin + e, e + run < elements ? run : elements - e);
       });
+    } else {
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements),
+                           [&](std::int64_t e) { f(packed + e, begin + e, std::int64_t(1)); });
+    }
+    return;
+  }
+  const int p = int(t.units(k, Table::parameter));
+  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements / last), [&](std::int64_t row) {
+    // The flat index of this row's first element: decompose the row over dimensions 0..rank-2.
+    std::int64_t rest = row, flat = t.units(k, Table::offsets + rank - 1) * t.strides(p, rank - 1);
+    for (int d = rank - 2; d >= 0; --d) {
+      const std::int64_t extent = t.units(k, Table::sizes + d);
+      flat += (t.units(k, Table::offsets + d) + rest % extent) * t.strides(p, d);
+      rest /= extent;
+    }
+    const std::int64_t base = packed + row * last;
+    if constexpr (host)
+      f(base, flat, last);
+    else
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, last),
+                           [&](std::int64_t j) { f(base + j, flat + j, std::int64_t(1)); });
+  });
 }
 
-/// Sum of squares, accumulated in double (so that squares of any finite float stay finite: the
-/// result is finite exactly when every entry is). On the host the loop runs in eight independent
-/// lanes per chunk, which the compiler vectorizes; a plain reduction would not be.
-template <class ExecutionSpace, class T, class MemorySpace>
-double squared_norm(const ExecutionSpace& space, const Kokkos::View<const T*, MemorySpace>& x) {
-  const std::int64_t n = std::int64_t(x.extent(0));
-  double sum = 0;
-  if constexpr (::lather::Impl::host_accessible<MemorySpace>) {
-    constexpr std::int64_t chunk = 1024;
-    const T* data = x.data();
-    Kokkos::parallel_reduce(
-        "Lather::Shampoo::squared_norm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, (n + chunk - 1) / chunk),
-        KOKKOS_LAMBDA(std::int64_t c, double& acc) {
-          const std::int64_t begin = c * chunk, end = begin + chunk < n ? begin + chunk : n;
-          double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          std::int64_t k = begin;
-          for (; k + 8 <= end; k += 8)
-            for (int j = 0; j < 8; ++j) lanes[j] += double(data[k + j]) * double(data[k + j]);
-          double rest = 0;
-          for (; k < end; ++k) rest += double(data[k]) * double(data[k]);
-          acc += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + rest;
-        },
-        sum);
-  } else {
-    Kokkos::parallel_reduce(
-        "Lather::Shampoo::squared_norm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
-        KOKKOS_LAMBDA(std::int64_t k, double& acc) { acc += double(x(k)) * double(x(k)); }, sum);
+/// for_unit_runs with f(packed, flat, count, Sums2& sums) accumulating; returns the team's total.
+template <class ExecutionSpace, class MemorySpace, class Member, class F>
+KOKKOS_INLINE_FUNCTION Sums2 reduce_unit_runs(const Member& member, const UnitTable<MemorySpace>& t, int k,
+                                              const F& f) {
+  using Table = UnitTable<MemorySpace>;
+  constexpr bool host = ::lather::Impl::runs_on_host<ExecutionSpace>;
+  const std::int64_t packed = t.units(k, Table::packed);
+  const int rank = int(t.units(k, Table::rank));
+  const std::int64_t elements = t.units(k, Table::elements);
+  Sums2 total;
+  if (rank == 0) {
+    const std::int64_t begin = t.units(k, Table::begin);
+    if constexpr (host) {
+      constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
+      Kokkos::parallel_reduce(
+          Kokkos::TeamThreadRange(member, (elements + run - 1) / run),
+          [&](std::int64_t r, Sums2& sums) {
+            const std::int64_t e = r * run;
+            f(packed + e, begin + e, e + run < elements ? run : elements - e, sums);
+          },
+          Kokkos::Sum<Sums2>(total));
+    } else {
+      Kokkos::parallel_reduce(
+          Kokkos::TeamThreadRange(member, elements),
+          [&](std::int64_t e, Sums2& sums) { f(packed + e, begin + e, std::int64_t(1), sums); },
+          Kokkos::Sum<Sums2>(total));
+    }
+    return total;
   }
+  const int p = int(t.units(k, Table::parameter));
+  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(member, elements / last),
+      [&](std::int64_t row, Sums2& sums) {
+        std::int64_t rest = row, flat = t.units(k, Table::offsets + rank - 1) * t.strides(p, rank - 1);
+        for (int d = rank - 2; d >= 0; --d) {
+          const std::int64_t extent = t.units(k, Table::sizes + d);
+          flat += (t.units(k, Table::offsets + d) + rest % extent) * t.strides(p, d);
+          rest /= extent;
+        }
+        const std::int64_t base = packed + row * last;
+        if constexpr (host) {
+          f(base, flat, last, sums);
+        } else {
+          Sums2 row_sums;
+          Kokkos::parallel_reduce(
+              Kokkos::ThreadVectorRange(member, last),
+              [&](std::int64_t j, Sums2& s) { f(base + j, flat + j, std::int64_t(1), s); },
+              Kokkos::Sum<Sums2>(row_sums));
+          sums += row_sums;
+        }
+      },
+      Kokkos::Sum<Sums2>(total));
+  return total;
+}
+
+/// The sum of x[k]^2 for k < n in double, in eight interleaved partial sums (a fixed order, so the
+/// result depends on the run only): the host compiler vectorises it without reassociating.
+template <class V>
+KOKKOS_INLINE_FUNCTION double sum_of_squares(const V* KOKKOS_RESTRICT x, std::int64_t n) {
+  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += double(x[k + l]) * double(x[k + l]);
+  double sum = 0;
+  for (; k < n; ++k) sum += double(x[k]) * double(x[k]);
+  for (int l = 0; l < 8; ++l) sum += lanes[l];
   return sum;
 }
 
-/// The scalars of one parameter's update, as the reference computes them.
-template <class T>
-struct UpdateScalars {
-  int graft = 0;  // GraftType as int
-  T beta1 = 0, w1 = 0, w2 = 0, diagonal_epsilon = 0;
-  T graft_multiplier = 1;    // lr unless decoupled_learning_rate; times 1/clipping denominator
-  T gradient_scale = 1;      // 1 / (|g| + 1e-16) for the normalized grafts
-  T shampoo_multiplier = 1;  // |graft| / (|preconditioned| + 1e-16)
-  T weight_decay = 0;
-  bool decoupled_weight_decay = false;
-  T momentum_weight = 1;  // 1 - beta1 with moving_average_for_momentum
-  bool run_shampoo = false;
-  bool nesterov = false;
-  T lr = 0;
-  T update_multiplier = 1;  // lr when decoupled_learning_rate
+/// Pointers to the tensors of a list, on the device: kernels reach every parameter through them.
+template <class Scalar, class MemorySpace>
+class PointerTable {
+ public:
+  /// Uploads the list's pointers when they differ from the last ones (on `space`).
+  template <class ExecutionSpace, class Tensors>
+  void update(const ExecutionSpace& space, const Tensors& tensors) {
+    std::vector<std::uintptr_t> pointers;
+    for (const auto& t : tensors) pointers.push_back(reinterpret_cast<std::uintptr_t>(t.data()));
+    if (pointers == m_host) return;
+    m_host = pointers;
+    if (m_device.extent(0) < pointers.size())
+      m_device = Kokkos::View<std::uintptr_t*, MemorySpace>("Lather::Shampoo::pointers", pointers.size());
+    Kokkos::deep_copy(space, Kokkos::subview(m_device, std::make_pair(std::size_t(0), pointers.size())),
+                      Kokkos::View<const std::uintptr_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                          m_host.data(), m_host.size()));
+    ::lather::Impl::fence(space, "Lather::Shampoo::PointerTable: uploaded");
+  }
+  Kokkos::View<const std::uintptr_t*, MemorySpace> device() const { return m_device; }
+
+ private:
+  std::vector<std::uintptr_t> m_host;
+  Kokkos::View<std::uintptr_t*, MemorySpace> m_device;
 };
 
-/// First pass: the graft direction (before multipliers) into `graft`, the new diagonal statistics
-/// into `diagonal` (AdaGrad and RMSProp grafts).
-template <class ExecutionSpace, class T, class MemorySpace>
-void graft_direction(const ExecutionSpace& space, const UpdateScalars<T>& s,
-                     const Kokkos::View<const T*, MemorySpace>& grad,
-                     const Kokkos::View<T*, MemorySpace>& diagonal,
-                     const Kokkos::View<T*, MemorySpace>& graft) {
-  // GraftType: 0 sgd, 1 adagrad, 2 rmsprop, 3 rmsprop_normalized, 4 sqrt_n, 5 adagrad_normalized
-  const int kind = s.graft;
-  const T scale = s.gradient_scale, w1 = s.w1, w2 = s.w2, eps = s.diagonal_epsilon;
-  Kokkos::parallel_for(
-      "Lather::Shampoo::graft_direction", Kokkos::RangePolicy<ExecutionSpace>(space, 0, grad.extent(0)),
-      KOKKOS_LAMBDA(std::int64_t k) {
-        const T g = grad(k);
-        if (kind == 1 || kind == 5) {
-          const T sg = kind == 5 ? g * scale : g;
-          const T d = diagonal(k) + sg * sg;
-          diagonal(k) = d;
-          graft(k) = sg / (kmath::sqrt(d) + eps);
-        } else if (kind == 2 || kind == 3) {
-          const T sg = kind == 3 ? g * scale : g;
-          const T d = w1 * diagonal(k) + w2 * sg * sg;
-          diagonal(k) = d;
-          graft(k) = sg / (kmath::sqrt(d) + eps);
-        } else if (kind == 4) {
-          graft(k) = g > T(0) ? T(1) : (g < T(0) ? T(-1) : T(0));
-        } else {
-          graft(k) = g;
-        }
-      });
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION Scalar* tensor(const std::uintptr_t pointer) {
+  return reinterpret_cast<Scalar*>(pointer);
 }
 
-/// Final pass: momentum, Nesterov, weight decay and the parameter update, term by term as the
-/// reference's _transform_grad; `direction` is the preconditioned gradient (or the graft again
-/// for parameters Shampoo skips). momentum / diagonal_momentum are updated in place.
-template <class ExecutionSpace, class T, class MemorySpace>
-void apply_update(const ExecutionSpace& space, const UpdateScalars<T>& s,
-                  const Kokkos::View<const T*, MemorySpace>& graft,
-                  const Kokkos::View<const T*, MemorySpace>& direction,
-                  const Kokkos::View<T*, MemorySpace>& momentum,
-                  const Kokkos::View<T*, MemorySpace>& diagonal_momentum,
-                  const Kokkos::View<T*, MemorySpace>& param) {
-  const UpdateScalars<T> c = s;
-  Kokkos::parallel_for(
-      "Lather::Shampoo::apply_update", Kokkos::RangePolicy<ExecutionSpace>(space, 0, param.extent(0)),
-      KOKKOS_LAMBDA(std::int64_t k) {
-        const T p = param(k);
-        const T grafting_update = graft(k) * c.graft_multiplier;
-        const T shampoo_update = direction(k) * c.shampoo_multiplier;
-        T shampoo_with_wd = shampoo_update, grafting_with_wd = grafting_update;
-        if (c.weight_decay != T(0) && !c.decoupled_weight_decay) {
-          shampoo_with_wd = shampoo_update + c.weight_decay * p;
-          grafting_with_wd = grafting_update + c.weight_decay * p;
-        }
-        const T shampoo_momentum = momentum(k) * c.beta1 + c.momentum_weight * shampoo_with_wd;
-        const T grafting_momentum = diagonal_momentum(k) * c.beta1 + c.momentum_weight * grafting_with_wd;
-        const T momentum_update = c.run_shampoo ? shampoo_momentum : grafting_momentum;
-        const T wd_update = c.run_shampoo ? shampoo_with_wd : grafting_with_wd;
-        T nesterov_update = momentum_update;
-        if (c.nesterov) nesterov_update = c.momentum_weight * wd_update + c.beta1 * momentum_update;
-        if (c.weight_decay != T(0) && c.decoupled_weight_decay)
-          nesterov_update = nesterov_update + c.lr * c.weight_decay * p;
-        param(k) = p + T(-1) * c.update_multiplier * nesterov_update;
-        momentum(k) = shampoo_momentum;
-        diagonal_momentum(k) = grafting_momentum;
-      });
-}
+/// What differs between parameters in a step, per parameter on the device.
+template <class Scalar>
+struct ParameterScalars {
+  Scalar gradient_scale = 1;      // 1 / (|g| + 1e-16) for the normalized grafts
+  Scalar graft_multiplier = 1;    // lr unless decoupled_learning_rate; times 1/clipping denominator
+  Scalar shampoo_multiplier = 1;  // |graft| / (|preconditioned| + 1e-16)
+  int preconditioned = 0;         // 0: the graft is the direction (the reference's skip rules)
+  int quantized = 0;              // int8 momentum with per-column scales
+  std::int64_t columns = 1;       // quantized: columns of the [rows, columns] view of the tensor
+  std::int64_t column_base = 0;   // quantized: where its scales start in the scale buffers
+};
+
+/// The scalars every parameter shares.
+template <class Scalar>
+struct StepScalars {
+  int graft = 0;  // GraftType as int
+  Scalar w1 = 0, w2 = 0, diagonal_epsilon = 0;
+  Scalar beta1 = 0, weight_decay = 0, momentum_weight = 1, lr = 0, update_multiplier = 1;
+  bool decoupled_weight_decay = false, run_shampoo = false, nesterov = false;
+};
 
 }  // namespace lather::optim::Impl

@@ -45,4 +45,50 @@ struct ShampooPlan {
 
 ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const ShampooOptions& options);
 
+/// A piece of a parameter that one rank updates whole: a block of a preconditioned parameter
+/// (its statistics go with it), or a range of the flattened tensor of a parameter on the graft
+/// path (large ones are cut so that the ranks can share them).
+struct WorkUnit {
+  int parameter = 0;
+  int block = -1;            ///< index into ParameterPlan::local_blocks; -1: a range of the flat tensor
+  std::int64_t begin = 0;    ///< graft path: first element of the range
+  std::int64_t elements = 0;
+  double cost = 0;           ///< relative time of its share of a step, for balancing
+};
+
+/// Preconditioned units of one rank with blocks of the same shape: their products go through
+/// one batched call per dimension. The statistics of dimension j of the group's k-th unit sit in
+/// slot first_slot + j * units.size() + k.
+struct ShapeGroup {
+  std::vector<std::int64_t> size;  ///< the blocks' extents
+  std::vector<int> units;          ///< indices into StepPlan::units
+  int first_slot = 0;
+};
+
+/// Who updates what in a step, the same on every rank of a data-parallel group. Replicated: one
+/// part (every rank updates every unit; the roots are split by root_owner and exchanged).
+/// Distributed: the units are split into one part per rank by greedy longest-processing-time on
+/// their cost, and each rank computes the roots of its units' statistics.
+struct StepPlan {
+  bool distributed = false;
+  int parts = 1;                           ///< ranks the units are split over (1: replicated)
+  int part = 0;                            ///< this rank's part
+  std::vector<WorkUnit> units;             ///< every unit of this rank's shard, in parameter order
+  std::vector<int> owner;                  ///< per unit: its part
+  std::vector<std::vector<int>> order;     ///< per part: its units in packed order (shape groups first)
+  std::vector<std::int64_t> packed_offset; ///< per unit: where it starts in its part's packed buffer
+  std::vector<std::int64_t> part_elements; ///< per part: elements it updates
+  std::vector<ShapeGroup> groups;          ///< this rank's preconditioned units by block shape
+  std::vector<int> slot;                   ///< per global statistic: slot on this rank, -1 if not here
+  std::vector<int> stored;                 ///< statistics stored on this rank, by slot
+  std::vector<int> root_owner;             ///< per global statistic: rank computing its root (-1: other shard)
+
+  const std::vector<int>& mine() const { return order[part]; }
+  std::int64_t my_elements() const { return part_elements[part]; }
+};
+
+/// `ranks`, `rank`: the data-parallel group; `distributed`: the step mode in effect.
+StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, int ranks, int rank,
+                        bool distributed);
+
 }  // namespace lather::optim::Impl

@@ -1,0 +1,206 @@
+#pragma once
+// The matrix products of a Shampoo step over a rank's shape groups (units whose blocks have the
+// same shape, consecutive in the packed buffer): the Gram matrices of every dimension, blended
+// into the statistics, and the contraction of every block with its preconditioners. Each product
+// of one dimension of one group is one strided-batched GEMM call.
+
+#include <lather/core/impl/gemm.hpp>
+#include <lather/optim/impl/matrix_store.hpp>
+#include <lather/optim/impl/shampoo_plan.hpp>
+
+#include <algorithm>
+#include <vector>
+
+namespace lather::optim::Impl {
+
+template <class ExecutionSpace, class T>
+class BlockProducts {
+ public:
+  using memory_space = typename ExecutionSpace::memory_space;
+  using Store = MatrixStore<ExecutionSpace, T>;
+  using Flat = Kokkos::View<T*, memory_space>;
+
+  /// Scratch for Gram matrices within `workspace_bytes` (at least one of the largest), and for
+  /// the preconditioners of the largest group dimension that must be copied out of the store.
+  BlockProducts(const ExecutionSpace& space, const ShampooPlan& plan, const StepPlan& step, std::size_t workspace_bytes,
+                bool quantized)
+      : m_plan(&plan), m_step(&step) {
+    std::int64_t statistics = 0, matrices = 0;
+    for (const auto& group : step.groups)
+      for (auto n : group.size) {
+        const std::int64_t all = std::int64_t(group.units.size()) * n * n;
+        statistics += all;
+        matrices = std::max(matrices, all);
+      }
+    const std::int64_t m = plan.max_size;
+    const std::int64_t budget = std::int64_t(workspace_bytes / sizeof(T)) / (quantized ? 2 : 1);
+    m_gram_capacity = std::max(m * m, std::min(statistics, budget));
+    const auto scratch = [&](const char* label, std::int64_t n) {
+      return Flat(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Shampoo::") + label),
+                  std::size_t(std::max<std::int64_t>(n, 1)));
+    };
+    m_grams = scratch("grams", m_gram_capacity);
+    if (quantized) m_gram_scratch = scratch("gram_scratch", m_gram_capacity);
+    m_matrices = scratch("preconditioner_matrices", matrices);
+  }
+
+  std::int64_t workspace_bytes() const {
+    return std::int64_t((m_grams.span() + m_gram_scratch.span() + m_matrices.span()) * sizeof(T));
+  }
+  /// GEMM launches since construction.
+  long launches() const { return m_launches; }
+
+  /// statistics(slot) <- w1 * statistics + w2 * (Gram matrix of the block along each dimension),
+  /// for every unit of every group; `packed` holds the blocks (statistics precision).
+  void update_statistics(const ExecutionSpace& space, const T* packed, Store& statistics, T w1, T w2) {
+    SlotList<memory_space> list;
+    std::int64_t used = 0;
+    const auto flush = [&] {
+      if (list.count() == 0) return;
+      list.upload(space);
+      statistics.blend(space, list, m_grams, w1, w2, m_gram_scratch);
+      list.clear();
+      used = 0;
+    };
+    for (const auto& group : m_step->groups) {
+      const int units = int(group.units.size());
+      const std::int64_t elements = product(group.size, 0, int(group.size.size()));
+      const T* first = packed + m_step->packed_offset[group.units.front()];
+      for (std::size_t j = 0; j < group.size.size(); ++j) {
+        const std::int64_t n = group.size[j], square = n * n;
+        const std::int64_t before = product(group.size, 0, int(j)), after = product(group.size, int(j) + 1, -1);
+        const int first_slot = group.first_slot + int(j) * units;
+        // Dense slots of the padded size: the products are blended in place by the GEMM itself,
+        // S = w2 X X^T + w1 S, with no Gram scratch and no blend pass.
+        if (T* slots = statistics.contiguous(first_slot, int(n))) {
+          if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
+            // On the host, BLAS syrk: the upper triangles only, half the flops; the lower ones
+            // are filled in by symmetrize() before anything reads the statistics.
+            ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before syrk");
+            for (int k = 0; k < units; ++k)
+              upper_gram(first + k * elements, int(n), before, after, w2, w1, slots + k * square);
+            m_upper_only = true;
+            continue;
+          }
+          gram_products(space, first, elements, int(n), before, after, w2, w1, slots, square, units);
+          continue;
+        }
+        // As many of the group's units at once as the Gram scratch holds.
+        for (int begin = 0; begin < units;) {
+          if (used + square > m_gram_capacity) flush();
+          const int count = int(std::min<std::int64_t>(units - begin, (m_gram_capacity - used) / square));
+          gram_products(space, first + begin * elements, elements, int(n), before, after, T(1), T(0),
+                        m_grams.data() + used, square, count);
+          for (int k = 0; k < count; ++k) {
+            list.add(first_slot + begin + k, int(n), used, int(n));
+            used += square;
+          }
+          begin += count;
+        }
+      }
+    }
+    flush();
+  }
+
+  /// C_k = alpha (Gram matrix of block k along a dimension of size n) + beta C_k for `count`
+  /// blocks `elements` apart from x, C_k `stride_c` apart: X X^T of the [n, after] view, X^T X of
+  /// the [before, n] view, or the sum over the leading index of the [n, after] slices.
+  void gram_products(const ExecutionSpace& space, const T* x, std::int64_t elements, int n, std::int64_t before,
+                     std::int64_t after, T alpha, T beta, T* c, std::int64_t stride_c, int count) {
+    using lather::Impl::gemm_strided_batched;
+    if (before == 1)
+      m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(after), alpha, x, elements, x, elements, beta, c,
+                                         stride_c, count);
+    else if (after == 1)
+      m_launches += gemm_strided_batched(space, 'T', 'N', n, n, int(before), alpha, x, elements, x, elements, beta, c,
+                                         stride_c, count);
+    else
+      for (std::int64_t a = 0; a < before; ++a)
+        m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(after), alpha, x + a * n * after, elements,
+                                           x + a * n * after, elements, a == 0 ? beta : T(1), c, stride_c, count);
+  }
+
+  /// The upper triangle of C = alpha (Gram matrix of one block) + beta C, on the host.
+  void upper_gram(const T* x, int n, std::int64_t before, std::int64_t after, T alpha, T beta, T* c) {
+    using ::lather::Impl::host_gram_upper;
+    if (before == 1)
+      host_gram_upper(false, n, int(after), alpha, x, beta, c, n);
+    else if (after == 1)
+      host_gram_upper(true, n, int(before), alpha, x, beta, c, n);
+    else
+      for (std::int64_t a = 0; a < before; ++a)
+        host_gram_upper(false, n, int(after), alpha, x + a * n * after, a == 0 ? beta : T(1), c, n);
+    m_launches += before > 1 && after > 1 ? long(before) : 1;
+  }
+
+  /// True when update_statistics left dense statistics with their upper triangles only: the
+  /// caller runs symmetrize() on the store before anything reads them, then clears it.
+  bool upper_only() const { return m_upper_only; }
+  void clear_upper_only() { m_upper_only = false; }
+
+  /// direction = the reference's preconditioned_grad of every unit of every group: each block
+  /// contracted with its preconditioners in order (tensordot over the leading axis, which brings
+  /// the axes back to their order after rank steps). `input` holds the blocks, `work` is scratch
+  /// of the same size; the result lands in `direction`, all at the units' packed offsets.
+  void precondition(const ExecutionSpace& space, const T* input, const Store& preconditioners, T* work,
+                    T* direction) {
+    SlotList<memory_space> list;
+    for (const auto& group : m_step->groups) {
+      const int units = int(group.units.size()), rank = int(group.size.size());
+      const std::int64_t elements = product(group.size, 0, rank);
+      const std::int64_t offset = m_step->packed_offset[group.units.front()];
+      // The last contraction writes `direction`: start in it or in `work` by the parity of rank.
+      const T* x = input + offset;
+      T* targets[2] = {direction + offset, work + offset};
+      int target = (rank % 2 == 1) ? 0 : 1;
+      for (int j = 0; j < rank; ++j) {
+        const std::int64_t n = group.size[j];
+        const std::int64_t before = product(group.size, 0, j), after = product(group.size, j + 1, -1);
+        // The preconditioners of this dimension: consecutive slots, used in place when stored
+        // densely at the padded size, else copied out contiguously.
+        const int first_slot = group.first_slot + j * units;
+        const T* p = preconditioners.contiguous(first_slot, int(n));
+        std::int64_t stride_p = n * n;
+        if (p) {
+          stride_p = std::int64_t(preconditioners.max_size()) * preconditioners.max_size();
+        } else {
+          list.clear();
+          for (int k = 0; k < units; ++k) list.add(first_slot + k, int(n), k * n * n, int(n));
+          list.upload(space);
+          preconditioners.read(space, list, m_matrices);
+          p = m_matrices.data();
+        }
+        T* y = targets[target];
+        if (before == 1)  // P^T X with X [n, after]
+          m_launches += lather::Impl::gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p, x, elements,
+                                             T(0), y, elements, units);
+        else if (after == 1)  // X P with X [before, n]
+          m_launches += lather::Impl::gemm_strided_batched(space, 'N', 'N', int(before), int(n), int(n), T(1), x, elements, p, stride_p,
+                                             T(0), y, elements, units);
+        else
+          for (std::int64_t a = 0; a < before; ++a)
+            m_launches += lather::Impl::gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p,
+                                               x + a * n * after, elements, T(0), y + a * n * after, elements, units);
+        x = y;
+        target = 1 - target;
+      }
+    }
+  }
+
+ private:
+  /// The product of size[begin, end) (end < 0: to the last).
+  static std::int64_t product(const std::vector<std::int64_t>& size, int begin, int end) {
+    std::int64_t out = 1;
+    for (int d = begin; d < (end < 0 ? int(size.size()) : end); ++d) out *= size[std::size_t(d)];
+    return out;
+  }
+
+  const ShampooPlan* m_plan;
+  const StepPlan* m_step;
+  std::int64_t m_gram_capacity = 1;
+  Flat m_grams, m_gram_scratch, m_matrices;
+  long m_launches = 0;
+  bool m_upper_only = false;
+};
+
+}  // namespace lather::optim::Impl

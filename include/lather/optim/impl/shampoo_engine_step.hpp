@@ -1,0 +1,249 @@
+#pragma once
+// ShampooEngine's construction and the host side of its step: allocation of the stores, tables and
+// per-element state; the scalars of a step; the inverse roots and their exchange; the per-parameter
+// norms and the grafting multipliers. Included at the end of shampoo_engine.hpp.
+
+#include <lather/optim/impl/shampoo_engine.hpp>
+
+namespace lather::optim::Impl {
+
+template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_stores(const ExecutionSpace& space) {
+  const int stored = int(m_step_plan.stored.size()), slots = std::max(1, stored);
+  m_statistics = make_matrix_store<ExecutionSpace, T>(space, quantized(), "Lather::Shampoo::statistics", slots,
+                                                      m_plan.max_size);
+  m_preconditioners = make_matrix_store<ExecutionSpace, T>(space, quantized(), "Lather::Shampoo::preconditioners",
+                                                           slots, m_plan.max_size);
+  // Statistics start at matrix_epsilon * I, preconditioners at I.
+  m_statistics->fill_identity(space, T(m_options.matrix_epsilon), 0, slots);
+  m_preconditioners->fill_identity(space, T(1), 0, slots);
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpace& space) {
+  const auto& step = m_step_plan;
+  const auto alloc = [&](auto& view, const char* label, std::int64_t n) {
+    using View = std::decay_t<decltype(view)>;
+    view = View(Kokkos::view_alloc(space, std::string("Lather::Shampoo::") + label), std::size_t(n));
+  };
+  // Per parameter: the kind of its momentum and where its column scales live. The columns of
+  // tensors split by rows over the weight shards come first: their maxima span the shards.
+  m_parameter_scalars_host.resize(m_plan.parameters.size());
+  for (int row_split : {1, 0})
+    for (std::size_t p = 0; p < m_plan.parameters.size(); ++p) {
+      const auto& pp = m_plan.parameters[p];
+      if (row_split != int(split_by_rows(int(p)))) continue;
+      ParameterScalars<Scalar>& s = m_parameter_scalars_host[p];
+      s.preconditioned = pp.preconditioned;
+      s.quantized = pp.quantized_momentum;
+      if (pp.quantized_momentum) {
+        s.columns = pp.elements / pp.spec.shape[0];
+        s.column_base = m_quantized_columns;
+        m_quantized_columns += s.columns;
+        if (row_split) m_row_split_columns += s.columns;
+      }
+    }
+  alloc(m_parameter_scalars, "parameter_scalars", std::int64_t(m_plan.parameters.size()));
+  for (auto& scales : m_scales) alloc(scales, "momentum_scales", 2 * m_quantized_columns);
+
+  // This rank's units: packed offsets, and state offsets within the kind of momentum they keep.
+  std::vector<std::int64_t> packed, state;
+  std::int64_t floats = 0, codes = 0, preconditioned = 0;
+  for (int u : step.mine()) {
+    const auto& unit = step.units[u];
+    packed.push_back(step.packed_offset[u]);
+    std::int64_t& kind = m_plan.parameters[unit.parameter].quantized_momentum ? codes : floats;
+    state.push_back(kind);
+    kind += unit.elements;
+    if (unit.block >= 0) preconditioned = std::max(preconditioned, step.packed_offset[u] + unit.elements);
+  }
+  m_mine_table = make_unit_table(space, m_plan, step, step.mine(), packed, state);
+  alloc(m_unit_norms, "unit_norms", std::max<std::int64_t>(1, std::int64_t(step.mine().size())));
+  m_unit_norms_host = Kokkos::create_mirror_view(m_unit_norms);
+
+  const std::int64_t elements = step.my_elements();
+  const auto scratch = [&](auto& view, const char* label, std::int64_t n) {
+    using View = std::decay_t<decltype(view)>;
+    view = View(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Shampoo::") + label),
+                std::size_t(n));
+  };
+  scratch(m_packed, "packed_gradients", elements);
+  if (!std::is_same<T, Scalar>::value) scratch(m_packed_t, "packed_blocks", preconditioned);
+  // Preconditioned units come first in the packed order: the products' buffers cover them only.
+  scratch(m_work, "preconditioning_work", std::max<std::int64_t>(1, preconditioned));
+  scratch(m_direction, "preconditioned_direction", std::max<std::int64_t>(1, preconditioned));
+  scratch(m_graft, "graft", elements);
+  if (graft_has_diagonal_statistics(m_options.graft_type)) alloc(m_diagonal, "diagonal_statistics", elements);
+  alloc(m_momentum, "momentum", floats);
+  alloc(m_diagonal_momentum, "diagonal_momentum", floats);
+  alloc(m_momentum_codes, "momentum_codes", codes);
+  alloc(m_diagonal_momentum_codes, "diagonal_momentum_codes", codes);
+
+  // Distributed: every unit in the order of the gathered buffer (part by part).
+  if (step.distributed) {
+    std::vector<int> all;
+    std::vector<std::int64_t> at;
+    std::int64_t displacement = 0;
+    for (int part = 0; part < step.parts; ++part) {
+      for (int u : step.order[part]) {
+        all.push_back(u);
+        at.push_back(displacement + step.packed_offset[u]);
+      }
+      displacement += step.part_elements[part];
+    }
+    m_all_table = make_unit_table(space, m_plan, step, all, at, std::vector<std::int64_t>(all.size(), 0));
+    scratch(m_outgoing, "outgoing_parameters", elements);
+    scratch(m_incoming, "gathered_parameters", displacement);
+  }
+  upload_parameter_scalars(space);
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::upload_parameter_scalars(const ExecutionSpace& space) {
+  Kokkos::deep_copy(space, m_parameter_scalars,
+                    Kokkos::View<const ParameterScalars<Scalar>*, Kokkos::HostSpace,
+                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>(m_parameter_scalars_host.data(),
+                                                                          m_parameter_scalars_host.size()));
+  // The host vector is rewritten by the next step.
+  ::lather::Impl::fence(space, "Lather::Shampoo: per-parameter scalars uploaded");
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+StepScalars<Scalar> ShampooEngine<ExecutionSpace, Scalar, T>::step_scalars(long t) const {
+  const auto& o = m_options;
+  StepScalars<Scalar> c;
+  c.graft = int(o.graft_type);
+  c.w1 = Scalar(o.beta2);
+  c.w2 = Scalar(o.beta2 == 1.0 ? 1.0 : 1.0 - o.beta2);
+  c.diagonal_epsilon = Scalar(o.diagonal_epsilon);
+  c.beta1 = Scalar(o.beta1);
+  c.weight_decay = Scalar(o.weight_decay);
+  c.decoupled_weight_decay = o.decoupled_weight_decay;
+  c.momentum_weight = Scalar(o.moving_average_for_momentum ? 1.0 - o.beta1 : 1.0);
+  c.run_shampoo = t >= o.start_preconditioning_step;
+  c.nesterov = o.nesterov;
+  const double lr = o.learning_rate(t);
+  c.lr = Scalar(lr);
+  c.update_multiplier = Scalar(o.decoupled_learning_rate ? lr : 1.0);
+  return c;
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+auto ShampooEngine<ExecutionSpace, Scalar, T>::update_element(const StepScalars<Scalar>& c) const
+    -> UpdateElement<Scalar, T, memory_space> {
+  UpdateElement<Scalar, T, memory_space> e;
+  e.c = c;
+  e.graft = m_graft;
+  e.direction = m_direction;
+  e.momentum = m_momentum;
+  e.diagonal_momentum = m_diagonal_momentum;
+  e.momentum_codes = m_momentum_codes;
+  e.diagonal_momentum_codes = m_diagonal_momentum_codes;
+  const auto columns = std::size_t(m_quantized_columns);
+  const auto first = std::make_pair(std::size_t(0), columns), second = std::make_pair(columns, 2 * columns);
+  e.old_scales = Kokkos::subview(m_scales[0], first);
+  e.old_diagonal_scales = Kokkos::subview(m_scales[0], second);
+  e.new_scales = Kokkos::subview(m_scales[1], first);
+  e.new_diagonal_scales = Kokkos::subview(m_scales[1], second);
+  return e;
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::compute_preconditioners(const ExecutionSpace& space, Phases& phases) {
+  ::lather::Impl::ScopedRegion region("Lather::Shampoo::inverse_roots");
+  m_roots->compute(space, m_plan, m_mine, m_step_plan.slot, *m_statistics, *m_preconditioners, m_metrics);
+  m_root_gemm_calls = m_roots->gemm_calls();
+  phases.end("roots");
+  // Every rank learns every statistic's metrics; replicated, also the preconditioners.
+  if (m_group.size() > 1)
+    m_exchange.share_roots(space, m_plan, m_plan.local_statistics, m_step_plan.root_owner, m_step_plan.slot,
+                           m_metrics, *m_preconditioners, !m_step_plan.distributed);
+  phases.end("communication");
+  m_roots->check_failures(m_plan, m_plan.local_statistics, m_metrics, m_step);
+}
+
+/// True for a parameter split over the shard group, whose per-tensor norms are group sums.
+template <class ExecutionSpace, class Scalar, class T>
+bool ShampooEngine<ExecutionSpace, Scalar, T>::sums_over_shards(int p) const {
+  const auto& spec = m_plan.parameters[p].spec;
+  return m_shards.size() > 1 && spec.split() && spec.shape != spec.global();
+}
+
+/// True for a parameter split over the shard group along its first axis: the [rows, columns]
+/// view of int8 momentum has its rows on several shards.
+template <class ExecutionSpace, class Scalar, class T>
+bool ShampooEngine<ExecutionSpace, Scalar, T>::split_by_rows(int p) const {
+  return sums_over_shards(p) && m_plan.parameters[p].spec.split_axis == 0;
+}
+
+/// The units' sums of the last pass, summed per parameter (in unit order), over the group when
+/// distributed, and over the shards for split parameters: one small collective each.
+template <class ExecutionSpace, class Scalar, class T>
+std::vector<Sums2> ShampooEngine<ExecutionSpace, Scalar, T>::parameter_norms(const ExecutionSpace& space) {
+  Kokkos::deep_copy(space, m_unit_norms_host, m_unit_norms);
+  ::lather::Impl::fence(space, "Lather::Shampoo: unit norms on the host");
+  std::vector<double> sums(2 * m_plan.parameters.size(), 0.0);
+  const auto& mine = m_step_plan.mine();
+  for (std::size_t k = 0; k < mine.size(); ++k) {
+    const int p = m_step_plan.units[mine[k]].parameter;
+    sums[2 * p] += m_unit_norms_host(k).a;
+    sums[2 * p + 1] += m_unit_norms_host(k).b;
+  }
+  if (m_step_plan.distributed) m_group.allreduce(sums, comm::Combine::sum);
+  std::vector<double> split;
+  for (std::size_t p = 0; p < m_plan.parameters.size(); ++p)
+    if (sums_over_shards(int(p))) split.insert(split.end(), {sums[2 * p], sums[2 * p + 1]});
+  if (!split.empty()) {
+    m_shards.allreduce(split, comm::Combine::sum);
+    for (std::size_t p = 0, k = 0; p < m_plan.parameters.size(); ++p)
+      if (sums_over_shards(int(p))) sums[2 * p] = split[k++], sums[2 * p + 1] = split[k++];
+  }
+  std::vector<Sums2> out;
+  for (std::size_t p = 0; p < m_plan.parameters.size(); ++p) out.emplace_back(sums[2 * p], sums[2 * p + 1]);
+  return out;
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::set_gradient_scales(const ExecutionSpace& space,
+                                                                   const std::vector<Sums2>& gradient_norm2) {
+  const bool normalized =
+      m_options.graft_type == GraftType::adagrad_normalized || m_options.graft_type == GraftType::rmsprop_normalized;
+  for (std::size_t p = 0; p < gradient_norm2.size(); ++p)
+    m_parameter_scalars_host[p].gradient_scale =
+        normalized ? Scalar(1.0 / (std::sqrt(gradient_norm2[p].a) + 1e-16)) : Scalar(1);
+  upload_parameter_scalars(space);
+}
+
+/// The reference's grafting: the preconditioned direction takes the norm of the graft's, per
+/// tensor (a split tensor as a whole).
+template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::set_multipliers(const ExecutionSpace& space,
+                                                               const std::vector<Sums2>& norms2, double lr) {
+  const auto& o = m_options;
+  for (std::size_t p = 0; p < norms2.size(); ++p) {
+    const auto& pp = m_plan.parameters[p];
+    auto& s = m_parameter_scalars_host[p];
+    const double graft_norm_raw = std::sqrt(norms2[p].a);
+    double graft_multiplier = 1.0;
+    if ((o.graft_type == GraftType::rmsprop || o.graft_type == GraftType::rmsprop_normalized) &&
+        o.clip_by_scaled_gradient_norm > 0) {
+      const double scaled_norm = graft_norm_raw / std::sqrt(double(element_count(pp.spec.global())));
+      graft_multiplier = 1.0 / std::max(1.0, scaled_norm / o.clip_by_scaled_gradient_norm);
+    }
+    if (!o.decoupled_learning_rate) graft_multiplier *= lr;
+    const double graft_norm = graft_norm_raw * graft_multiplier;
+    // The reference sets precond_grad = grafting_update for the parameters it skips.
+    const double shampoo_multiplier = pp.preconditioned ? graft_norm / (std::sqrt(norms2[p].b) + 1e-16)
+                                                        : graft_multiplier * (graft_norm / (graft_norm + 1e-16));
+    s.graft_multiplier = Scalar(graft_multiplier);
+    s.shampoo_multiplier = Scalar(shampoo_multiplier);
+  }
+  upload_parameter_scalars(space);
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+std::vector<std::size_t> ShampooEngine<ExecutionSpace, Scalar, T>::part_counts() const {
+  return std::vector<std::size_t>(m_step_plan.part_elements.begin(), m_step_plan.part_elements.end());
+}
+
+}  // namespace lather::optim::Impl
