@@ -31,7 +31,8 @@ namespace {
 using Space = Kokkos::DefaultExecutionSpace;
 using Tensors = TensorList<float, Space::memory_space>;
 
-const std::vector<std::string> all_ops = {"raw", "mean", "grouped_mean", "adasum", "adasum_approx", "model200"};
+const std::vector<std::string> all_ops = {"raw",           "mean",     "grouped_mean",      "adasum",
+                                          "adasum_approx", "model200", "model200_scattered"};
 
 struct ReduceBenchOptions {
   std::vector<std::string> ops = all_ops;
@@ -112,6 +113,21 @@ Tensors make_tensors(const std::vector<std::size_t>& sizes, float value) {
   return tensors;
 }
 
+/// Tensors of the given sizes one after the other in one buffer, as a ParameterList holds them.
+Tensors make_contiguous_tensors(const std::vector<std::size_t>& sizes, float value) {
+  std::size_t total = 0;
+  for (auto n : sizes) total += n;
+  Kokkos::View<float*, Space::memory_space> buffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "bench::gradients"), total);
+  Tensors tensors;
+  std::size_t offset = 0;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    tensors.push_back(Kokkos::subview(buffer, std::make_pair(offset, offset + sizes[t])));
+    Kokkos::deep_copy(tensors.back(), value + 0.001f * float(t % 7));
+    offset += sizes[t];
+  }
+  return tensors;
+}
+
 /// 200 tensor sizes summing to about `elements`: a repeating pattern of large matrices, medium
 /// and small vectors (weights 64, 16, 4, 1), each at least one element.
 std::vector<std::size_t> model_sizes(std::size_t elements) {
@@ -162,7 +178,7 @@ long messages_of_one_call(comm::GradientReducer<Space, float>& reducer, const st
 void run_reduce(const ReduceBenchOptions& o) {
   for (const auto& op : o.ops)
     LATHER_REQUIRE(std::find(all_ops.begin(), all_ops.end(), op) != all_ops.end(), "--op: unknown operation '",
-                   op, "' (expected raw, mean, grouped_mean, adasum, adasum_approx or model200)");
+                   op, "' (expected raw, mean, grouped_mean, adasum, adasum_approx, model200 or model200_scattered)");
   std::vector<std::size_t> sizes;
   for (const auto& text : o.bytes) sizes.push_back(parse_bytes(text));
   auto wants = [&](const std::string& op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
@@ -232,7 +248,9 @@ void run_reduce(const ReduceBenchOptions& o) {
       const auto t = time_against_raw(world, o, raw, [&] { reducer.adasum_approx(Space(), tensors); });
       if (print) emit_result("adasum_approx", n, n, bytes, 1, t, o);
     }
-    if (wants("model200")) {
+    for (const bool contiguous : {true, false}) {
+      const std::string op = contiguous ? "model200" : "model200_scattered";
+      if (!wants(op)) continue;
       const auto model = model_sizes(count);
       std::size_t total = 0;
       for (auto s : model) total += s;
@@ -240,7 +258,9 @@ void run_reduce(const ReduceBenchOptions& o) {
       const auto raw_model = [&] {
         MPI_Allreduce(MPI_IN_PLACE, model_raw.data(), int(total), MPI_FLOAT, MPI_SUM, world.native());
       };
-      const auto tensors = make_tensors(model, 1.0f);
+      // model200: the gradients of one buffer (a ParameterList), reduced in place; scattered: 200
+      // separate allocations, packed into the fusion buffer and unpacked.
+      const auto tensors = contiguous ? make_contiguous_tensors(model, 1.0f) : make_tensors(model, 1.0f);
       const auto fused = [&] { reducer.mean(Space(), tensors); };
       const long messages = messages_of_one_call(reducer, fused);
       const auto t = time_against_raw(world, o, raw_model, fused);
@@ -265,7 +285,7 @@ void run_reduce(const ReduceBenchOptions& o) {
         }
       });
       if (print)
-        emit_result("model200", n, n, total * sizeof(float), model.size(), t, o,
+        emit_result(op, n, n, total * sizeof(float), model.size(), t, o,
                     {{"data_messages_per_call", messages},
                      {"unfused_seconds", unfused.seconds},
                      {"unfused_ratio_to_raw", unfused.seconds / unfused.raw_seconds}});
@@ -282,7 +302,8 @@ void register_reduce(CLI::App& app) {
       "Gradient reductions (mean, grouped mean over a 2-shard Mesh, Adasum, approximate Adasum, a "
       "200-tensor model) beside a same-run raw MPI_Allreduce of the same bytes. Run under mpiexec.");
   add_list_option(*sub, "--op", options->ops,
-                  "Operations: raw, mean, grouped_mean, adasum, adasum_approx, model200");
+                  "Operations: raw, mean, grouped_mean, adasum, adasum_approx, model200 (200 tensors in one buffer), "
+                  "model200_scattered (200 separate allocations)");
   add_list_option(*sub, "--bytes", options->bytes, "Message sizes in bytes (suffixes K, M, G)");
   sub->add_option("--min-seconds", options->min_seconds, "Time spent per measurement (at least 3 calls)")
       ->capture_default_str();

@@ -76,6 +76,23 @@ TensorList<T, Memory> make_inputs(int rank, const std::vector<std::int64_t>& siz
   return tensors;
 }
 
+/// make_inputs, with the tensors one after the other in one buffer (a ParameterList's layout):
+/// the reducer works on them in place.
+template <class T>
+TensorList<T, Memory> make_contiguous_inputs(int rank, const std::vector<std::int64_t>& sizes, int salt = 0) {
+  std::vector<double> values;
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::int64_t i = 0; i < sizes[t]; ++i) values.push_back(input_value(rank, int(t), i, salt));
+  const auto buffer = make_view<T>(values, "inputs");
+  TensorList<T, Memory> tensors;
+  std::size_t offset = 0;
+  for (auto n : sizes) {
+    tensors.push_back(Kokkos::subview(buffer, std::make_pair(offset, offset + std::size_t(n))));
+    offset += std::size_t(n);
+  }
+  return tensors;
+}
+
 /// The value of input_value as the tensor holds it (rounded to T).
 template <class T>
 double stored_input(int rank, int tensor, std::int64_t index, int salt = 0) {

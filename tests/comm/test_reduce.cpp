@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace {
@@ -22,8 +23,9 @@ class Reduce : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(Reduce, Scalars);
 
-// Sizes with an empty tensor, single elements and tensors larger than a 4 KiB fusion buffer.
-const std::vector<std::int64_t> mixed_sizes = {1, 7, 0, 300, 1500, 33, 2, 5000, 64};
+// Sizes with an empty tensor, single elements, tensors larger than a 4 KiB fusion buffer and one
+// larger than the 1 MiB pieces a mean is scaled in.
+const std::vector<std::int64_t> mixed_sizes = {1, 7, 0, 300, 1500, 33, 2, 5000, 64, 300000};
 
 /// sum_r input(r, t, i) in double over the stored (rounded) inputs.
 template <class T>
@@ -43,13 +45,16 @@ double sum_tolerance(int n) {
 TYPED_TEST(Reduce, SumAndMeanEqualTheReferenceForEveryFusionSize) {
   using T = TypeParam;
   const int n = world_size(), rank = world_rank();
-  // A 4 KiB fusion buffer: several buckets, and tensors larger than a bucket reduced in place.
-  for (std::size_t fusion_bytes : {std::size_t(4096)}) {
+  // A 4 KiB fusion buffer: several buckets, and tensors larger than a bucket reduced in place;
+  // tensors allocated one by one (packed into the fusion buffer) and one after the other in one
+  // buffer (reduced where they are, the mean scaled piece by piece).
+  for (std::size_t fusion_bytes : {std::size_t(4096)})
+  for (bool contiguous : {false, true}) {
     ReduceOptions options;
     options.fusion_bytes = fusion_bytes;
     GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
     for (bool mean : {false, true}) {
-      const auto tensors = make_inputs<T>(rank, mixed_sizes);
+      const auto tensors = contiguous ? make_contiguous_inputs<T>(rank, mixed_sizes) : make_inputs<T>(rank, mixed_sizes);
       if (mean)
         reducer.mean(Exec(), tensors);
       else
@@ -60,10 +65,34 @@ TYPED_TEST(Reduce, SumAndMeanEqualTheReferenceForEveryFusionSize) {
           const double expected = reference_sum<T>(n, int(t), i) / (mean ? n : 1);
           ASSERT_NEAR(got[i], expected, sum_tolerance<T>(n))
               << (mean ? "mean" : "sum") << " tensor " << t << " index " << i << " fusion "
-              << fusion_bytes;
+              << fusion_bytes << (contiguous ? " contiguous" : " separate");
         }
       }
     }
+  }
+}
+
+// Every operation on tensors that lie one after the other in memory (reduced in place) gives
+// bit for bit what it gives on the same tensors allocated one by one (packed into the fusion
+// buffer): the same values reach MPI in the same order.
+TEST(ReduceInPlace, ContiguousListsEqualSeparateOnes) {
+  using T = float;
+  const int rank = world_rank();
+  const std::vector<std::int64_t> sizes = {3, 700, 1, 40, 2000, 9};
+  ReduceOptions options;
+  options.fusion_bytes = 4096;
+  GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
+  using Call = std::function<void(const lather::TensorList<T, Memory>&)>;
+  const std::vector<std::pair<const char*, Call>> operations = {
+      {"adasum", [&](const auto& t) { reducer.adasum(Exec(), t); }},
+      {"adasum_approx", [&](const auto& t) { reducer.adasum_approx(Exec(), t); }},
+      {"broadcast", [&](const auto& t) { reducer.broadcast(Exec(), t, world_size() - 1); }}};
+  for (const auto& [name, call] : operations) {
+    const auto separate = make_inputs<T>(rank, sizes), contiguous = make_contiguous_inputs<T>(rank, sizes);
+    call(separate);
+    call(contiguous);
+    for (std::size_t t = 0; t < sizes.size(); ++t)
+      ASSERT_EQ(read_view(separate[t]), read_view(contiguous[t])) << name << " tensor " << t;
   }
 }
 

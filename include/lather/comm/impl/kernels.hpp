@@ -62,9 +62,12 @@ template <class ExecutionSpace, class S, class MemorySpace>
 void scale(const ExecutionSpace& space, const Vector<S, MemorySpace>& data, double factor) {
   if (factor == 1.0) return;
   const S f = S(factor);
-  Kokkos::parallel_for(
-      "Lather::comm::scale", Kokkos::RangePolicy<ExecutionSpace>(space, 0, data.extent(0)),
-      KOKKOS_LAMBDA(std::size_t i) { data(i) *= f; });
+  S* const base = data.data();
+  ::lather::Impl::parallel_for_runs("Lather::comm::scale", space, std::int64_t(data.extent(0)),
+                    KOKKOS_LAMBDA(std::int64_t begin, std::int64_t end) {
+                      S* KOKKOS_RESTRICT x = base + begin;
+                      for (std::int64_t i = 0; i < end - begin; ++i) x[i] *= f;
+                    });
 }
 
 /// to(i) = factor * from(i) (the unpacking of a fused bucket, with the mean's division folded in).

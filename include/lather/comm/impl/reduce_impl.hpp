@@ -116,19 +116,41 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     }
   }
 
-  /// The data a bucket is reduced in: the tensor itself when alone, else the packed fusion buffer.
+  /// True when the bucket's tensors lie one after the other in memory (a ParameterList's
+  /// gradient buffer, a single tensor): it is reduced where it is, with no packing.
+  static bool in_place(const tensor_list& tensors, const Impl::Bucket& bucket) {
+    for (std::size_t t = bucket.first + 1; t < bucket.last; ++t)
+      if (tensors[t].data() != tensors[t - 1].data() + tensors[t - 1].extent(0)) return false;
+    return true;
+  }
+
+  /// The data a bucket is reduced in: the tensors themselves when contiguous, else the packed
+  /// fusion buffer.
   Impl::Vector<S, M> bucket_data(const ExecutionSpace& space, const tensor_list& tensors,
                                  const Impl::Bucket& bucket) {
-    if (bucket.single()) return tensors[bucket.first];
+    if (in_place(tensors, bucket))
+      return Impl::Vector<S, M>(tensors[bucket.first].data(), std::size_t(bucket.elements));
     pack(space, tensors, bucket);
     return Kokkos::subview(fusion, range(0, bucket.elements));
   }
 
+  /// Elements per piece of an in-place reduction that is scaled afterwards (a mean): each piece
+  /// is scaled right after its allreduce, while it is still in cache, instead of in a second pass
+  /// over the whole bucket from memory (lather-bench reduce, docs/reference/collectives.md).
+  static constexpr std::int64_t scaled_piece_bytes = std::int64_t(1) << 20;
+
   /// data := factor * (sum over the group of data), natively or through the 16-bit wire.
   void sum_in_place(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
     if (options.wire_precision == WirePrecision::native) {
-      transport.allreduce(space, data);
-      Impl::scale(space, data, factor);
+      const std::int64_t length = std::int64_t(data.extent(0));
+      const std::int64_t piece = factor == 1.0 || !Impl::runs_on_host<ExecutionSpace>
+                                     ? std::max<std::int64_t>(length, 1)
+                                     : std::max<std::int64_t>(1, scaled_piece_bytes / std::int64_t(sizeof(S)));
+      for (std::int64_t begin = 0; begin < length; begin += piece) {
+        const Impl::Vector<S, M> part = Kokkos::subview(data, range(begin, std::min(piece, length - begin)));
+        transport.allreduce(space, part);
+        Impl::scale(space, part, factor);
+      }
     } else {
       sum_wire16(space, data, factor);
     }
@@ -169,10 +191,11 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
         for (std::size_t t = bucket.first; t < bucket.last; ++t) Impl::scale(space, tensors[t], factor);
         continue;
       }
+      const bool contiguous = in_place(tensors, bucket);
       const auto data = bucket_data(space, tensors, bucket);
-      if (bucket.single() || !native) {
+      if (contiguous || !native) {
         sum_in_place(space, data, factor);
-        if (!bucket.single()) unpack(space, tensors, bucket);
+        if (!contiguous) unpack(space, tensors, bucket);
       } else {
         // The division of a mean rides on the unpacking: no extra pass over the bucket.
         transport.allreduce(space, data);
@@ -219,7 +242,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
         Impl::adasum_tree_allgather(space, work, data, counts);
       else
         Impl::adasum_allreduce(space, work, data, counts);
-      if (!bucket.single()) unpack(space, tensors, bucket);
+      if (!in_place(tensors, bucket)) unpack(space, tensors, bucket);
     }
   }
 
@@ -251,7 +274,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
       items.set_coefficients(space, keep, unused);
       Impl::scale_items(space, gradient, items.ranges(), items.coefficients(), items.size());
       sum_in_place(space, gradient, 1.0);
-      if (!bucket.single()) unpack(space, tensors, bucket);
+      if (!in_place(tensors, bucket)) unpack(space, tensors, bucket);
     }
   }
 
@@ -259,8 +282,9 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     if (size == 1) return;
     for (const auto& bucket : layout.buckets) {
       if (bucket.elements == 0) continue;
-      if (bucket.single()) {
-        transport.broadcast(space, tensors[bucket.first], root);
+      if (in_place(tensors, bucket)) {
+        transport.broadcast(space, Impl::Vector<S, M>(tensors[bucket.first].data(), std::size_t(bucket.elements)),
+                            root);
         continue;
       }
       if (rank == root) pack(space, tensors, bucket);
