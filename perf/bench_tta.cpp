@@ -10,6 +10,8 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
+
 namespace lather::bench {
 namespace {
 
@@ -20,7 +22,7 @@ struct TtaOptions {
   int epochs = 5;
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::vector<std::string> shampoo;  ///< name=value over lather-train's Shampoo defaults (a sweep)
-  double shampoo_lr = -1;            ///< < 0: lather-train's default
+  std::vector<std::string> learning_rates;  ///< optimizer=value: peak rates other than lather-train's
 };
 
 void run_tta(const TtaOptions& o) {
@@ -35,9 +37,16 @@ void run_tta(const TtaOptions& o) {
     t.eval_every = o.eval_every;
     t.target_accuracy = o.target;
     t.quiet = true;
-    if (name == "shampoo") {
-      t.shampoo = o.shampoo;
-      t.lr = o.shampoo_lr;
+    if (name == "shampoo") t.shampoo = o.shampoo;
+    for (const auto& pair : o.learning_rates) {
+      const auto eq = pair.find('=');
+      LATHER_REQUIRE(eq != std::string::npos, "--lr expects optimizer=value, got '", pair, "'");
+      if (pair.substr(0, eq) != name) continue;
+      char* end = nullptr;
+      const std::string value = pair.substr(eq + 1);
+      t.lr = std::strtod(value.c_str(), &end);
+      LATHER_REQUIRE(!value.empty() && *end == '\0' && t.lr > 0, "--lr ", name, ": expected a positive number, got '",
+                     value, "'");
     }
     const auto result = train::train(t, world, [](const std::string&) {});
     const double steps = result.reached_target ? double(result.target_step) : -1.0;
@@ -88,7 +97,8 @@ void register_tta(CLI::App& app) {
   sub->add_option("--data", options->data, "Fashion-MNIST directory")->capture_default_str();
   add_list_option(*sub, "--shampoo", options->shampoo,
                   "Shampoo options over lather-train's defaults, name=value (e.g. preconditioning_compute_steps=50)");
-  sub->add_option("--shampoo-lr", options->shampoo_lr, "Shampoo's peak learning rate (default: lather-train's)");
+  add_list_option(*sub, "--lr", options->learning_rates,
+                  "Peak learning rates other than lather-train's defaults, optimizer=value (e.g. shampoo=0.005)");
   sub->callback([options] { run_tta(*options); });
 }
 

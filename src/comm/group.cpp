@@ -263,9 +263,11 @@ void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>
   for (auto c : counts) total += c, largest = std::max(largest, c);
   if (total <= std::size_t(INT_MAX)) {
     const auto [count, displacement] = int_counts(counts, "Group::allgatherv");
-    Impl::check_mpi(MPI_Allgatherv(send, count[st.rank], datatype<T>(), receive, count.data(), displacement.data(),
-                         datatype<T>(), st.comm),
-          "MPI_Allgatherv");
+    // This rank's values already in place in `receive`: MPI_IN_PLACE spares MPI a local copy.
+    const bool in_place = send == receive + displacement[st.rank];
+    Impl::check_mpi(MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, count[st.rank], datatype<T>(), receive,
+                                   count.data(), displacement.data(), datatype<T>(), st.comm),
+                    "MPI_Allgatherv");
     return;
   }
   // More than int counts can place: rounds of at most INT_MAX / size elements per rank, staged.

@@ -87,7 +87,7 @@ class Group {
   template <class T>
   void allgather(const T* send, std::size_t per_rank, T* receive) const;
   /// Rank r contributes counts[r] elements; `receive` holds them all, rank 0's first. Every rank
-  /// passes the same counts.
+  /// passes the same counts. `send` may point at this rank's place in `receive` (MPI_IN_PLACE).
   template <class T>
   void allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts) const;
   /// Rank r sends send[r * per_rank, (r + 1) * per_rank) to rank r.

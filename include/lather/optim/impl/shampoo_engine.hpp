@@ -151,14 +151,21 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
       }
       if (m_step_plan.distributed || m_row_split_columns > 0) phases.end("communication");
     }
+    // Distributed, the new values also go to this rank's part of the gathered buffer, which the
+    // all-gather then fills in place; only the other parts are unpacked into the parameters.
+    const V1<Scalar> own = m_step_plan.distributed
+                               ? V1<Scalar>(Kokkos::subview(m_gathered, std::make_pair(std::size_t(m_own_offset),
+                                                                                       std::size_t(m_own_offset +
+                                                                                                   m_step_plan.my_elements()))))
+                               : V1<Scalar>();
     update_parameters<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_values.device(),
-                                                               m_parameter_scalars, element, m_outgoing);
+                                                               m_parameter_scalars, element, own);
     std::swap(m_scales[0], m_scales[1]);  // the new scales are the current ones from here on
     phases.end("update");
     if (m_step_plan.distributed) {
-      m_group.allgatherv(space, V1<const Scalar>(m_outgoing), m_incoming, part_counts());
+      m_group.allgatherv(space, V1<const Scalar>(own), m_gathered, part_counts());
       phases.end("communication");
-      scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, m_all_table, m_values.device(), m_incoming);
+      scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, m_others_table, m_values.device(), m_gathered);
       phases.end("update");
     }
     ++m_step;
@@ -254,8 +261,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   RootExchange<ExecutionSpace, T> m_exchange;
   std::vector<StatisticMetrics> m_metrics;
 
-  // The units this rank updates (packed order) and, distributed, every unit in gather order.
-  UnitTable<memory_space> m_mine_table, m_all_table;
+  // The units this rank updates (packed order) and, distributed, the others' in gather order.
+  UnitTable<memory_space> m_mine_table, m_others_table;
   PointerTable<Scalar, memory_space> m_values, m_gradients;
   std::vector<ParameterScalars<Scalar>> m_parameter_scalars_host;
   V1<ParameterScalars<Scalar>> m_parameter_scalars;
@@ -263,7 +270,9 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   typename V1<Sums2>::HostMirror m_unit_norms_host;
 
   // Packed per-element buffers over this rank's units, and the per-element state.
-  V1<Scalar> m_packed, m_graft, m_diagonal, m_momentum, m_diagonal_momentum, m_outgoing, m_incoming;
+  V1<Scalar> m_packed, m_graft, m_diagonal, m_momentum, m_diagonal_momentum;
+  V1<Scalar> m_gathered;          // distributed: every part's new values, part by part
+  std::int64_t m_own_offset = 0;  // where this rank's part starts in it
   V1<T> m_packed_t, m_work, m_direction;
   V1<std::int8_t> m_momentum_codes, m_diagonal_momentum_codes;
   /// int8 momentum: the column scales [momentum columns | diagonal momentum columns], current and

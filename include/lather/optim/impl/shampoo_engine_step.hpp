@@ -79,21 +79,23 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
   alloc(m_momentum_codes, "momentum_codes", codes);
   alloc(m_diagonal_momentum_codes, "diagonal_momentum_codes", codes);
 
-  // Distributed: every unit in the order of the gathered buffer (part by part).
+  // Distributed: the units of the other parts in the order of the gathered buffer (part by part;
+  // this rank's own part lands there too, at m_own_offset, but its parameters are already updated).
   if (step.distributed) {
-    std::vector<int> all;
+    std::vector<int> others;
     std::vector<std::int64_t> at;
     std::int64_t displacement = 0;
     for (int part = 0; part < step.parts; ++part) {
-      for (int u : step.order[part]) {
-        all.push_back(u);
-        at.push_back(displacement + step.packed_offset[u]);
-      }
+      if (part == step.part) m_own_offset = displacement;
+      for (int u : step.order[part])
+        if (part != step.part) {
+          others.push_back(u);
+          at.push_back(displacement + step.packed_offset[u]);
+        }
       displacement += step.part_elements[part];
     }
-    m_all_table = make_unit_table(space, m_plan, step, all, at, std::vector<std::int64_t>(all.size(), 0));
-    scratch(m_outgoing, "outgoing_parameters", elements);
-    scratch(m_incoming, "gathered_parameters", displacement);
+    m_others_table = make_unit_table(space, m_plan, step, others, at, std::vector<std::int64_t>(others.size(), 0));
+    scratch(m_gathered, "gathered_parameters", displacement);
   }
   upload_parameter_scalars(space);
 }

@@ -151,10 +151,10 @@ struct UpdateElement {
   }
 
   /// The update of a run of n elements whose momentum is float: graft g, direction d (g itself
-  /// on the graft path), momentum m and dm updated in place, parameters x updated in place
-  /// (InPlace) or written to out. Restrict parameters: every array is reached through one
-  /// pointer, so the loop vectorises.
-  template <bool InPlace, class D>
+  /// on the graft path), momentum m and dm and parameters x updated in place, the new values also
+  /// written to out (AlsoOut). Restrict parameters: every array is reached through one pointer,
+  /// so the loop vectorises.
+  template <bool AlsoOut, class D>
   KOKKOS_FORCEINLINE_FUNCTION static void float_run(const StepScalars<Scalar>& c, Scalar gm, Scalar sm,
                                                     const Scalar* KOKKOS_RESTRICT g, const D* KOKKOS_RESTRICT d,
                                                     Scalar* KOKKOS_RESTRICT m, Scalar* KOKKOS_RESTRICT dm,
@@ -165,14 +165,14 @@ struct UpdateElement {
       compute(c, gm, sm, g[e], Scalar(d[e]), m[e], dm[e], x[e], new_m, new_dm, u);
       m[e] = new_m;
       dm[e] = new_dm;
-      if constexpr (InPlace)
-        x[e] = x[e] + u;
-      else
-        out[e] = x[e] + u;
+      const Scalar value = x[e] + u;
+      x[e] = value;
+      if constexpr (AlsoOut) out[e] = value;
     }
   }
 
-  /// The float-momentum update of the run at packed index i, state index `at`, parameter values x.
+  /// The float-momentum update of the run at packed index i, state index `at`, parameter values x
+  /// (and a copy of the new values to `out` unless null).
   KOKKOS_INLINE_FUNCTION void update_float(const ParameterScalars<Scalar>& pp, std::int64_t i, std::int64_t at,
                                            std::int64_t n, Scalar* x, Scalar* out) const {
     const StepScalars<Scalar> local = c;
@@ -183,14 +183,14 @@ struct UpdateElement {
     if (pp.preconditioned) {
       const T* d = direction.data() + i;
       if (out)
-        float_run<false>(local, gm, sm, g, d, m, dm, x, out, n);
+        float_run<true>(local, gm, sm, g, d, m, dm, x, out, n);
       else
-        float_run<true>(local, gm, sm, g, d, m, dm, x, nullptr, n);
+        float_run<false>(local, gm, sm, g, d, m, dm, x, nullptr, n);
     } else {
       if (out)
-        float_run<false>(local, gm, sm, g, g, m, dm, x, out, n);
+        float_run<true>(local, gm, sm, g, g, m, dm, x, out, n);
       else
-        float_run<true>(local, gm, sm, g, g, m, dm, x, nullptr, n);
+        float_run<false>(local, gm, sm, g, g, m, dm, x, nullptr, n);
     }
   }
 
@@ -251,8 +251,8 @@ void column_maxima(const ExecutionSpace& space, const UnitTable<MemorySpace>& ta
       });
 }
 
-/// The update of every element of the table's units: new momentum stored, and the new parameter
-/// value written to the parameter itself (`out` empty) or to out(packed index).
+/// The update of every element of the table's units: new momentum stored, the parameters updated
+/// in place and, when `out` is not empty, the new values also written to out(packed index).
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
 void update_parameters(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
                        const Kokkos::View<const std::uintptr_t*, MemorySpace>& values,
@@ -261,7 +261,7 @@ void update_parameters(const ExecutionSpace& space, const UnitTable<MemorySpace>
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   using Table = UnitTable<MemorySpace>;
   if (table.count == 0) return;
-  const bool in_place = out.extent(0) == 0;
+  const bool copy_out = out.extent(0) > 0;
   Kokkos::parallel_for(
       "Lather::Shampoo::update", Kokkos::TeamPolicy<ExecutionSpace>(space, table.count, Kokkos::AUTO),
       KOKKOS_LAMBDA(const member_type& member) {
@@ -271,7 +271,7 @@ void update_parameters(const ExecutionSpace& space, const UnitTable<MemorySpace>
         Scalar* x = tensor<Scalar>(values(p));
         const std::int64_t state = table.units(k, Table::state) - table.units(k, Table::packed);
         for_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) {
-          Scalar* target = in_place ? nullptr : out.data() + i;
+          Scalar* target = copy_out ? out.data() + i : nullptr;
           if (!pp.quantized) {
             element.update_float(pp, i, state + i, n, x + flat, target);
             return;
@@ -282,10 +282,9 @@ void update_parameters(const ExecutionSpace& space, const UnitTable<MemorySpace>
             const std::int64_t column = pp.column_base + (flat + e) % pp.columns;
             m1[e] = element.code(m, element.new_scales(column));
             dm1[e] = element.code(dm, element.new_diagonal_scales(column));
-            if (target)
-              target[e] = x[flat + e] + u;
-            else
-              x[flat + e] = x[flat + e] + u;
+            const Scalar value = x[flat + e] + u;
+            x[flat + e] = value;
+            if (target) target[e] = value;
           });
         });
       });
