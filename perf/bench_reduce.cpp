@@ -32,7 +32,7 @@ using Space = Kokkos::DefaultExecutionSpace;
 using Tensors = TensorList<float, Space::memory_space>;
 
 const std::vector<std::string> all_ops = {"raw",           "mean",     "grouped_mean",      "adasum",
-                                          "adasum_approx", "model200", "model200_scattered"};
+                                          "adasum_approx", "model200", "model200_scattered", "allgather"};
 
 struct ReduceBenchOptions {
   std::vector<std::string> ops = all_ops;
@@ -178,7 +178,7 @@ long messages_of_one_call(comm::GradientReducer<Space, float>& reducer, const st
 void run_reduce(const ReduceBenchOptions& o) {
   for (const auto& op : o.ops)
     LATHER_REQUIRE(std::find(all_ops.begin(), all_ops.end(), op) != all_ops.end(), "--op: unknown operation '",
-                   op, "' (expected raw, mean, grouped_mean, adasum, adasum_approx, model200 or model200_scattered)");
+                   op, "' (expected raw, mean, grouped_mean, adasum, adasum_approx, model200, model200_scattered or allgather)");
   std::vector<std::size_t> sizes;
   for (const auto& text : o.bytes) sizes.push_back(parse_bytes(text));
   auto wants = [&](const std::string& op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
@@ -248,6 +248,19 @@ void run_reduce(const ReduceBenchOptions& o) {
       const auto t = time_against_raw(world, o, raw, [&] { reducer.adasum_approx(Space(), tensors); });
       if (print) emit_result("adasum_approx", n, n, bytes, 1, t, o);
     }
+    if (wants("allgather")) {
+      // The distributed Shampoo step's exchange: every rank contributes its share of `bytes` of
+      // new parameter values (in place in the gathered buffer) and receives the others'.
+      std::vector<std::size_t> counts(std::size_t(n), count / std::size_t(n));
+      counts.back() += count % std::size_t(n);
+      std::size_t offset = 0;
+      for (int r = 0; r < world.rank(); ++r) offset += counts[std::size_t(r)];
+      Kokkos::View<float*, Space::memory_space> gathered("bench::gathered", count);
+      const Kokkos::View<const float*, Space::memory_space> mine =
+          Kokkos::subview(gathered, std::make_pair(offset, offset + counts[std::size_t(world.rank())]));
+      const auto t = time_against_raw(world, o, raw, [&] { world.allgatherv(Space(), mine, gathered, counts); });
+      if (print) emit_result("allgather", n, n, bytes, 1, t, o);
+    }
     for (const bool contiguous : {true, false}) {
       const std::string op = contiguous ? "model200" : "model200_scattered";
       if (!wants(op)) continue;
@@ -303,7 +316,8 @@ void register_reduce(CLI::App& app) {
       "200-tensor model) beside a same-run raw MPI_Allreduce of the same bytes. Run under mpiexec.");
   add_list_option(*sub, "--op", options->ops,
                   "Operations: raw, mean, grouped_mean, adasum, adasum_approx, model200 (200 tensors in one buffer), "
-                  "model200_scattered (200 separate allocations)");
+                  "model200_scattered (200 separate allocations), allgather (the distributed Shampoo step's parameter "
+                  "all-gather)");
   add_list_option(*sub, "--bytes", options->bytes, "Message sizes in bytes (suffixes K, M, G)");
   sub->add_option("--min-seconds", options->min_seconds, "Time spent per measurement (at least 3 calls)")
       ->capture_default_str();
