@@ -130,7 +130,7 @@ int Group::size() const { return state().size; }
 int Group::rank() const { return state().rank; }
 bool Group::member() const noexcept { return bool(m_state); }
 
-Group Group::split(int color, int key) const {
+Group Group::split(int color, [[maybe_unused]] int key) const {
   const auto& st = state();
   if (st.local) return color >= 0 ? Group() : Group(std::shared_ptr<State>());
 #if LATHER_ENABLE_MPI

@@ -118,6 +118,21 @@ UnitTable<MemorySpace> make_unit_table(const ExecutionSpace& space, const Shampo
   return t;
 }
 
+/// The flat index (in parameter p's tensor) of the first element of row `row` of unit k's box
+/// of rank `rank`: the row decomposed over dimensions 0 .. rank-2.
+template <class MemorySpace>
+KOKKOS_INLINE_FUNCTION std::int64_t row_start(const UnitTable<MemorySpace>& t, int k, int p, int rank,
+                                              std::int64_t row) {
+  using Table = UnitTable<MemorySpace>;
+  std::int64_t rest = row, flat = t.units(k, Table::offsets + rank - 1) * t.strides(p, rank - 1);
+  for (int d = rank - 2; d >= 0; --d) {
+    const std::int64_t extent = t.units(k, Table::sizes + d);
+    flat += (t.units(k, Table::offsets + d) + rest % extent) * t.strides(p, d);
+    rest /= extent;
+  }
+  return flat;
+}
+
 /// Calls f(packed, flat, count) over the elements of unit k of the table in runs: packed indices
 /// packed .. packed + count - 1 and flat indices flat .. flat + count - 1 are one run. On the host
 /// a run is a row of the box (or a piece of a range), a loop the pass writes with restrict
@@ -146,13 +161,7 @@ KOKKOS_INLINE_FUNCTION void for_unit_runs(const Member& member, const UnitTable<
   const int p = int(t.units(k, Table::parameter));
   const std::int64_t last = t.units(k, Table::sizes + rank - 1);
   Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements / last), [&](std::int64_t row) {
-    // The flat index of this row's first element: decompose the row over dimensions 0..rank-2.
-    std::int64_t rest = row, flat = t.units(k, Table::offsets + rank - 1) * t.strides(p, rank - 1);
-    for (int d = rank - 2; d >= 0; --d) {
-      const std::int64_t extent = t.units(k, Table::sizes + d);
-      flat += (t.units(k, Table::offsets + d) + rest % extent) * t.strides(p, d);
-      rest /= extent;
-    }
+    const std::int64_t flat = row_start(t, k, p, rank, row);
     const std::int64_t base = packed + row * last;
     if constexpr (host)
       f(base, flat, last);
@@ -196,12 +205,7 @@ KOKKOS_INLINE_FUNCTION Sums2 reduce_unit_runs(const Member& member, const UnitTa
   Kokkos::parallel_reduce(
       Kokkos::TeamThreadRange(member, elements / last),
       [&](std::int64_t row, Sums2& sums) {
-        std::int64_t rest = row, flat = t.units(k, Table::offsets + rank - 1) * t.strides(p, rank - 1);
-        for (int d = rank - 2; d >= 0; --d) {
-          const std::int64_t extent = t.units(k, Table::sizes + d);
-          flat += (t.units(k, Table::offsets + d) + rest % extent) * t.strides(p, d);
-          rest /= extent;
-        }
+        const std::int64_t flat = row_start(t, k, p, rank, row);
         const std::int64_t base = packed + row * last;
         if constexpr (host) {
           f(base, flat, last, sums);
