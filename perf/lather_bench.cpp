@@ -1,21 +1,17 @@
 // lather-bench <subcommand>: the benchmarks of every capability behind one executable.
 #include "bench_common.hpp"
 
+#include <lather/comm/mpi_session.hpp>
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <Kokkos_Core.hpp>
-#if LATHER_ENABLE_MPI
-#include <mpi.h>
-#endif
 
 #include <cstdio>
 
-int main(int argc, char** argv) {
-#if LATHER_ENABLE_MPI
-  MPI_Init(&argc, &argv);
-#endif
+int main(int argc, char** argv) try {
+  const lather::comm::MpiSession mpi(argc, argv);  // nothing without MPI
   int code = 0;
   {
     // Kokkos takes its own --kokkos-* arguments out of argv before CLI11 sees the rest.
@@ -45,8 +41,9 @@ int main(int argc, char** argv) {
       code = 1;
     }
   }
-#if LATHER_ENABLE_MPI
-  MPI_Finalize();
-#endif
   return code;
+} catch (const lather::Error& e) {
+  // MPI itself failed to start or to end.
+  std::fprintf(stderr, "lather-bench: %s\n", e.message().c_str());
+  return 1;
 }

@@ -39,7 +39,6 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
     ParameterPlan pp;
     pp.spec = parameters[p];
     pp.elements = element_count(pp.spec.shape);
-    plan.max_elements = std::max(plan.max_elements, pp.elements);
     const auto& shape = pp.spec.global();
     // The reference's _skip_preconditioning looks at the original (global) shape.
     const bool too_large = std::any_of(shape.begin(), shape.end(), [&](std::int64_t d) {

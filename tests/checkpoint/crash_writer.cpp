@@ -2,6 +2,7 @@
 //   checkpoint_crash_writer <directory> <step> <megabytes>
 // The array "data" holds `step` in every element; attribute "elements" says how many.
 #include <lather/checkpoint/checkpoint.hpp>
+#include <lather/comm/mpi_session.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
@@ -12,7 +13,7 @@
 #include <vector>
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  const lather::comm::MpiSession mpi(argc, argv);
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     if (argc != 4) {
@@ -38,6 +39,5 @@ int main(int argc, char** argv) {
     checkpointer.save(step, {slice}, attributes);
     std::printf("done\n");
   }
-  MPI_Finalize();
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <lather/comm/accumulate.hpp>
 #include <lather/comm/group.hpp>
 #include <lather/comm/mesh.hpp>
+#include <lather/comm/mpi_session.hpp>
 #include <lather/comm/reduce.hpp>
 #include <lather/comm/replicas.hpp>
 #include <lather/comm/tensor_parallel.hpp>

@@ -60,7 +60,8 @@ class Group {
 
   // ---- collectives on memory MPI can read (counts in elements) ----------------------------------
   // T is one of char, std::int8_t, int, std::int64_t, std::uint16_t, std::uint32_t, std::uint64_t,
-  // float, double (char moves bytes; reduce std::int8_t, not char). Counts of any size are split into calls MPI's int counts can describe.
+  // float, double (char moves bytes; reduce std::int8_t, not char). Counts of any size are split
+  // into calls MPI's int counts can describe.
 
   void barrier() const;
   /// values[0, count) := element-wise `op` over the group, in place.

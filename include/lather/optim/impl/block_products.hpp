@@ -24,7 +24,7 @@ class BlockProducts {
   /// the preconditioners of the largest group dimension that must be copied out of the store.
   BlockProducts(const ExecutionSpace& space, const ShampooPlan& plan, const StepPlan& step, std::size_t workspace_bytes,
                 bool quantized)
-      : m_plan(&plan), m_step(&step) {
+      : m_step(&step) {
     std::int64_t statistics = 0, matrices = 0;
     for (const auto& group : step.groups)
       for (auto n : group.size) {
@@ -195,7 +195,6 @@ class BlockProducts {
     return out;
   }
 
-  const ShampooPlan* m_plan;
   const StepPlan* m_step;
   std::int64_t m_gram_capacity = 1;
   Flat m_grams, m_gram_scratch, m_matrices;

@@ -212,9 +212,9 @@ class MatrixStore {
   /// rounding (each product rounded, then the sum). `scratch` is laid out like `grams`.
   virtual void blend(const ExecutionSpace& space, const List& list, const Flat& grams, T w1, T w2,
                      const Flat& scratch) = 0;
-  /// Slots [first, end): the lower triangle := the upper one (after products that wrote the
-  /// upper triangles only). Dense stores only: quantized stores are always written whole.
-  virtual void symmetrize(const ExecutionSpace& space, int first, int end) = 0;
+  /// Every slot: the lower triangle := the upper one (after products that wrote the upper
+  /// triangles only). Dense stores only: quantized stores are always written whole.
+  virtual void symmetrize(const ExecutionSpace& space) = 0;
   /// The slot's matrix as a contiguous row-major n x n array where it is stored so (dense, n equal
   /// to the padded size); nullptr otherwise (read() it instead).
   virtual const T* contiguous(int slot, int n) const = 0;
@@ -290,13 +290,12 @@ class DenseStore final : public MatrixStore<ExecutionSpace, T> {
   const T* contiguous(int slot, int n) const override {
     return n == this->m_max ? m_values.data() + std::size_t(slot) * n * n : nullptr;
   }
-  void symmetrize(const ExecutionSpace& space, int first, int end) override {
-    if (end <= first) return;
+  void symmetrize(const ExecutionSpace& space) override {
     const auto values = m_values;
     const int m = this->m_max;
     Kokkos::parallel_for(
         "Lather::Shampoo::symmetrize",
-        Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {first, 0}, {end, m}),
+        Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {this->m_slots, m}),
         KOKKOS_LAMBDA(int s, int i) {
           for (int j = 0; j < i; ++j) values(s, i, j) = values(s, j, i);
         });
@@ -377,7 +376,7 @@ class QuantizedStore final : public MatrixStore<ExecutionSpace, T> {
     write(space, list, scratch);
   }
   const T* contiguous(int, int) const override { return nullptr; }
-  void symmetrize(const ExecutionSpace&, int, int) override {}
+  void symmetrize(const ExecutionSpace&) override {}
   std::size_t packed_bytes(int n) const override { return PackQuantized<memory_space, T>::bytes_of(n); }
   void pack(const ExecutionSpace& space, const List& list, const Bytes& bytes) const override {
     transfer(space, list, bytes, true);

@@ -1,9 +1,8 @@
 #pragma once
-// The exchanges between the ranks of a Shampoo group, through its comm::Group: after the roots,
-// every rank learns every statistic's metrics and (replicated mode) the preconditioners the other
-// ranks computed; in sharded mode, the preconditioners of a chunk of parameters are gathered when
-// they are applied. Preconditioners travel packed in their storage format (dense or quantized)
-// in device buffers, which go to MPI directly where it can read them.
+// The exchange between the ranks of a Shampoo group after the roots, through its comm::Group:
+// every rank learns every statistic's metrics and (replicated step) the preconditioners the other
+// ranks computed. Preconditioners travel packed in their storage format (dense or quantized) in
+// device buffers, which go to MPI directly where it can read them.
 
 #include <lather/comm/group.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
@@ -54,20 +53,7 @@ class RootExchange {
       mt.failures = long(in[3]);
     }
     if (!preconditioners_too) return;
-    // Preconditioners: each rank packs its own, in the order of `local`.
-    std::vector<int> selected;
-    for (int s : local) selected.push_back(s);
-    transfer(space, plan, selected, owner, slot_of, preconditioners, preconditioners, /*own_slots=*/true);
-  }
-
-  /// Sharded mode: gathered slot k - first := the preconditioner of local[k] (held by its owner)
-  /// for k in [first, end).
-  void gather(const ExecutionSpace& space, const ShampooPlan& plan, const std::vector<int>& local, int first, int end,
-              const std::vector<int>& owner, const std::vector<int>& slot_of, const Store& preconditioners,
-              Store& gathered) {
-    ::lather::Impl::ScopedRegion region("Lather::Shampoo::gather_preconditioners");
-    transfer(space, plan, std::vector<int>(local.begin() + first, local.begin() + end), owner, slot_of,
-             preconditioners, gathered, /*own_slots=*/false);
+    share_preconditioners(space, plan, local, owner, slot_of, preconditioners);
   }
 
  private:
@@ -84,38 +70,34 @@ class RootExchange {
     return at;
   }
 
-  /// All-gathers the matrices of `statistics` (in order, each from its owner's `from` store) into
-  /// `to`: at slot_of[s] when `own_slots`, else at the statistic's position in the list.
-  void transfer(const ExecutionSpace& space, const ShampooPlan& plan, const std::vector<int>& statistics,
-                const std::vector<int>& owner, const std::vector<int>& slot_of, const Store& from, Store& to,
-                bool own_slots) {
+  /// All-gathers the preconditioners of `statistics` (each packed by its owner) into every rank's
+  /// `preconditioners` at slot_of[s].
+  void share_preconditioners(const ExecutionSpace& space, const ShampooPlan& plan, const std::vector<int>& statistics,
+                             const std::vector<int>& owner, const std::vector<int>& slot_of, Store& preconditioners) {
     const int ranks = m_group.size(), rank = m_group.rank();
     std::vector<std::size_t> counts(ranks, 0);
-    for (int s : statistics) counts[owner[s]] += from.packed_bytes(plan.statistic_size[s]);
+    for (int s : statistics) counts[owner[s]] += preconditioners.packed_bytes(plan.statistic_size[s]);
     m_outgoing.clear();
     std::int64_t offset = 0;
     for (int s : statistics)
       if (owner[s] == rank) {
         m_outgoing.add(slot_of[s], plan.statistic_size[s], offset, 0);
-        offset += std::int64_t(from.packed_bytes(plan.statistic_size[s]));
+        offset += std::int64_t(preconditioners.packed_bytes(plan.statistic_size[s]));
       }
     ensure(m_send, counts[rank]);
     ensure(m_receive, total(counts));
     m_outgoing.upload(space);
-    from.pack(space, m_outgoing, m_send);
+    preconditioners.pack(space, m_outgoing, m_send);
     m_group.allgatherv(space, Kokkos::View<const char*, memory_space>(Kokkos::subview(m_send, range(counts[rank]))),
                        Bytes(Kokkos::subview(m_receive, range(total(counts)))), counts);
     m_incoming.clear();
     std::vector<std::size_t> at = starts(counts);
-    for (std::size_t k = 0; k < statistics.size(); ++k) {
-      const int s = statistics[k];
-      const std::size_t bytes = from.packed_bytes(plan.statistic_size[s]);
-      if (!own_slots || owner[s] != rank)
-        m_incoming.add(own_slots ? slot_of[s] : int(k), plan.statistic_size[s], std::int64_t(at[owner[s]]), 0);
-      at[owner[s]] += bytes;
+    for (int s : statistics) {
+      if (owner[s] != rank) m_incoming.add(slot_of[s], plan.statistic_size[s], std::int64_t(at[owner[s]]), 0);
+      at[owner[s]] += preconditioners.packed_bytes(plan.statistic_size[s]);
     }
     m_incoming.upload(space);
-    to.unpack(space, m_incoming, m_receive);
+    preconditioners.unpack(space, m_incoming, m_receive);
   }
 
   static std::pair<std::size_t, std::size_t> range(std::size_t n) { return {0, n}; }

@@ -229,7 +229,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   /// Completes statistics that the products left as upper triangles (BlockProducts::upper_only).
   void statistics_symmetric(const ExecutionSpace& space) const {
     if (!m_products->upper_only()) return;
-    m_statistics->symmetrize(space, 0, m_statistics->slots());
+    m_statistics->symmetrize(space);
     m_products->clear_upper_only();
   }
   void allocate_stores(const ExecutionSpace& space);

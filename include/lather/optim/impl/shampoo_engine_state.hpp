@@ -129,19 +129,24 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
   m_state_codes.assign(2 * parameters, V1<std::int8_t>());
   const auto spread = [&](auto& full, std::size_t first, const auto& buffer, int kind, const std::vector<char>& wanted) {
     using Value = typename std::decay_t<decltype(buffer)>::value_type;
-    std::vector<V1<Value>> tensors(parameters);
+    // One zeroed buffer holds the wanted tensors one after the other: one allreduce sums them all.
+    std::size_t total = 0;
     for (std::size_t p = 0; p < parameters; ++p)
-      if (wanted[p])
-        full[first + p] = tensors[p] = V1<Value>(Kokkos::view_alloc(space, "Lather::Shampoo::state"),
-                                                 std::size_t(m_plan.parameters[p].elements));
+      if (wanted[p]) total += std::size_t(m_plan.parameters[p].elements);
+    const V1<Value> all(Kokkos::view_alloc(space, "Lather::Shampoo::state"), total);
+    std::vector<V1<Value>> tensors(parameters);
+    for (std::size_t p = 0, offset = 0; p < parameters; ++p) {
+      if (!wanted[p]) continue;
+      const std::size_t n = std::size_t(m_plan.parameters[p].elements);
+      full[first + p] = tensors[p] = Kokkos::subview(all, std::make_pair(offset, offset + n));
+      offset += n;
+    }
     PointerTable<Value, memory_space> pointers;
     pointers.update(space, tensors);
     const auto table = ShampooState::state_table(space, m_plan, m_step_plan, kind);
     scatter<ExecutionSpace, Value, Value, memory_space>(space, table, pointers.device(),
                                                         Kokkos::View<const Value*, memory_space>(buffer));
-    if (m_step_plan.distributed)
-      for (std::size_t p = 0; p < parameters; ++p)
-        if (wanted[p]) m_group.allreduce(space, tensors[p], comm::Combine::sum);
+    if (m_step_plan.distributed) m_group.allreduce(space, all, comm::Combine::sum);
   };
   std::vector<char> diagonal(parameters, m_diagonal.extent(0) > 0), floats(parameters), codes(parameters);
   for (std::size_t p = 0; p < parameters; ++p)

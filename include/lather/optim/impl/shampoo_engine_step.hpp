@@ -208,11 +208,13 @@ std::vector<Sums2> ShampooEngine<ExecutionSpace, Scalar, T>::parameter_norms(con
 template <class ExecutionSpace, class Scalar, class T>
 void ShampooEngine<ExecutionSpace, Scalar, T>::set_gradient_scales(const ExecutionSpace& space,
                                                                    const std::vector<Sums2>& gradient_norm2) {
+  // Only the normalized grafts scale the gradient; the others keep the initial scale of 1 (and
+  // set_multipliers uploads the scalars anyway).
   const bool normalized =
       m_options.graft_type == GraftType::adagrad_normalized || m_options.graft_type == GraftType::rmsprop_normalized;
+  if (!normalized) return;
   for (std::size_t p = 0; p < gradient_norm2.size(); ++p)
-    m_parameter_scalars_host[p].gradient_scale =
-        normalized ? Scalar(1.0 / (std::sqrt(gradient_norm2[p].a) + 1e-16)) : Scalar(1);
+    m_parameter_scalars_host[p].gradient_scale = Scalar(1.0 / (std::sqrt(gradient_norm2[p].a) + 1e-16));
   upload_parameter_scalars(space);
 }
 

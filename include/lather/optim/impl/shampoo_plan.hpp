@@ -37,7 +37,6 @@ struct ShampooPlan {
   std::vector<int> statistic_owner;     ///< parameter index of each global statistic
   std::vector<int> local_statistics;    ///< global ids of the statistics of this rank's blocks, in order
   int max_size = 0;                     ///< the stack's padded matrix size (>= 1)
-  std::int64_t max_elements = 0;        ///< largest local parameter
 
   int num_statistics() const { return int(statistic_size.size()); }
   bool all_local() const { return int(local_statistics.size()) == num_statistics(); }
