@@ -1,6 +1,8 @@
 // lather-bench tta: time to accuracy on Fashion-MNIST -- optimizer steps and wall-clock seconds
 // until the test accuracy first reaches a target, for Shampoo and for Adam (the same-run
-// baseline), each with the learning rate of the sweep in docs/reference/driver.md. Runs over the
+// baseline), each with the learning rate of the sweep in docs/reference/driver.md -- or, with
+// --model transformer, until the character transformer's validation loss reaches --target-loss,
+// with its tokens/s and model FLOP utilisation. Runs over the
 // MPI ranks it is launched with (data parallel), like lather-train.
 #include "bench_common.hpp"
 
@@ -23,6 +25,10 @@ struct TtaOptions {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::vector<std::string> shampoo;  ///< name=value over lather-train's Shampoo defaults (a sweep)
   std::vector<std::string> learning_rates;  ///< optimizer=value: peak rates other than lather-train's
+  std::string model = "mlp";
+  std::string text = "/usr/share/datasets/shakespeare";
+  double target_loss = 1.8;  ///< transformer: validation nats/char
+  long max_steps = 0;        ///< transformer: give up after this many steps (0: lather-train's default)
 };
 
 void run_tta(const TtaOptions& o) {
@@ -31,11 +37,24 @@ void run_tta(const TtaOptions& o) {
   double baseline_steps = 0, baseline_seconds = 0;
   for (const auto& name : o.optimizers) {
     train::TrainOptions t;
-    t.data = o.data;
+    const bool transformer = o.model == "transformer";
+    if (transformer) {
+      // lather-train --model transformer's defaults, then this optimizer at its default rate.
+      t.model = "transformer";
+      CLI::App defaults;
+      train::add_options(defaults, t);
+      train::apply_model_defaults(defaults, t);
+      t.text = o.text;
+      t.target_loss = o.target_loss;
+      if (o.max_steps > 0) t.max_steps = o.max_steps;
+      t.lr = train::default_transformer_learning_rate(name);
+    } else {
+      t.data = o.data;
+      t.epochs = o.epochs;
+      t.target_accuracy = o.target;
+    }
     t.optimizer = name;
-    t.epochs = o.epochs;
     t.eval_every = o.eval_every;
-    t.target_accuracy = o.target;
     t.quiet = true;
     if (name == "shampoo") t.shampoo = o.shampoo;
     for (const auto& pair : o.learning_rates) {
@@ -55,13 +74,15 @@ void run_tta(const TtaOptions& o) {
     const double seconds = result.reached_target ? result.target_training_seconds : -1.0;
     const double with_evaluations = result.reached_target ? result.target_seconds : -1.0;
     if (name == o.optimizers.front()) baseline_steps = steps, baseline_seconds = seconds;
-    const double samples = double(result.steps) * double(t.batch_size);
+    const double samples = double(result.steps) * double(t.batch_size) * (transformer ? t.block_size : 1);
     std::string overrides;
     for (const auto& pair : t.shampoo) overrides += (overrides.empty() ? "" : " ") + pair;
     if (rank == 0)
       emit({{"bench", "tta"},
+            {"model", o.model},
             {"optimizer", name},
-            {"target", o.target},
+            {"target", transformer ? o.target_loss : o.target},
+            {"target_kind", transformer ? "validation_loss_nats_per_char" : "test_accuracy"},
             {"reached", result.reached_target},
             {"steps", steps},
             {"seconds", seconds},
@@ -73,6 +94,9 @@ void run_tta(const TtaOptions& o) {
             {"ranks", ranks},
             {"eval_every", o.eval_every},
             {"final_test_accuracy", result.test_accuracy},
+            {"final_validation_loss", transformer ? result.test_loss : -1.0},
+            {"tokens_per_second", result.tokens_per_second},
+            {"model_flop_utilization", result.model_flop_utilization},
             {"baseline", o.optimizers.front()},
             {"ratio_steps", steps > 0 && baseline_steps > 0 ? steps / baseline_steps : -1.0},
             {"ratio_seconds", seconds > 0 && baseline_seconds > 0 ? seconds / baseline_seconds : -1.0},
@@ -95,6 +119,16 @@ void register_tta(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--epochs", options->epochs, "Give up after this many epochs")->capture_default_str();
   sub->add_option("--data", options->data, "Fashion-MNIST directory")->capture_default_str();
+  sub->add_option("--model", options->model,
+                  "mlp (Fashion-MNIST, --target accuracy) or transformer (--text, --target-loss validation nats/char)")
+      ->check(CLI::IsMember({"mlp", "transformer"}))
+      ->capture_default_str();
+  sub->add_option("--text", options->text, "transformer: the text (lather-train --text)")->capture_default_str();
+  sub->add_option("--target-loss", options->target_loss, "transformer: target validation loss, nats/char")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--max-steps", options->max_steps, "transformer: give up after this many steps (0: lather-train's run)")
+      ->capture_default_str();
   add_list_option(*sub, "--shampoo", options->shampoo,
                   "Shampoo options over lather-train's defaults, name=value (e.g. preconditioning_compute_steps=50)");
   add_list_option(*sub, "--lr", options->learning_rates,

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Loss and accuracy curves from lather-train --metrics files, one line per file, as a PNG.
+"""Loss and accuracy curves from lather-train --metrics files, one line per file, as a PNG
+(the MLP's test loss and accuracy, or the transformer's validation loss and accuracy).
 
     perf/plot_metrics.py shampoo.jsonl adam.jsonl -o curves.png [--labels shampoo,adam] [--x step|seconds]
 
@@ -31,6 +32,10 @@ def read(path):
                 train.append(record)
             if "test_accuracy" in record and not record.get("final"):
                 test.append(record)
+            # The transformer's validation lines: the same roles under their own names.
+            if "validation_loss" in record and "validation_accuracy" in record:
+                test.append(dict(record, test_loss=record["validation_loss"],
+                                 test_accuracy=record["validation_accuracy"]))
     if not train and not test:
         sys.exit(f"{path}: no metrics lines (was it written by lather-train --metrics?)")
     return train, test
@@ -55,9 +60,10 @@ def main():
             accuracy_axis.plot([r[args.x] for r in train], [100 * r["train_accuracy"] for r in train],
                                alpha=0.4, label=f"{label} train")
         if test:
-            loss_axis.plot([r[args.x] for r in test], [r["test_loss"] for r in test], "o--", label=f"{label} test")
+            kind = "validation" if "validation_loss" in test[0] else "test"
+            loss_axis.plot([r[args.x] for r in test], [r["test_loss"] for r in test], "o--", label=f"{label} {kind}")
             accuracy_axis.plot([r[args.x] for r in test], [100 * r["test_accuracy"] for r in test], "o-",
-                               label=f"{label} test")
+                               label=f"{label} {kind}")
     loss_axis.set(xlabel=args.x, ylabel="cross-entropy", title="loss", yscale="log")
     accuracy_axis.set(xlabel=args.x, ylabel="accuracy (%)", title="accuracy")
     for axis in (loss_axis, accuracy_axis):

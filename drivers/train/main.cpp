@@ -1,20 +1,21 @@
-// lather-train: trains an MLP on Fashion-MNIST with Shampoo (or Adam, AdamW, AdaGrad, SGD), data
-// parallel over MPI ranks, optionally with weight shards; see `lather-train --help` and
-// docs/reference/driver.md.
+// lather-train: trains an MLP on Fashion-MNIST, or a character-level transformer on a text
+// (--model transformer), with Shampoo (or Adam, AdamW, AdaGrad, SGD), data parallel over MPI ranks,
+// optionally with weight shards; see `lather-train --help` and docs/reference/driver.md.
 #include "trainer.hpp"
 
 #include <lather/comm/group.hpp>
+#include <lather/comm/mpi_session.hpp>
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <Kokkos_Core.hpp>
-#include <mpi.h>
+#include <mpi.h>  // MPI_COMM_WORLD
 
 #include <cstdio>
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+int main(int argc, char** argv) try {
+  const lather::comm::MpiSession mpi(argc, argv);
   int code = 0;
   {
     const lather::comm::Group world(MPI_COMM_WORLD);
@@ -22,12 +23,14 @@ int main(int argc, char** argv) {
     // Kokkos takes its --kokkos-* arguments out of argv before CLI11 reads the rest.
     lather::KokkosSession kokkos(argc, argv);
     CLI::App app{"lather-train " LATHER_VERSION_STRING
-                 ": train a multilayer perceptron on Fashion-MNIST with Lather's optimizers, data parallel over "
-                 "MPI ranks. Run under mpiexec or srun; Kokkos options (--kokkos-num-threads, ...) are accepted too."};
+                 ": train a multilayer perceptron on Fashion-MNIST, or a character-level transformer on a text "
+                 "(--model transformer), with Lather's optimizers, data parallel over MPI ranks and tensor parallel "
+                 "over --weight-shards. Run under mpiexec or srun; Kokkos options (--kokkos-num-threads, ...) are accepted too."};
     lather::train::TrainOptions options;
     lather::train::add_options(app, options);
     try {
       app.parse(argc, argv);
+      lather::train::apply_model_defaults(app, options);
       lather::train::install_termination_handler();
       const auto result = lather::train::train(options, world);
       if (rank == 0 && !options.quiet)
@@ -48,6 +51,9 @@ int main(int argc, char** argv) {
       code = 2;
     }
   }
-  MPI_Finalize();
   return code;
+} catch (const lather::Error& e) {
+  // MPI itself failed to start or to end (every rank reports it).
+  std::fprintf(stderr, "lather-train: %s\n", e.message().c_str());
+  return 2;
 }

@@ -1,6 +1,7 @@
 #include "trainer.hpp"
 
 #include "dataset.hpp"
+#include "language_model_trainer.hpp"
 #include "optimizer_factory.hpp"
 #include "progress.hpp"
 #include "resume.hpp"
@@ -45,6 +46,9 @@ nlohmann::json optimizer_metrics(const optim::Optimizer<Space, float>& optimizer
 
 }  // namespace
 
+bool termination_requested() { return g_terminate != 0; }
+void clear_termination_request() { g_terminate = 0; }
+
 void install_termination_handler() {
   struct sigaction action {};
   action.sa_handler = on_terminate;
@@ -54,6 +58,7 @@ void install_termination_handler() {
 
 TrainResult train(const TrainOptions& o, const comm::Group& world,
                   const std::function<void(const std::string&)>& log_sink) {
+  if (o.model == "transformer") return train_language_model(o, world, log_sink);
   o.validate();
   const comm::Mesh mesh(world, o.weight_shards);
   const Space space;

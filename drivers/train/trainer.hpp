@@ -25,6 +25,8 @@ struct TrainResult {
   double target_seconds = 0;   ///< seconds of the loop until then (evaluations included)
   double target_training_seconds = 0;  ///< the same without the evaluations
   bool interrupted = false;    ///< stopped by SIGTERM (after writing a checkpoint)
+  double tokens_per_second = 0;       ///< transformer: training tokens per second (evaluations excluded)
+  double model_flop_utilization = 0;  ///< transformer: model flop/s per rank / same-run GEMM flop/s
   std::string last_checkpoint;
 };
 
@@ -36,6 +38,9 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
 /// Installs the SIGTERM handler that makes train() checkpoint and return (what Slurm sends at the
 /// time limit). Idempotent.
 void install_termination_handler();
+
+/// Forgets a SIGTERM already acted on, for programs that run several jobs in one process.
+void clear_termination_request();
 
 /// lather-train's exit status after SIGTERM stopped it with its checkpoint written (0: finished,
 /// 2: an error Lather reports), so a job script knows to requeue.

@@ -28,6 +28,7 @@ optim::LearningRateSchedule schedule_of(const TrainOptions& o, long total_steps)
   return s;
 }
 long planned_steps(const TrainOptions& o) {
+  if (o.schedule_steps > 0) return o.schedule_steps;
   const long samples = o.train_samples > 0 ? o.train_samples : 60000;
   const long steps = long(o.epochs) * ((samples + o.batch_size - 1) / o.batch_size);
   return o.max_steps > 0 ? std::min(steps, o.max_steps) : steps;
@@ -86,7 +87,10 @@ optim::AdamOptions TrainOptions::adam_options() const {
 }
 
 void TrainOptions::validate() const {
-  LATHER_REQUIRE(epochs >= 1, "--epochs must be >= 1, got ", epochs);
+  LATHER_REQUIRE(model == "mlp" || model == "transformer", "--model must be mlp or transformer, got '", model, "'");
+  const bool transformer = model == "transformer";
+  // A transformer run may train for no step at all: --resume --epochs 0 --sample N samples from a checkpoint.
+  LATHER_REQUIRE(epochs >= (transformer ? 0 : 1), "--epochs must be >= ", transformer ? 0 : 1, ", got ", epochs);
   LATHER_REQUIRE(batch_size >= 1, "--batch-size must be >= 1, got ", batch_size);
   (void)default_learning_rate(optimizer);
   LATHER_REQUIRE(std::isfinite(lr), "--lr must be finite");
@@ -105,13 +109,77 @@ void TrainOptions::validate() const {
                  target_accuracy);
   LATHER_REQUIRE(wire_precision == "native" || wire_precision == "bf16" || wire_precision == "fp16",
                  "--wire-precision must be native, bf16 or fp16, got '", wire_precision, "'");
-  LATHER_REQUIRE(std::filesystem::is_directory(data), "--data '", data,
-                 "' is not a directory (install the Debian package dataset-fashion-mnist or pass --data DIR)");
+  if (transformer) {
+    LATHER_REQUIRE(std::filesystem::exists(text), "--text '", text,
+                   "' does not exist (run scripts/fetch-shakespeare, or pass --text with any UTF-8 file)");
+    LATHER_REQUIRE(n_layer >= 1 && n_head >= 1 && d_model >= 1 && block_size >= 1,
+                   "--n-layer, --n-head, --d-model and --block-size must be >= 1");
+    LATHER_REQUIRE(d_model % n_head == 0, "--d-model ", d_model, " must be a multiple of --n-head ", n_head);
+    LATHER_REQUIRE(n_head % weight_shards == 0, "--weight-shards ", weight_shards, " must divide --n-head ", n_head,
+                   " (each shard holds whole attention heads)");
+    LATHER_REQUIRE(z_loss >= 0, "--z-loss must be >= 0, got ", z_loss);
+    LATHER_REQUIRE(eval_windows >= 1, "--eval-windows must be >= 1, got ", eval_windows);
+    LATHER_REQUIRE(sample >= 0, "--sample must be >= 0, got ", sample);
+    LATHER_REQUIRE(temperature > 0 && std::isfinite(temperature), "--temperature must be > 0, got ", temperature);
+    LATHER_REQUIRE(target_loss >= 0, "--target-loss must be >= 0, got ", target_loss);
+  } else {
+    LATHER_REQUIRE(std::filesystem::is_directory(data), "--data '", data,
+                   "' is not a directory (install the Debian package dataset-fashion-mnist or pass --data DIR)");
+  }
   if (optimizer == "shampoo") (void)shampoo_options();
+}
+
+void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
+  if (o.model != "transformer") return;
+  const auto unset = [&](const char* flag) { return app.count(flag) == 0; };
+  // `mpiexec -n 2 lather-train --model transformer`: 32 windows of 64 characters per step; the
+  // run length and learning rates from the sweep in docs/training-a-transformer.md.
+  if (unset("--batch-size")) o.batch_size = 32;
+  if (unset("--epochs") && unset("--max-steps")) o.max_steps = 2000;
+  if (unset("--eval-every")) o.eval_every = 250;
+  if (unset("--log-every")) o.log_every = 50;
+  if (unset("--optimizer")) o.optimizer = "adamw";
+  if (unset("--lr") && o.lr < 0) o.lr = default_transformer_learning_rate(o.optimizer);
+}
+
+double default_transformer_learning_rate(const std::string& optimizer) {
+  (void)default_learning_rate(optimizer);  // the same names
+  if (optimizer == "shampoo") return 3e-3;
+  if (optimizer == "sgd") return 0.1;
+  if (optimizer == "adagrad") return 3e-2;
+  return 3e-3;
 }
 
 void add_options(CLI::App& app, TrainOptions& o) {
   app.set_config("--config", "", "Read options from a TOML/INI file (keys are the long option names)");
+  app.add_option("--model", o.model,
+                 "mlp: a multilayer perceptron on Fashion-MNIST (--data); transformer: a character-level GPT-style "
+                 "decoder on a text (--text), attention heads split over --weight-shards")
+      ->check(CLI::IsMember({"mlp", "transformer"}))
+      ->capture_default_str();
+  app.add_option("--text", o.text,
+                 "transformer: a directory with train.txt and validation.txt (scripts/fetch-shakespeare writes "
+                 "one) or any UTF-8 file (its last 10% validates)")
+      ->capture_default_str();
+  app.add_option("--n-layer", o.n_layer, "transformer: blocks")->capture_default_str();
+  app.add_option("--n-head", o.n_head, "transformer: attention heads (divisible by --weight-shards)")
+      ->capture_default_str();
+  app.add_option("--d-model", o.d_model, "transformer: model width (divisible by --n-head)")->capture_default_str();
+  app.add_option("--block-size", o.block_size, "transformer: context length in characters")->capture_default_str();
+  app.add_option("--z-loss", o.z_loss, "transformer: weight of PaLM's z-loss (log Z)^2, e.g. 1e-4; 0: off")
+      ->capture_default_str();
+  app.add_option("--eval-windows", o.eval_windows,
+                 "transformer: validation windows of --block-size characters per evaluation")
+      ->capture_default_str();
+  app.add_option("--sample", o.sample,
+                 "transformer: generate this many characters after training (with --resume --epochs 0: from the "
+                 "checkpoint without training)")
+      ->capture_default_str();
+  app.add_option("--prompt", o.prompt, "transformer: the text --sample continues");
+  app.add_option("--temperature", o.temperature, "transformer: sampling temperature")->capture_default_str();
+  app.add_option("--target-loss", o.target_loss,
+                 "transformer: stop once the validation loss (nats/char) is at or below this (0: never)")
+      ->capture_default_str();
   app.add_option("--data", o.data, "Directory with Fashion-MNIST's train-/t10k-{images,labels}-idx?-ubyte[.gz]")
       ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the training set")->capture_default_str();

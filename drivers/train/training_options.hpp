@@ -15,6 +15,7 @@
 namespace lather::train {
 
 struct TrainOptions {
+  std::string model = "mlp";  ///< mlp (Fashion-MNIST) or transformer (characters of --text)
   std::string data = "/usr/share/datasets/fashion-mnist";
   int epochs = 3;
   int batch_size = 128;  ///< global: samples per optimizer step over all replicas
@@ -44,6 +45,18 @@ struct TrainOptions {
   bool quiet = false;            ///< no progress lines (metrics file only)
   std::vector<std::string> shampoo;  ///< name=value pairs, the reference's option names
 
+  // --model transformer (the defaults are those of `mpiexec -n 2 lather-train --model transformer`,
+  // applied by apply_model_defaults where the user set nothing)
+  std::string text = "/usr/share/datasets/shakespeare";  ///< directory with train.txt/validation.txt, or one file
+  int n_layer = 4, n_head = 4, d_model = 128, block_size = 64;
+  double z_loss = 0;
+  long eval_windows = 128;     ///< validation windows per evaluation (the same ones every time)
+  long sample = 0;             ///< characters to generate after training
+  std::string prompt = "\n";
+  double temperature = 0.8;
+  double target_loss = 0;      ///< stop as soon as the validation loss (nats/char) is at or below this (0: never)
+  long schedule_steps = 0;     ///< steps the learning-rate schedule spans (0: from --epochs / --max-steps of the MLP)
+
   /// The learning rate a run uses: --lr, or the optimizer's tuned default.
   double learning_rate() const;
   /// Throws lather::Error naming the first bad option.
@@ -56,6 +69,13 @@ struct TrainOptions {
 
 /// The learning rates found by the sweep documented in docs/reference/driver.md.
 double default_learning_rate(const std::string& optimizer);
+
+/// The transformer's learning rates (docs/training-a-transformer.md).
+double default_transformer_learning_rate(const std::string& optimizer);
+
+/// The transformer's own defaults for what the user did not set on `app` (batch, steps, learning
+/// rate, evaluation interval): the MLP's make no sense for it. Call after parsing.
+void apply_model_defaults(const CLI::App& app, TrainOptions& options);
 
 /// Registers every option on `app`, including --config for TOML/INI files whose keys are the
 /// long option names (e.g. `epochs = 5`, `shampoo = ["block_size=128", ...]`) and one

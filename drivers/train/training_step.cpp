@@ -2,11 +2,35 @@
 
 namespace lather::train {
 
+void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientReducer<Space, float>& reducer,
+                     optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
+                     double local_weight) {
+  const auto& grads = parameters.gradients();
+  // A replica with no sample this step contributes zero gradients.
+  if (local_weight == 0) Kokkos::deep_copy(space, parameters.gradient_buffer(), 0.0f);
+  // Gradients are sums over this replica's samples (or tokens): their weighted mean is the mean
+  // over the global batch, whatever the rank count.
+  if (o.reduce == "mean") {
+    reducer.weighted_mean(space, grads, local_weight);
+  } else {
+    // Adasum combines per-replica gradients: the mean over this replica's samples.
+    const float scale = local_weight > 0 ? float(1.0 / local_weight) : 0.0f;
+    const auto all = parameters.gradient_buffer();
+    Kokkos::parallel_for(
+        "lather-train::scale", Kokkos::RangePolicy<Space>(space, 0, all.extent(0)),
+        KOKKOS_LAMBDA(std::int64_t k) { all(k) *= scale; });
+    if (o.reduce == "adasum")
+      reducer.adasum(space, grads);
+    else
+      reducer.adasum_approx(space, grads);
+  }
+  optimizer.step(space, parameters);
+}
+
 StepSums training_step(const Space& space, const TrainOptions& o, const data::LabelledImages& train_set,
                        const std::vector<std::int32_t>& order, long begin, long end, int replicas, int replica,
                        StepParts& parts) {
   const auto& parameters = parts.model.parameters();
-  const auto& grads = parameters.gradients();
   const auto [mine_begin, mine_end] = share(end - begin, replicas, replica);
   StepSums sums;
   for (int k = 0; k < o.accumulate; ++k) {
@@ -19,25 +43,7 @@ StepSums training_step(const Space& space, const TrainOptions& o, const data::La
     sums.correct += double(r.correct);
     sums.samples += double(r.samples);
   }
-  // A replica with no sample this step contributes zero gradients.
-  if (sums.samples == 0) Kokkos::deep_copy(space, parameters.gradient_buffer(), 0.0f);
-  // Gradients are sums over this replica's samples: their token-weighted mean is the mean over the
-  // global batch, whatever the rank count.
-  if (o.reduce == "mean") {
-    parts.reducer.weighted_mean(space, grads, sums.samples);
-  } else {
-    // Adasum combines per-replica gradients: the mean over this replica's samples.
-    const float scale = sums.samples > 0 ? float(1.0 / sums.samples) : 0.0f;
-    const auto all = parameters.gradient_buffer();
-    Kokkos::parallel_for(
-        "lather-train::scale", Kokkos::RangePolicy<Space>(space, 0, all.extent(0)),
-        KOKKOS_LAMBDA(std::int64_t k) { all(k) *= scale; });
-    if (o.reduce == "adasum")
-      parts.reducer.adasum(space, grads);
-    else
-      parts.reducer.adasum_approx(space, grads);
-  }
-  parts.optimizer.step(space, parameters);
+  reduce_and_step(space, o, parts.reducer, parts.optimizer, parameters, sums.samples);
   return sums;
 }
 

@@ -24,6 +24,12 @@ struct StepParts {
   Batch& staging;
 };
 
+/// The end of every step: the gradients (sums over this replica's `local_weight` samples or
+/// tokens) reduced over the data-parallel group as --reduce says, then the optimizer's update.
+void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientReducer<Space, float>& reducer,
+                     optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
+                     double local_weight);
+
 /// The step on samples order[begin, end) of the training set (the global batch; this replica
 /// takes its share). Collective over the mesh.
 StepSums training_step(const Space& space, const TrainOptions& o, const data::LabelledImages& train_set,

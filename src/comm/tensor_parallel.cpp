@@ -292,7 +292,8 @@ struct VocabParallelCrossEntropy<ExecutionSpace, Scalar>::State {
   ShardRange range;
   TensorParallelOptions options;
   Impl::Transport<ExecutionSpace, double> transport;
-  Kokkos::View<double*, memory_space> maxima, sums;
+  Kokkos::View<double*, memory_space> maxima, sums, z_rows;
+  Kokkos::View<int*, memory_space> correct_rows;
 };
 
 template <class ExecutionSpace, class Scalar>
@@ -328,6 +329,15 @@ double VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_backward(const
                                                                            const const_matrix& logits,
                                                                            const labels_view& labels,
                                                                            const vector& loss, const matrix& grad) {
+  CrossEntropyTerms terms;
+  terms.gradient_scale = logits.extent(0) > 0 ? 1.0 / double(logits.extent(0)) : 1.0;
+  return forward_backward(space, logits, labels, loss, grad, terms).loss / double(logits.extent(0));
+}
+
+template <class ExecutionSpace, class Scalar>
+CrossEntropySums VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_backward(
+    const ExecutionSpace& space, const const_matrix& logits, const labels_view& labels, const vector& loss,
+    const matrix& grad, const CrossEntropyTerms& terms) {
   Impl::ScopedRegion region("Lather::VocabParallelCrossEntropy::forward_backward");
   auto& st = *m_state;
   const std::size_t batch = logits.extent(0), columns = std::size_t(st.range.count);
@@ -356,6 +366,8 @@ double VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_backward(const
   if (st.maxima.extent(0) < batch) {
     st.maxima = Kokkos::View<double*, memory_space>("Lather::VocabParallelCrossEntropy::maxima", batch);
     st.sums = Kokkos::View<double*, memory_space>("Lather::VocabParallelCrossEntropy::sums", 2 * batch);
+    st.z_rows = Kokkos::View<double*, memory_space>("Lather::VocabParallelCrossEntropy::z_rows", batch);
+    st.correct_rows = Kokkos::View<int*, memory_space>("Lather::VocabParallelCrossEntropy::correct_rows", batch);
   }
   const auto maxima = Kokkos::subview(st.maxima, std::make_pair(std::size_t(0), batch));
   const auto sums = Kokkos::subview(st.sums, std::make_pair(std::size_t(0), 2 * batch));
@@ -364,12 +376,19 @@ double VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_backward(const
   Impl::local_sums(space, logits, labels, st.range.begin, Kokkos::View<const double*, memory_space>(maxima),
                    Kokkos::View<double*, memory_space>(sums));
   if (st.shards.size() > 1) st.transport.allreduce(space, sums, Combine::sum);
+  const auto z_rows = Kokkos::subview(st.z_rows, std::make_pair(std::size_t(0), batch));
+  const auto correct_rows = Kokkos::subview(st.correct_rows, std::make_pair(std::size_t(0), batch));
   Impl::finish_cross_entropy(space, logits, labels, st.range.begin,
                              Kokkos::View<const double*, memory_space>(maxima),
-                             Kokkos::View<const double*, memory_space>(sums), loss, grad);
-  const double total = Impl::sum_values(space, Kokkos::View<const Scalar*, memory_space>(loss));
+                             Kokkos::View<const double*, memory_space>(sums), terms.gradient_scale, terms.z_loss,
+                             loss, Kokkos::View<double*, memory_space>(z_rows),
+                             Kokkos::View<int*, memory_space>(correct_rows), grad);
+  CrossEntropySums result;
+  result.loss = Impl::sum_values(space, Kokkos::View<const Scalar*, memory_space>(loss));
+  if (terms.z_loss != 0) result.z_loss = Impl::sum_values(space, Kokkos::View<const double*, memory_space>(z_rows));
+  result.correct = long(Impl::sum_values(space, Kokkos::View<const int*, memory_space>(correct_rows)));
   Impl::fence(space, "Lather::VocabParallelCrossEntropy: loss and gradient ready");
-  return total / double(batch);
+  return result;
 }
 
 #define LATHER_COMM_TENSOR_PARALLEL_INSTANTIATE(SPACE, SCALAR) \

@@ -102,24 +102,30 @@ void local_sums(const ExecutionSpace& space, const Rows<const S, MemorySpace>& l
       });
 }
 
-/// loss(i) and grad(i, j) = (softmax(i, j) - [j owns label(i)]) / batch from the reduced sums.
+/// loss(i) = log Z_i - z_{i,label} (Z_i = sum_j exp z_ij over all shards), zrow(i) = z_loss (log Z_i)^2,
+/// correct(i) = 1 when the target logit is the row's largest (ties count), and grad(i, j) =
+/// scale * (softmax(i, j) (1 + 2 z_loss log Z_i) - [j owns label(i)]), from the reduced sums.
 template <class ExecutionSpace, class S, class MemorySpace>
 void finish_cross_entropy(const ExecutionSpace& space, const Rows<const S, MemorySpace>& logits,
                           const Kokkos::View<const int*, MemorySpace>& labels, int begin,
                           const Kokkos::View<const double*, MemorySpace>& maxima,
-                          const Kokkos::View<const double*, MemorySpace>& sums,
-                          const Kokkos::View<S*, MemorySpace>& loss, const Rows<S, MemorySpace>& grad) {
+                          const Kokkos::View<const double*, MemorySpace>& sums, double scale, double z_loss,
+                          const Kokkos::View<S*, MemorySpace>& loss, const Kokkos::View<double*, MemorySpace>& zrow,
+                          const Kokkos::View<int*, MemorySpace>& correct, const Rows<S, MemorySpace>& grad) {
   const int columns = int(logits.extent(1));
   const std::size_t batch = logits.extent(0);
-  const double inverse_batch = 1.0 / double(batch);
   Kokkos::parallel_for(
       "Lather::comm::finish_cross_entropy", Kokkos::RangePolicy<ExecutionSpace>(space, 0, batch),
       KOKKOS_LAMBDA(std::size_t i) {
         const double total = sums(i), target = sums(batch + i);
-        loss(i) = S(kmath::log(total) + maxima(i) - target);
+        const double log_z = kmath::log(total) + maxima(i);
+        loss(i) = S(log_z - target);
+        zrow(i) = z_loss * log_z * log_z;
+        correct(i) = target >= maxima(i) ? 1 : 0;
+        const double softmax_factor = 1.0 + 2.0 * z_loss * log_z;
         for (int j = 0; j < columns; ++j) {
           const double p = kmath::exp(double(logits(i, j)) - maxima(i)) / total;
-          grad(i, j) = S((p - (j + begin == labels(i) ? 1.0 : 0.0)) * inverse_batch);
+          grad(i, j) = S((p * softmax_factor - (j + begin == labels(i) ? 1.0 : 0.0)) * scale);
         }
       });
 }

@@ -181,6 +181,34 @@ TYPED_TEST(TensorParallel, VocabParallelCrossEntropyNeverGathersTheLogits) {
   for (int i = 0; i < batch; ++i) EXPECT_NEAR(loss_got[i], loss[i], loss_tolerance) << i;
   expect_block<T>(grad_d, grad, 0, r.begin, 4 * std::numeric_limits<T>::epsilon(), "vocab-parallel gradient");
 
+  // The general form: the summed loss's gradient with PaLM's z-loss, and the accuracy, against
+  // the same plain formulas: d/dz [log Z + w (log Z)^2 - z_label] = p (1 + 2 w log Z) - onehot.
+  const double w = 0.1;
+  double z_sum = 0, loss_sum = 0;
+  long correct = 0;
+  Dense z_grad(batch, vocab);
+  for (int i = 0; i < batch; ++i) {
+    double m = -1e300, s = 0;
+    for (int j = 0; j < vocab; ++j) m = std::max(m, double(T(logits(i, j))));
+    for (int j = 0; j < vocab; ++j) s += std::exp(double(T(logits(i, j))) - m);
+    const double log_z = std::log(s) + m;
+    z_sum += w * log_z * log_z;
+    loss_sum += loss[i];
+    correct += double(T(logits(i, labels[i]))) >= m ? 1 : 0;
+    for (int j = 0; j < vocab; ++j)
+      z_grad(i, j) = std::exp(double(T(logits(i, j))) - m) / s * (1 + 2 * w * log_z) - (j == labels[i] ? 1.0 : 0.0);
+  }
+  lather::comm::CrossEntropyTerms terms;
+  terms.gradient_scale = 1;
+  terms.z_loss = w;
+  const auto sums = criterion.forward_backward(Exec(), block<T>(logits, 0, batch, r.begin, r.count), label_view,
+                                               loss_view, grad_d, terms);
+  EXPECT_NEAR(sums.loss, loss_sum, batch * loss_tolerance);
+  // log Z ~ 60 here: w (log Z)^2 ~ 360, its gradient factor ~ 13; T rounding of the logits is shared.
+  EXPECT_NEAR(sums.z_loss, z_sum, 1e-9 * z_sum);
+  EXPECT_EQ(sums.correct, correct);
+  expect_block<T>(grad_d, z_grad, 0, r.begin, 64 * std::numeric_limits<T>::epsilon(), "z-loss gradient");
+
   // A label outside the vocabulary is an error on every shard.
   if (mesh.shard() == 0) label_host(1) = vocab;
   Kokkos::deep_copy(label_view, label_host);

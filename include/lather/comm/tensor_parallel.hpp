@@ -149,6 +149,22 @@ void all_gather_features(const ExecutionSpace& space, const Group& shards,
   FeatureAllGather<ExecutionSpace, Scalar>(shards, options)(space, local, gathered);
 }
 
+/// What VocabParallelCrossEntropy's general form adds to the plain cross-entropy.
+struct CrossEntropyTerms {
+  /// grad := gradient_scale x d(loss)/d(logits): 1 for the gradient of the summed loss, 1/batch
+  /// for the mean's (what the plain form uses), 1/(global tokens) for a token mean.
+  double gradient_scale = 1;
+  /// PaLM's auxiliary z-loss weight: adds z_loss (log Z_i)^2 per row (Z_i the softmax normaliser),
+  /// which keeps log Z near 0 in low precision (PaLM uses 1e-4). 0: off.
+  double z_loss = 0;
+};
+/// Sums over the batch's rows, the same on every shard.
+struct CrossEntropySums {
+  double loss = 0;    ///< cross-entropy (nats), without the z-loss
+  double z_loss = 0;  ///< z_loss (log Z)^2
+  long correct = 0;   ///< rows whose target logit is the largest of all shards' (ties count as correct)
+};
+
 /// Softmax cross-entropy over a vocabulary split across shards, as Megatron's
 /// vocab_parallel_cross_entropy: each shard holds logits_d [batch, V_d] for its vocabulary range;
 /// the row maxima (max), then the sums of exp(logit - max) and the target logits (one sum of
@@ -176,6 +192,12 @@ class VocabParallelCrossEntropy {
   /// global class ids in [0, vocab_size), the same on every shard. Collective.
   double forward_backward(const ExecutionSpace& space, const const_matrix& logits,
                           const labels_view& labels, const vector& loss, const matrix& grad);
+  /// The general form: the gradient scaled by terms.gradient_scale, the optional z-loss, and the
+  /// accuracy, all without gathering the logits (the correct count needs no extra communication:
+  /// the target logit and the row maximum are already reduced). Collective.
+  CrossEntropySums forward_backward(const ExecutionSpace& space, const const_matrix& logits,
+                                    const labels_view& labels, const vector& loss, const matrix& grad,
+                                    const CrossEntropyTerms& terms);
 
  private:
   struct State;

@@ -1,0 +1,345 @@
+#include "language_model_trainer.hpp"
+
+#include "dataset.hpp"
+#include "optimizer_factory.hpp"
+#include "progress.hpp"
+#include "training_step.hpp"
+
+#include <lather/checkpoint/checkpoint.hpp>
+#include <lather/comm/comm.hpp>
+#include <lather/core/error.hpp>
+#include <lather/core/impl/gemm.hpp>
+#include <lather/data/text.hpp>
+#include <lather/nn/transformer.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+
+namespace lather::train {
+
+namespace {
+
+using Model = nn::Transformer<Space, float>;
+
+/// Host staging of a micro-batch of windows: inputs tokens[o, o + time), targets one further.
+class WindowBatch {
+ public:
+  explicit WindowBatch(std::size_t capacity)
+      : m_inputs(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather-train::inputs"), capacity),
+        m_targets(Kokkos::view_alloc(Kokkos::WithoutInitializing, "lather-train::targets"), capacity),
+        m_host_inputs(Kokkos::create_mirror_view(m_inputs)),
+        m_host_targets(Kokkos::create_mirror_view(m_targets)) {}
+
+  void load(const Space& space, const std::vector<std::int32_t>& tokens, const std::int64_t* offsets, int windows,
+            int time) {
+    for (int w = 0; w < windows; ++w)
+      for (int t = 0; t < time; ++t) {
+        const std::size_t at = std::size_t(offsets[w] + t);
+        m_host_inputs(std::size_t(w) * time + t) = tokens[at];
+        m_host_targets(std::size_t(w) * time + t) = tokens[at + 1];
+      }
+    Kokkos::deep_copy(space, m_inputs, m_host_inputs);
+    Kokkos::deep_copy(space, m_targets, m_host_targets);
+  }
+  const Model::Tokens& inputs() const { return m_inputs; }
+  const Model::Tokens& targets() const { return m_targets; }
+
+ private:
+  Model::Tokens m_inputs, m_targets;
+  typename Model::Tokens::HostMirror m_host_inputs, m_host_targets;
+};
+
+/// The same-run GEMM throughput of this backend (flop/s) at the model's largest product shape:
+/// the denominator of the model FLOP utilisation.
+double gemm_flops_per_second(const Space& space, int m, int k, int n) {
+  using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, Memory>;
+  Matrix a("lather-train::gemm_a", m, k), b("lather-train::gemm_b", k, n), c("lather-train::gemm_c", m, n);
+  Kokkos::deep_copy(a, 0.5f);
+  Kokkos::deep_copy(b, 0.25f);
+  const auto run = [&] { ::lather::Impl::gemm(space, "N", "N", 1.0f, a, b, 0.0f, c); };
+  run();
+  Impl::fence(space, "lather-train: GEMM warm-up");
+  int reps = 0;
+  const auto began = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (elapsed < 0.3 || reps < 3) {
+    run();
+    Impl::fence(space, "lather-train: GEMM timed");
+    ++reps;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  }
+  return 2.0 * double(m) * double(k) * double(n) * reps / elapsed;
+}
+
+std::string mib(std::int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MiB", double(bytes) / 1048576.0);
+  return text;
+}
+
+/// Picks the next character from logits at `temperature` with one uniform draw.
+std::int32_t sample_from(const std::vector<double>& logits, double temperature, std::mt19937_64& rng) {
+  const double top = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> weights(logits.size());
+  double total = 0;
+  for (std::size_t v = 0; v < logits.size(); ++v) total += weights[v] = std::exp((logits[v] - top) / temperature);
+  double u = double(rng() >> 11) * 0x1.0p-53 * total;
+  for (std::size_t v = 0; v < weights.size(); ++v) {
+    if (u < weights[v]) return std::int32_t(v);
+    u -= weights[v];
+  }
+  return std::int32_t(weights.size() - 1);
+}
+
+}  // namespace
+
+TrainResult train_language_model(const TrainOptions& options, const comm::Group& world,
+                                 const std::function<void(const std::string&)>& log_sink) {
+  options.validate();
+  const comm::Mesh mesh(world, options.weight_shards);
+  const Space space;
+  const data::TextCorpus corpus = data::load_text_corpus(options.text);
+  const int replicas = mesh.replicas(), replica = mesh.replica();
+  const int block = options.block_size;
+  LATHER_REQUIRE(corpus.train.size() > std::size_t(block) && corpus.validation.size() > std::size_t(block),
+                 "--text '", options.text, "': ", corpus.train.size(), " training and ", corpus.validation.size(),
+                 " validation characters; each needs more than --block-size ", block);
+
+  const long batch = options.batch_size;
+  const long tokens_per_step = batch * block;
+  const long steps_per_epoch = std::max<long>(1, long(corpus.train.size()) / tokens_per_step);
+  const long planned = options.max_steps > 0 ? std::min<long>(options.max_steps, options.epochs * steps_per_epoch)
+                                             : options.epochs * steps_per_epoch;
+  TrainOptions o = options;
+  o.schedule_steps = std::max(1L, planned);  // the learning-rate schedule spans this run
+  ProgressLog log(o, mesh.world_rank() == 0, log_sink);
+
+  nn::TransformerConfig config;
+  config.vocab_size = corpus.vocabulary.size();
+  config.n_layer = o.n_layer;
+  config.n_head = o.n_head;
+  config.d_model = o.d_model;
+  config.block_size = block;
+  config.z_loss = o.z_loss;
+  Model model(space, config, o.seed, mesh);
+  const auto& parameters = model.parameters();
+  const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
+  comm::ReduceOptions reduce_options;
+  reduce_options.wire_precision = comm::parse_wire_precision(o.wire_precision);
+  comm::GradientReducer<Space, float> reducer(mesh, reduce_options);
+
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer;
+  if (!o.checkpoint_dir.empty()) {
+    checkpoint::CheckpointOptions c;
+    c.directory = o.checkpoint_dir;
+    c.keep_last = o.keep_checkpoints;
+    checkpointer = std::make_unique<checkpoint::Checkpointer>(mesh, c);
+  }
+  const std::string vocabulary = corpus.vocabulary.to_string();
+  if (o.resume && checkpointer) {
+    std::vector<std::string> skipped;
+    const auto state = checkpointer->restore_latest(space, *optimizer, parameters, &skipped);
+    for (const auto& why : skipped) log.say("warning: resume skips an unreadable checkpoint: " + why);
+    if (!state) {
+      log.say("resume: no checkpoint in " + o.checkpoint_dir + ", starting from scratch");
+    } else {
+      const auto& strings = state->extra.strings;
+      const auto model_kind = strings.find("model");
+      LATHER_REQUIRE(model_kind != strings.end() && model_kind->second == "transformer", "checkpoint ", state->file,
+                     " is not a transformer's");
+      const auto stored = strings.find("vocabulary");
+      LATHER_REQUIRE(stored != strings.end() && stored->second == vocabulary, "checkpoint ", state->file,
+                     " was trained on a vocabulary of ",
+                     stored == strings.end() ? 0 : data::Vocabulary::from_string(stored->second).size(),
+                     " characters that differs from the ", corpus.vocabulary.size(), " of --text '", o.text, "'");
+      log.say("resumed from " + state->file + " (step " + std::to_string(optimizer->step_count()) + "; written by " +
+              std::to_string(state->world_size) + " ranks with " + std::to_string(state->weight_shards) +
+              " weight shards)");
+    }
+  }
+  const long first_step = optimizer->step_count();
+  log.open_metrics(first_step > 0);
+  {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "lather-train: %d ranks = %d replicas x %d weight shards, transformer %d layers x %d heads, "
+                  "d_model %d, context %d, vocabulary %d (%.2fM parameters), %s (lr %.3g), %ld windows per step "
+                  "(%ld per replica%s), %ld steps",
+                  mesh.world_size(), replicas, mesh.weight_shards(), config.n_layer, config.n_head, config.d_model,
+                  block, config.vocab_size, double(config.parameter_count()) / 1e6, o.optimizer.c_str(),
+                  o.learning_rate(), batch, batch / replicas,
+                  o.accumulate > 1 ? (" in " + std::to_string(o.accumulate) + " micro-batches").c_str() : "", planned);
+    log.say(line);
+    log.say("text " + corpus.source + ": " + std::to_string(corpus.train.size()) + " training and " +
+            std::to_string(corpus.validation.size()) + " validation characters");
+  }
+
+  const long micro_windows = (batch / replicas + 1 + o.accumulate - 1) / o.accumulate + 1;
+  WindowBatch staging(std::size_t(std::max<long>(micro_windows, 1) * block));
+  TrainResult result;
+  const double gemm_rate = gemm_flops_per_second(space, int(micro_windows * block), config.d_model, 4 * config.d_model);
+
+  // Validation: the same windows every time, each replica its share, in micro-batches.
+  const auto validation_offsets =
+      data::window_offsets(o.seed ^ 0x5EEDULL, -1, int(o.eval_windows), std::int64_t(corpus.validation.size()), block);
+  const auto evaluate = [&](long step) {
+    const double began = log.seconds();
+    const auto [begin, end] = share(long(validation_offsets.size()), replicas, replica);
+    double sums[3] = {0, 0, 0};
+    for (long w = begin; w < end; w += micro_windows) {
+      const int windows = int(std::min(end - w, micro_windows));
+      staging.load(space, corpus.validation, validation_offsets.data() + w, windows, block);
+      const auto r = model.evaluate(space, windows, block, staging.inputs(), staging.targets());
+      sums[0] += r.loss, sums[1] += double(r.correct), sums[2] += double(r.tokens);
+    }
+    mesh.data_parallel().allreduce(sums, 3, comm::Combine::sum);
+    log.add_evaluation_time(log.seconds() - began);
+    result.test_loss = sums[0] / sums[2];
+    result.test_accuracy = sums[1] / sums[2];
+    if (o.target_loss > 0 && result.test_loss <= o.target_loss && !result.reached_target) {
+      result.reached_target = true;
+      result.target_step = step;
+      result.target_seconds = log.seconds();
+      result.target_training_seconds = log.training_seconds();
+    }
+    char line[256];
+    std::snprintf(line, sizeof line, "step %ld: validation loss %.4f nats/char (%.3f bits/char), accuracy %.2f%% (%s)",
+                  step, result.test_loss, result.test_loss / std::log(2.0), 100 * result.test_accuracy,
+                  format_duration(log.seconds()).c_str());
+    log.say(line);
+    log.record({{"step", step}, {"seconds", log.seconds()}, {"training_seconds", log.training_seconds()},
+                {"validation_loss", result.test_loss}, {"validation_accuracy", result.test_accuracy},
+                {"train_loss", result.train_loss}});
+  };
+  const auto save = [&]() {
+    if (!checkpointer) return;
+    checkpoint::TrainingState state;
+    state.rng = {o.seed};
+    state.weight_shards = o.weight_shards;
+    state.extra.strings["model"] = "transformer";
+    state.extra.strings["vocabulary"] = vocabulary;
+    state.extra.integers["n_layer"] = config.n_layer;
+    state.extra.integers["n_head"] = config.n_head;
+    state.extra.integers["d_model"] = config.d_model;
+    state.extra.integers["block_size"] = config.block_size;
+    result.last_checkpoint = checkpointer->save(space, *optimizer, parameters, state);
+  };
+
+  double window[4] = {0, 0, 0, 0};  // loss, correct, tokens, seconds since the last line
+  double last_line_seconds = log.training_seconds();
+  long trained_tokens = 0;
+  for (long step = first_step; step < planned; ++step) {
+    const auto offsets = data::window_offsets(o.seed, step, int(batch), std::int64_t(corpus.train.size()), block);
+    const auto [mine_begin, mine_end] = share(batch, replicas, replica);
+    nn::LanguageModelSums local;
+    for (int k = 0; k < o.accumulate; ++k) {
+      const auto [m0, m1] = share(mine_end - mine_begin, o.accumulate, k);
+      if (m1 == m0) continue;
+      staging.load(space, corpus.train, offsets.data() + mine_begin + m0, int(m1 - m0), block);
+      const auto r = model.train_batch(space, int(m1 - m0), block, staging.inputs(), staging.targets(),
+                                       local.tokens > 0);
+      local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
+    }
+    reduce_and_step(space, o, reducer, *optimizer, parameters, double(local.tokens));
+    // Over the whole mesh, so that a SIGTERM seen by any rank stops every rank after this step;
+    // the shards of a replica hold the same sums, counted once by dividing by their number.
+    double sums[4] = {local.loss, double(local.correct), double(local.tokens), double(termination_requested())};
+    mesh.world().allreduce(sums, 4, comm::Combine::sum);
+    for (int i = 0; i < 3; ++i) sums[i] /= mesh.weight_shards();
+    for (int i = 0; i < 3; ++i) window[i] += sums[i];
+    trained_tokens += long(sums[2]);
+    const long done = step + 1;
+    if (step == first_step) {
+      // What each rank holds, measured from the Views the run allocated (activations exist now).
+      const auto memory = model.memory();
+      const auto state = optimizer->memory_report().total();
+      const std::int64_t total = memory.parameters + memory.gradients + state + memory.activations + memory.communication;
+      const std::int64_t largest = mesh.world().allreduce(total, comm::Combine::max);
+      log.say("memory on rank 0: parameters " + mib(memory.parameters) + ", gradients " + mib(memory.gradients) +
+              ", optimizer state " + mib(state) + ", activations " + mib(memory.activations) +
+              ", communication buffers " + mib(memory.communication) + "; total " + mib(total) +
+              " (largest on any rank " + mib(largest) + ")");
+      log.record({{"memory_parameters", memory.parameters}, {"memory_gradients", memory.gradients},
+                  {"memory_optimizer_state", state}, {"memory_activations", memory.activations},
+                  {"memory_communication", memory.communication}, {"memory_total_largest", largest}});
+    }
+    const bool terminate = sums[3] > 0;
+    if ((o.log_every > 0 && done % o.log_every == 0) || done == planned || terminate) {
+      const double now = log.training_seconds();
+      const double rate = window[2] / std::max(now - last_line_seconds, 1e-9);
+      const double loss = window[0] / std::max(window[2], 1.0);
+      const double eta = double(planned - done) * log.seconds() / double(std::max(1L, done - first_step));
+      result.train_loss = loss;
+      char line[256];
+      std::snprintf(line, sizeof line, "step %ld/%ld loss %.4f nats/char (%.3f bits/char) %.0f tokens/s ETA %s", done,
+                    planned, loss, loss / std::log(2.0), rate, format_duration(eta).c_str());
+      if (!o.quiet) log.say(line);
+      log.record({{"step", done}, {"loss", loss}, {"bits_per_char", loss / std::log(2.0)},
+                  {"train_accuracy", window[1] / std::max(window[2], 1.0)}, {"tokens_per_second", rate},
+                  {"seconds", log.seconds()}, {"training_seconds", now}, {"learning_rate", o.learning_rate()}});
+      window[0] = window[1] = window[2] = 0;
+      last_line_seconds = now;
+    }
+    if (o.eval_every > 0 && done % o.eval_every == 0 && done != planned) {
+      evaluate(done);
+      if (result.reached_target) break;
+    }
+    if (terminate) {
+      save();
+      log.say("SIGTERM: checkpoint " + result.last_checkpoint + " written at step " + std::to_string(done) +
+              "; continue with --resume");
+      result.interrupted = true;
+      break;
+    }
+    if (o.checkpoint_every > 0 && done % o.checkpoint_every == 0) save();
+  }
+  result.steps = optimizer->step_count();
+  result.training_seconds = log.training_seconds();
+  if (!result.interrupted) {
+    if (!result.reached_target) evaluate(result.steps);
+    if (checkpointer && result.steps > first_step &&
+        !(o.checkpoint_every > 0 && result.steps % o.checkpoint_every == 0))
+      save();
+  }
+  result.seconds = log.seconds();
+  if (result.steps > first_step) {
+    // Model FLOP utilisation: the model's training flops per rank per second over the same-run
+    // GEMM throughput of this backend.
+    const double tokens_per_second = double(trained_tokens) / std::max(result.training_seconds, 1e-9);
+    const double achieved = tokens_per_second * config.training_flops_per_token(block) / mesh.world_size();
+    result.tokens_per_second = tokens_per_second;
+    result.model_flop_utilization = achieved / gemm_rate;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "throughput: %.0f tokens/s, %.2f GFLOP/s per rank = %.2f of this backend's GEMM (%.2f GFLOP/s)",
+                  tokens_per_second, achieved / 1e9, achieved / gemm_rate, gemm_rate / 1e9);
+    log.say(line);
+    log.record({{"step", result.steps}, {"final", true}, {"seconds", result.seconds},
+                {"training_seconds", result.training_seconds}, {"validation_loss", result.test_loss},
+                {"tokens_per_second", tokens_per_second}, {"model_flops_per_second_per_rank", achieved},
+                {"gemm_flops_per_second", gemm_rate}, {"model_flop_utilization", achieved / gemm_rate}});
+  }
+
+  if (o.sample > 0) {
+    // Every rank draws the same characters: the logits are gathered to every shard and every
+    // replica holds the same model, and the generator is seeded alike.
+    std::vector<std::int32_t> context = corpus.vocabulary.encode(o.prompt, "--prompt");
+    LATHER_REQUIRE(!context.empty(), "--prompt is empty: give at least one character to continue");
+    std::mt19937_64 rng(o.seed + 0x5A3D1E);
+    std::vector<std::int32_t> generated;
+    for (long c = 0; c < o.sample; ++c) {
+      const auto next = sample_from(model.next_token_logits(space, context), o.temperature, rng);
+      context.push_back(next);
+      generated.push_back(next);
+    }
+    log.say("sample (temperature " + std::to_string(o.temperature).substr(0, 4) + "):\n" + o.prompt +
+            corpus.vocabulary.decode(generated));
+  }
+  return result;
+}
+
+}  // namespace lather::train

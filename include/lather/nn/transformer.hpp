@@ -1,0 +1,120 @@
+#pragma once
+// A GPT-style causal decoder over characters, split as GPT-J and Megatron-LM split it over the S
+// weight shards of a replica (a Mesh with S shards); replicas split the batch.
+//
+//   tokens -> token embedding (vocabulary-parallel) + learned positions (model-dimension slices)
+//          -> n_layer x [ x += attention(LN(x));  x += MLP(LN(x)) ] -> LN -> head -> cross-entropy
+//
+// Per shard d of S, with D = d_model, H = n_head, V = vocabulary:
+// - token embedding [V, D]: rows shard_range(V, S, d); positions [block_size, D]: columns
+//   shard_range(D, S, d). The partial embeddings (zero outside the shard's tokens and columns) are
+//   summed over the shards: one all-reduce of [tokens, D].
+// - attention: heads [d H/S, (d+1) H/S); query, key and value projections column-parallel (no
+//   communication), the output projection row-parallel (one all-reduce of [tokens, D]).
+// - MLP: D -> 4D column-parallel, GELU (tanh form), 4D -> D row-parallel (one all-reduce).
+// - head: vocabulary-parallel projection D -> V_d and the vocabulary-parallel cross-entropy, which
+//   reduces row maxima and sums but never the logits.
+// LayerNorms and the row-parallel biases are replicated. Backward mirrors it: one all-reduce of
+// [tokens, D] per column-parallel group (query/key/value together), the head's and the MLP's.
+// Parameters are initialised from a seed on the global tensors (GPT-2's scheme: N(0, 0.02), the
+// residual projections N(0, 0.02 / sqrt(2 n_layer))), so every shard count starts from the same
+// model.
+
+#include <lather/comm/mesh.hpp>
+#include <lather/comm/tensor_parallel.hpp>
+#include <lather/core/parameters.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lather::nn {
+
+struct TransformerConfig {
+  int vocab_size = 0;
+  int n_layer = 4;
+  int n_head = 4;
+  int d_model = 128;
+  int block_size = 64;  ///< the longest context (rows of the position table)
+  /// PaLM's auxiliary loss weight on (log Z)^2 of the softmax; 0: off.
+  double z_loss = 0;
+  double layer_norm_epsilon = 1e-5;
+
+  int head_dim() const { return n_head > 0 ? d_model / n_head : 0; }
+  /// Throws lather::Error naming the first bad field (n_head must divide d_model; `shards` must
+  /// divide n_head).
+  void validate(int shards = 1) const;
+  /// Parameters of the whole model (all shards together).
+  std::int64_t parameter_count() const;
+  /// Multiply-adds x 2 of one training step (forward + backward = 3 x forward) per token at
+  /// context `time`: the GEMMs and the attention products, as in the PaLM paper's appendix B.
+  double training_flops_per_token(int time) const;
+};
+
+/// Sums over a batch, counted once per replica (the same on every shard).
+struct LanguageModelSums {
+  double loss = 0;    ///< summed cross-entropy, nats
+  double z_loss = 0;  ///< summed z-loss term
+  long correct = 0;   ///< tokens whose arg-max prediction is the target
+  long tokens = 0;
+};
+
+/// Bytes of the Views a model holds, by kind (what sharding divides).
+struct ModelMemory {
+  std::int64_t parameters = 0, gradients = 0, activations = 0, communication = 0;
+};
+
+template <class ExecutionSpace, class Scalar = float>
+class Transformer {
+ public:
+  using memory_space = typename ExecutionSpace::memory_space;
+  using Matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
+  using Tokens = Kokkos::View<std::int32_t*, memory_space>;
+  using Parameters = ParameterList<Scalar, memory_space>;
+
+  /// Collective over mesh.shards().
+  Transformer(const ExecutionSpace& space, const TransformerConfig& config, std::uint64_t seed,
+              const comm::Mesh& mesh = comm::Mesh());
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const TransformerConfig& config() const { return m_config; }
+  const Parameters& parameters() const { return m_parameters; }
+  const std::vector<ParameterSpec>& parameter_specs() const { return m_parameters.specs(); }
+
+  /// Forward and backward on `batch` windows of `time` tokens: inputs and targets hold
+  /// batch x time token ids, row b * time + t. The gradient of the summed loss (cross-entropy plus
+  /// z-loss) is written to the parameters' gradients, or added when `accumulate`. Collective over
+  /// the shards, which pass the same tokens.
+  LanguageModelSums train_batch(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,
+                                const Tokens& targets, bool accumulate);
+  /// Forward only.
+  LanguageModelSums evaluate(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,
+                             const Tokens& targets);
+  /// The logits of the token after the last of `context` (time = its length <= block_size), over
+  /// the whole vocabulary on every shard (gathered: one small all-gather). For sampling.
+  std::vector<double> next_token_logits(const ExecutionSpace& space, const std::vector<std::int32_t>& context);
+
+  /// Bytes held now; activations grow with the largest batch x time seen.
+  ModelMemory memory() const;
+
+  // Implementation steps. Public only because nvcc rejects an extended __host__ __device__ lambda
+  // whose enclosing member function is private; not for users.
+  struct State;
+  void forward(const ExecutionSpace& space, int batch, int time, const Tokens& inputs);
+  LanguageModelSums loss(const ExecutionSpace& space, int rows, const Tokens& targets, bool backward);
+  void backward(const ExecutionSpace& space, int batch, int time, const Tokens& inputs, bool accumulate);
+  void embed(const ExecutionSpace& space, int batch, int time, const Tokens& inputs);
+  void embed_backward(const ExecutionSpace& space, int batch, int time, const Tokens& inputs, bool accumulate);
+
+ private:
+  TransformerConfig m_config;
+  Parameters m_parameters;
+  std::unique_ptr<State> m_state;
+};
+
+}  // namespace lather::nn

@@ -1,0 +1,146 @@
+#include <lather/nn/layer_norm.hpp>
+
+#include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
+
+namespace lather::nn {
+
+namespace {
+namespace kmath = ::lather::Impl::kmath;
+}  // namespace
+
+// One team per row: the row's sums are team reductions, so a GPU reads each row with coalesced
+// loads; on the host a team is one thread looping over the row.
+
+template <class ExecutionSpace, class Scalar>
+void layer_norm_forward(const ExecutionSpace& space,
+                        const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
+                        const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& gamma,
+                        const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& beta,
+                        const Matrix<Scalar, typename ExecutionSpace::memory_space>& y,
+                        const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& mean,
+                        const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& rstd, double epsilon) {
+  const int rows = int(x.extent(0)), features = int(x.extent(1));
+  LATHER_REQUIRE(gamma.extent(0) == x.extent(1) && beta.extent(0) == x.extent(1), "layer_norm_forward: x has ",
+                 features, " features, gamma ", gamma.extent(0), ", beta ", beta.extent(0));
+  LATHER_REQUIRE(y.extent(0) == x.extent(0) && y.extent(1) == x.extent(1), "layer_norm_forward: x is [", rows, ", ",
+                 features, "], y [", y.extent(0), ", ", y.extent(1), "]");
+  LATHER_REQUIRE(mean.extent(0) == x.extent(0) && rstd.extent(0) == x.extent(0), "layer_norm_forward: x has ", rows,
+                 " rows, mean ", mean.extent(0), ", rstd ", rstd.extent(0));
+  LATHER_REQUIRE(epsilon >= 0, "layer_norm_forward: epsilon must be >= 0, got ", epsilon);
+  if (rows == 0) return;
+  LATHER_REQUIRE(features >= 1, "layer_norm_forward: rows of ", features, " features have no mean");
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  const double inverse_features = 1.0 / double(features);
+  Kokkos::parallel_for(
+      "Lather::nn::layer_norm_forward", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int i = member.league_rank();
+        double sum = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, features), [&](int j, double& partial) { partial += double(x(i, j)); },
+            sum);
+        const double row_mean = sum * inverse_features;
+        // Two passes: the variance as the mean of squared deviations does not cancel catastrophically.
+        double squares = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, features),
+            [&](int j, double& partial) {
+              const double centred = double(x(i, j)) - row_mean;
+              partial += centred * centred;
+            },
+            squares);
+        const Scalar m = Scalar(row_mean);
+        const Scalar r = Scalar(1.0 / kmath::sqrt(squares * inverse_features + epsilon));
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, features),
+                             [&](int j) { y(i, j) = (x(i, j) - m) * r * gamma(j) + beta(j); });
+        Kokkos::single(Kokkos::PerTeam(member), [&]() {
+          mean(i) = m;
+          rstd(i) = r;
+        });
+      });
+}
+
+template <class ExecutionSpace, class Scalar>
+void layer_norm_backward(const ExecutionSpace& space,
+                         const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
+                         const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& gamma,
+                         const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& mean,
+                         const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& rstd,
+                         const Matrix<const Scalar, typename ExecutionSpace::memory_space>& dy,
+                         const Matrix<Scalar, typename ExecutionSpace::memory_space>& dx, bool add_to_dx,
+                         const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& dgamma,
+                         const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& dbeta, bool accumulate) {
+  const int rows = int(x.extent(0)), features = int(x.extent(1));
+  LATHER_REQUIRE(gamma.extent(0) == x.extent(1) && dgamma.extent(0) == x.extent(1) && dbeta.extent(0) == x.extent(1),
+                 "layer_norm_backward: x has ", features, " features, gamma ", gamma.extent(0), ", dgamma ",
+                 dgamma.extent(0), ", dbeta ", dbeta.extent(0));
+  LATHER_REQUIRE(mean.extent(0) == x.extent(0) && rstd.extent(0) == x.extent(0), "layer_norm_backward: x has ", rows,
+                 " rows, mean ", mean.extent(0), ", rstd ", rstd.extent(0));
+  LATHER_REQUIRE(dy.extent(0) == x.extent(0) && dy.extent(1) == x.extent(1) && dx.extent(0) == x.extent(0) &&
+                     dx.extent(1) == x.extent(1),
+                 "layer_norm_backward: x is [", rows, ", ", features, "], dy [", dy.extent(0), ", ", dy.extent(1),
+                 "], dx [", dx.extent(0), ", ", dx.extent(1), "]");
+  // dgamma = sum_i dy * xhat, dbeta = sum_i dy: a thread per column walks the rows in order (the
+  // same sum every run). First, so that dx may overwrite dy afterwards.
+  Kokkos::parallel_for(
+      "Lather::nn::layer_norm_backward::parameters", Kokkos::RangePolicy<ExecutionSpace>(space, 0, features),
+      KOKKOS_LAMBDA(int j) {
+        double gamma_sum = 0, beta_sum = 0;
+        for (int i = 0; i < rows; ++i) {
+          const double d = double(dy(i, j));
+          gamma_sum += d * double((x(i, j) - mean(i)) * rstd(i));
+          beta_sum += d;
+        }
+        dgamma(j) = accumulate ? Scalar(double(dgamma(j)) + gamma_sum) : Scalar(gamma_sum);
+        dbeta(j) = accumulate ? Scalar(double(dbeta(j)) + beta_sum) : Scalar(beta_sum);
+      });
+  if (rows == 0) return;
+  // dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)) with g = dy gamma: y depends on x through
+  // xhat directly and through the row's mean and rstd.
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  const double inverse_features = 1.0 / double(features);
+  Kokkos::parallel_for(
+      "Lather::nn::layer_norm_backward::input", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int i = member.league_rank();
+        const Scalar m = mean(i), r = rstd(i);
+        double g_sum = 0, g_xhat_sum = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, features),
+            [&](int j, double& partial) { partial += double(dy(i, j) * gamma(j)); }, g_sum);
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, features),
+            [&](int j, double& partial) { partial += double(dy(i, j) * gamma(j)) * double((x(i, j) - m) * r); },
+            g_xhat_sum);
+        const Scalar g_mean = Scalar(g_sum * inverse_features), g_xhat_mean = Scalar(g_xhat_sum * inverse_features);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, features), [&](int j) {
+          const Scalar xhat = (x(i, j) - m) * r;
+          const Scalar value = r * (dy(i, j) * gamma(j) - g_mean - xhat * g_xhat_mean);
+          dx(i, j) = add_to_dx ? dx(i, j) + value : value;
+        });
+      });
+}
+
+#define LATHER_NN_LAYER_NORM_INSTANTIATE(SPACE, SCALAR)                                                              \
+  template void layer_norm_forward<SPACE, SCALAR>(                                                                   \
+      const SPACE&, const Matrix<const SCALAR, SPACE::memory_space>&,                                                \
+      const Kokkos::View<const SCALAR*, SPACE::memory_space>&,                                                       \
+      const Kokkos::View<const SCALAR*, SPACE::memory_space>&, const Matrix<SCALAR, SPACE::memory_space>&,           \
+      const Kokkos::View<SCALAR*, SPACE::memory_space>&, const Kokkos::View<SCALAR*, SPACE::memory_space>&, double); \
+  template void layer_norm_backward<SPACE, SCALAR>(                                                                  \
+      const SPACE&, const Matrix<const SCALAR, SPACE::memory_space>&,                                                \
+      const Kokkos::View<const SCALAR*, SPACE::memory_space>&,                                                       \
+      const Kokkos::View<const SCALAR*, SPACE::memory_space>&,                                                       \
+      const Kokkos::View<const SCALAR*, SPACE::memory_space>&, const Matrix<const SCALAR, SPACE::memory_space>&,     \
+      const Matrix<SCALAR, SPACE::memory_space>&, bool, const Kokkos::View<SCALAR*, SPACE::memory_space>&,           \
+      const Kokkos::View<SCALAR*, SPACE::memory_space>&, bool);
+
+LATHER_NN_LAYER_NORM_INSTANTIATE(DefaultExecutionSpace, float)
+LATHER_NN_LAYER_NORM_INSTANTIATE(DefaultExecutionSpace, double)
+#if LATHER_HOST_SPACE_DIFFERS
+LATHER_NN_LAYER_NORM_INSTANTIATE(DefaultHostExecutionSpace, float)
+LATHER_NN_LAYER_NORM_INSTANTIATE(DefaultHostExecutionSpace, double)
+#endif
+
+}  // namespace lather::nn

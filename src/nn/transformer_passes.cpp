@@ -1,0 +1,256 @@
+// The transformer's forward and backward passes over the shards of a replica (the layout is in
+// include/lather/nn/transformer.hpp).
+#include "transformer_state.hpp"
+
+#include <lather/core/error.hpp>
+#include <lather/core/impl/gemm.hpp>
+#include <lather/core/kokkos_compat.hpp>
+#include <lather/nn/embedding.hpp>
+#include <lather/nn/gelu.hpp>
+#include <lather/nn/layer_norm.hpp>
+
+namespace lather::nn {
+
+namespace {
+
+template <class State, class ExecutionSpace>
+void allocate(State& st, const ExecutionSpace& space, int rows, const TransformerConfig& config) {
+  if (rows <= st.capacity) return;
+  st.capacity = rows;
+  using Matrix = typename State::Matrix;
+  using Vector = typename State::Vector;
+  const auto matrix = [&](const char* label, int width) {
+    return Matrix(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Transformer::") + label),
+                  rows, width);
+  };
+  const auto vector = [&](const char* label) {
+    return Vector(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Transformer::") + label),
+                  rows);
+  };
+  const int D = config.d_model;
+  for (auto& b : st.blocks) {
+    b.x = matrix("x", D), b.a = matrix("ln1", D), b.x1 = matrix("x1", D), b.b = matrix("ln2", D);
+    b.q = matrix("q", st.head_width), b.k = matrix("k", st.head_width), b.v = matrix("v", st.head_width);
+    b.y = matrix("attention", st.head_width);
+    b.h = matrix("mlp_pre", st.mlp_width), b.g = matrix("mlp_gelu", st.mlp_width);
+    b.mean1 = vector("mean1"), b.rstd1 = vector("rstd1"), b.mean2 = vector("mean2"), b.rstd2 = vector("rstd2");
+  }
+  st.x_final = matrix("x_final", D), st.f = matrix("final_ln", D);
+  st.logits = matrix("logits", st.vocab_range.count), st.dlogits = matrix("dlogits", st.vocab_range.count);
+  st.positions = matrix("positions", st.model_range.count);
+  st.mean_f = vector("mean_f"), st.rstd_f = vector("rstd_f"), st.row_loss = vector("row_loss");
+  st.dx = matrix("dx", D), st.dtmp = matrix("dtmp", D);
+  st.dq = matrix("dq", st.head_width), st.dk = matrix("dk", st.head_width), st.dv = matrix("dv", st.head_width);
+  st.dy = matrix("dattention", st.head_width), st.dg = matrix("dmlp", st.mlp_width);
+}
+
+}  // namespace
+
+template <class ExecutionSpace, class Scalar>
+void Transformer<ExecutionSpace, Scalar>::embed(const ExecutionSpace& space, int batch, int time,
+                                                const Tokens& inputs) {
+  auto& st = *m_state;
+  const int rows = batch * time;
+  const Matrix h0 = State::rows_of(st.blocks[0].x, rows);
+  const Kokkos::View<const std::int32_t*, memory_space> tokens(inputs.data(), std::size_t(rows));
+  token_embedding_forward<ExecutionSpace, Scalar>(
+      space, tokens, Matrix(m_parameters.value(st.token_table).data(), st.vocab_range.count, m_config.d_model),
+      st.vocab_range.begin, h0);
+  // This shard's columns of the learned positions, added where they belong; the sum over the
+  // shards then completes both the token embeddings and the positions (one all-reduce).
+  const int columns = st.model_range.count, column0 = st.model_range.begin;
+  if (columns > 0) {
+    const Matrix positions = State::rows_of(st.positions, rows);
+    position_embedding_forward<ExecutionSpace, Scalar>(
+        space, batch, time, Matrix(m_parameters.value(st.position_table).data(), m_config.block_size, columns),
+        positions);
+    Kokkos::parallel_for(
+        "Lather::Transformer::add_positions",
+        Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns}),
+        KOKKOS_LAMBDA(int i, int j) { h0(i, column0 + j) += positions(i, j); });
+  }
+  if (st.shard_count > 1)
+    st.transport.allreduce(space, Kokkos::View<Scalar*, memory_space>(h0.data(), h0.span()), comm::Combine::sum);
+}
+
+template <class ExecutionSpace, class Scalar>
+void Transformer<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, int batch, int time,
+                                                  const Tokens& inputs) {
+  Impl::ScopedRegion region("Lather::Transformer::forward");
+  LATHER_REQUIRE(batch >= 1 && time >= 1 && time <= m_config.block_size, "Transformer: ", batch, " windows of ", time,
+                 " tokens; the context holds 1 to ", m_config.block_size);
+  LATHER_REQUIRE(inputs.extent(0) >= std::size_t(batch) * std::size_t(time), "Transformer: ", inputs.extent(0),
+                 " input tokens for ", batch, " x ", time);
+  auto& st = *m_state;
+  const int rows = batch * time;
+  allocate(st, space, rows, m_config);
+  embed(space, batch, time, inputs);
+  const double eps = m_config.layer_norm_epsilon;
+  const auto value = [&](int i) { return Kokkos::View<const Scalar*, memory_space>(m_parameters.value(std::size_t(i))); };
+  const auto kernel = [&](int i) {
+    const auto& shape = m_parameters.spec(std::size_t(i)).shape;
+    return Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>(m_parameters.value(std::size_t(i)).data(),
+                                                                          shape[0], shape[1]);
+  };
+  for (std::size_t l = 0; l < st.blocks.size(); ++l) {
+    auto& b = st.blocks[l];
+    const auto& p = b.p;
+    const Matrix x = State::rows_of(b.x, rows), a = State::rows_of(b.a, rows), x1 = State::rows_of(b.x1, rows);
+    const Matrix q = State::rows_of(b.q, rows), k = State::rows_of(b.k, rows), v = State::rows_of(b.v, rows);
+    const Matrix y = State::rows_of(b.y, rows), bn = State::rows_of(b.b, rows);
+    const Matrix h = State::rows_of(b.h, rows), g = State::rows_of(b.g, rows);
+    layer_norm_forward<ExecutionSpace, Scalar>(space, x, value(p.ln1_scale), value(p.ln1_offset), a,
+                                               State::rows_of(b.mean1, rows), State::rows_of(b.rstd1, rows), eps);
+    b.query->forward(space, a, kernel(p.query_kernel), value(p.query_bias), q);
+    b.key->forward(space, a, kernel(p.key_kernel), value(p.key_bias), k);
+    b.value->forward(space, a, kernel(p.value_kernel), value(p.value_bias), v);
+    b.attention->forward(space, batch, time, q, k, v, y);
+    b.output->forward(space, y, kernel(p.output_kernel), value(p.output_bias), x1);
+    Kokkos::parallel_for(
+        "Lather::Transformer::residual",
+        Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, int(x.extent(1))}),
+        KOKKOS_LAMBDA(int i, int j) { x1(i, j) += x(i, j); });
+    layer_norm_forward<ExecutionSpace, Scalar>(space, x1, value(p.ln2_scale), value(p.ln2_offset), bn,
+                                               State::rows_of(b.mean2, rows), State::rows_of(b.rstd2, rows), eps);
+    b.mlp_in->forward(space, bn, kernel(p.mlp_in_kernel), value(p.mlp_in_bias), h);
+    gelu_forward<ExecutionSpace, Scalar>(space, h, g);
+    // The next block's input (or the final stream) = x1 + MLP.
+    const Matrix next = State::rows_of(l + 1 < st.blocks.size() ? st.blocks[l + 1].x : st.x_final, rows);
+    b.mlp_out->forward(space, g, kernel(p.mlp_out_kernel), value(p.mlp_out_bias), next);
+    Kokkos::parallel_for(
+        "Lather::Transformer::residual",
+        Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, int(x.extent(1))}),
+        KOKKOS_LAMBDA(int i, int j) { next(i, j) += x1(i, j); });
+  }
+  const Matrix f = State::rows_of(st.f, rows);
+  layer_norm_forward<ExecutionSpace, Scalar>(space, State::rows_of(st.x_final, rows), value(st.final_scale),
+                                             value(st.final_offset), f, State::rows_of(st.mean_f, rows),
+                                             State::rows_of(st.rstd_f, rows), eps);
+  st.head->forward(space, f, kernel(st.head_kernel), value(st.head_bias), State::rows_of(st.logits, rows));
+}
+
+template <class ExecutionSpace, class Scalar>
+LanguageModelSums Transformer<ExecutionSpace, Scalar>::loss(const ExecutionSpace& space, int rows,
+                                                           const Tokens& targets, bool backward) {
+  auto& st = *m_state;
+  LATHER_REQUIRE(targets.extent(0) >= std::size_t(rows), "Transformer: ", targets.extent(0), " targets for ", rows,
+                 " tokens");
+  comm::CrossEntropyTerms terms;
+  terms.gradient_scale = backward ? 1.0 : 0.0;  // the summed loss's gradient
+  terms.z_loss = m_config.z_loss;
+  const auto sums = st.criterion->forward_backward(
+      space, State::rows_of(st.logits, rows), Kokkos::View<const int*, memory_space>(targets.data(), std::size_t(rows)),
+      State::rows_of(st.row_loss, rows), State::rows_of(st.dlogits, rows), terms);
+  LanguageModelSums result;
+  result.loss = sums.loss;
+  result.z_loss = sums.z_loss;
+  result.correct = sums.correct;
+  result.tokens = rows;
+  return result;
+}
+
+template <class ExecutionSpace, class Scalar>
+void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, int batch, int time,
+                                                   const Tokens& inputs, bool accumulate) {
+  Impl::ScopedRegion region("Lather::Transformer::backward");
+  auto& st = *m_state;
+  const int rows = batch * time;
+  const auto value = [&](int i) { return Kokkos::View<const Scalar*, memory_space>(m_parameters.value(std::size_t(i))); };
+  const auto gradient = [&](int i) { return Kokkos::View<Scalar*, memory_space>(m_parameters.gradient(std::size_t(i))); };
+  const auto kernel = [&](int i) {
+    const auto& shape = m_parameters.spec(std::size_t(i)).shape;
+    return Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>(m_parameters.value(std::size_t(i)).data(),
+                                                                          shape[0], shape[1]);
+  };
+  const auto kernel_gradient = [&](int i) {
+    const auto& shape = m_parameters.spec(std::size_t(i)).shape;
+    return Matrix(m_parameters.gradient(std::size_t(i)).data(), shape[0], shape[1]);
+  };
+  const Matrix dx = State::rows_of(st.dx, rows), dtmp = State::rows_of(st.dtmp, rows);
+  const Matrix dq = State::rows_of(st.dq, rows), dk = State::rows_of(st.dk, rows), dv = State::rows_of(st.dv, rows);
+  const Matrix dy = State::rows_of(st.dy, rows), dg = State::rows_of(st.dg, rows);
+
+  // Head: dF = sum over shards of dlogits_d W_d^T; then the final LayerNorm starts dX.
+  st.head->backward(space, State::rows_of(st.f, rows), kernel(st.head_kernel), State::rows_of(st.dlogits, rows), dtmp,
+                    kernel_gradient(st.head_kernel), gradient(st.head_bias), accumulate);
+  layer_norm_backward<ExecutionSpace, Scalar>(space, State::rows_of(st.x_final, rows), value(st.final_scale),
+                                              State::rows_of(st.mean_f, rows), State::rows_of(st.rstd_f, rows), dtmp,
+                                              dx, false, gradient(st.final_scale), gradient(st.final_offset),
+                                              accumulate);
+  for (std::size_t l = st.blocks.size(); l-- > 0;) {
+    auto& b = st.blocks[l];
+    const auto& p = b.p;
+    const Matrix x = State::rows_of(b.x, rows), a = State::rows_of(b.a, rows), x1 = State::rows_of(b.x1, rows);
+    const Matrix q = State::rows_of(b.q, rows), k = State::rows_of(b.k, rows), v = State::rows_of(b.v, rows);
+    const Matrix y = State::rows_of(b.y, rows), bn = State::rows_of(b.b, rows);
+    const Matrix h = State::rows_of(b.h, rows), g = State::rows_of(b.g, rows);
+    // MLP: dX is the gradient of its output (the residual carries it past unchanged).
+    b.mlp_out->backward(space, g, kernel(p.mlp_out_kernel), dx, dg, kernel_gradient(p.mlp_out_kernel),
+                        gradient(p.mlp_out_bias), accumulate);
+    gelu_backward<ExecutionSpace, Scalar>(space, h, dg, dg);
+    b.mlp_in->backward(space, bn, kernel(p.mlp_in_kernel), dg, dtmp, kernel_gradient(p.mlp_in_kernel),
+                       gradient(p.mlp_in_bias), accumulate);
+    layer_norm_backward<ExecutionSpace, Scalar>(space, x1, value(p.ln2_scale), State::rows_of(b.mean2, rows),
+                                                State::rows_of(b.rstd2, rows), dtmp, dx, true, gradient(p.ln2_scale),
+                                                gradient(p.ln2_offset), accumulate);
+    // Attention: dX is now the gradient of x1.
+    b.output->backward(space, y, kernel(p.output_kernel), dx, dy, kernel_gradient(p.output_kernel),
+                       gradient(p.output_bias), accumulate);
+    b.attention->backward(space, batch, time, q, k, v, dy, dq, dk, dv);
+    // The three projections read the same input: their input gradients are summed here and
+    // reduced over the shards once (each layer's own backward would reduce three times).
+    const Matrix none;
+    b.query->backward(space, a, kernel(p.query_kernel), dq, none, kernel_gradient(p.query_kernel),
+                      gradient(p.query_bias), accumulate);
+    b.key->backward(space, a, kernel(p.key_kernel), dk, none, kernel_gradient(p.key_kernel), gradient(p.key_bias),
+                    accumulate);
+    b.value->backward(space, a, kernel(p.value_kernel), dv, none, kernel_gradient(p.value_kernel),
+                      gradient(p.value_bias), accumulate);
+    ::lather::Impl::gemm(space, "N", "T", Scalar(1), dq, kernel(p.query_kernel), Scalar(0), dtmp);
+    ::lather::Impl::gemm(space, "N", "T", Scalar(1), dk, kernel(p.key_kernel), Scalar(1), dtmp);
+    ::lather::Impl::gemm(space, "N", "T", Scalar(1), dv, kernel(p.value_kernel), Scalar(1), dtmp);
+    if (st.shard_count > 1)
+      st.transport.allreduce(space, Kokkos::View<Scalar*, memory_space>(dtmp.data(), dtmp.span()),
+                             comm::Combine::sum);
+    layer_norm_backward<ExecutionSpace, Scalar>(space, x, value(p.ln1_scale), State::rows_of(b.mean1, rows),
+                                                State::rows_of(b.rstd1, rows), dtmp, dx, true, gradient(p.ln1_scale),
+                                                gradient(p.ln1_offset), accumulate);
+  }
+  embed_backward(space, batch, time, inputs, accumulate);
+}
+
+template <class ExecutionSpace, class Scalar>
+void Transformer<ExecutionSpace, Scalar>::embed_backward(const ExecutionSpace& space, int batch, int time,
+                                                         const Tokens& inputs, bool accumulate) {
+  auto& st = *m_state;
+  const int rows = batch * time;
+  const Matrix dx = State::rows_of(st.dx, rows);
+  const Kokkos::View<const std::int32_t*, memory_space> tokens(inputs.data(), std::size_t(rows));
+  // The sum over the shards hands every shard the whole gradient: each takes its tokens' rows and
+  // its columns of the positions.
+  token_embedding_backward<ExecutionSpace, Scalar>(
+      space, tokens, dx, st.vocab_range.begin,
+      Matrix(m_parameters.gradient(st.token_table).data(), st.vocab_range.count, m_config.d_model), accumulate);
+  const int columns = st.model_range.count, column0 = st.model_range.begin;
+  if (columns == 0) return;
+  const Matrix positions = State::rows_of(st.positions, rows);
+  Kokkos::parallel_for(
+      "Lather::Transformer::position_gradient_columns",
+      Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, columns}),
+      KOKKOS_LAMBDA(int i, int j) { positions(i, j) = dx(i, column0 + j); });
+  position_embedding_backward<ExecutionSpace, Scalar>(
+      space, batch, time, positions,
+      Matrix(m_parameters.gradient(st.position_table).data(), m_config.block_size, columns), accumulate);
+}
+
+#define LATHER_NN_TRANSFORMER_PASSES(SPACE, SCALAR)                                                               \
+  template void Transformer<SPACE, SCALAR>::embed(const SPACE&, int, int, const Tokens&);                        \
+  template void Transformer<SPACE, SCALAR>::forward(const SPACE&, int, int, const Tokens&);                      \
+  template LanguageModelSums Transformer<SPACE, SCALAR>::loss(const SPACE&, int, const Tokens&, bool);           \
+  template void Transformer<SPACE, SCALAR>::backward(const SPACE&, int, int, const Tokens&, bool);               \
+  template void Transformer<SPACE, SCALAR>::embed_backward(const SPACE&, int, int, const Tokens&, bool);
+
+LATHER_NN_TRANSFORMER_PASSES(DefaultExecutionSpace, float)
+LATHER_NN_TRANSFORMER_PASSES(DefaultExecutionSpace, double)
+
+}  // namespace lather::nn

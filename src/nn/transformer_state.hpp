@@ -1,0 +1,64 @@
+#pragma once
+// What a Transformer holds besides its parameters: the tensor-parallel layers, the activations
+// kept for backward and the gradient scratch. Shared by transformer.cpp (construction, sampling,
+// memory) and transformer_passes.cpp (forward and backward).
+
+#include <lather/comm/impl/transport.hpp>
+#include <lather/nn/causal_attention.hpp>
+#include <lather/nn/transformer.hpp>
+
+#include <memory>
+#include <vector>
+
+namespace lather::nn {
+
+template <class ExecutionSpace, class Scalar>
+struct Transformer<ExecutionSpace, Scalar>::State {
+  using Matrix = typename Transformer::Matrix;
+  using Column = comm::ColumnParallelLinear<ExecutionSpace, Scalar>;
+  using Row = comm::RowParallelLinear<ExecutionSpace, Scalar>;
+  using Vector = Kokkos::View<Scalar*, memory_space>;
+
+  /// Positions in the parameter list of one block's tensors.
+  struct BlockParameters {
+    int ln1_scale, ln1_offset, query_kernel, query_bias, key_kernel, key_bias, value_kernel, value_bias,
+        output_kernel, output_bias, ln2_scale, ln2_offset, mlp_in_kernel, mlp_in_bias, mlp_out_kernel, mlp_out_bias;
+  };
+  struct Block {
+    BlockParameters p;
+    std::unique_ptr<Column> query, key, value, mlp_in;
+    std::unique_ptr<Row> output, mlp_out;
+    std::unique_ptr<CausalAttention<ExecutionSpace, Scalar>> attention;
+    // Activations of the last forward, [capacity, width]: the block's input x, LN1(x) = a, the
+    // heads' q, k, v and attention output y, x1 = x + attention, LN2(x1) = b, the MLP's
+    // pre-activation h and GELU(h) = g; LayerNorm row statistics.
+    Matrix x, a, q, k, v, y, x1, b, h, g;
+    Vector mean1, rstd1, mean2, rstd2;
+  };
+
+  comm::Group shards;
+  int shard_count = 1, shard = 0;
+  comm::ShardRange vocab_range, model_range;  ///< token rows, position columns of this shard
+  int heads = 0;                              ///< heads on this shard
+  int head_width = 0;                         ///< heads x head_dim
+  int mlp_width = 0;                          ///< this shard's columns of the 4D hidden layer
+  int token_table = 0, position_table = 0, final_scale = 0, final_offset = 0, head_kernel = 0, head_bias = 0;
+
+  std::vector<Block> blocks;
+  std::unique_ptr<Column> head;
+  std::unique_ptr<comm::VocabParallelCrossEntropy<ExecutionSpace, Scalar>> criterion;
+  /// The all-reduces the model makes itself: the embedding sum and the attention input's gradient.
+  comm::Impl::Transport<ExecutionSpace, Scalar> transport;
+
+  int capacity = 0;  ///< rows (batch x time) the buffers hold
+  Matrix x_final, f, logits, dlogits, positions;
+  Vector mean_f, rstd_f, row_loss;
+  // Gradient scratch: the residual stream's, a second [rows, D], the heads', the MLP's.
+  Matrix dx, dtmp, dq, dk, dv, dy, dg;
+
+  /// A [rows, width] View over the first rows of `buffer` (contiguous, so GEMMs take it as is).
+  static Matrix rows_of(const Matrix& buffer, int rows) { return Matrix(buffer.data(), rows, buffer.extent(1)); }
+  static Vector rows_of(const Vector& buffer, int rows) { return Vector(buffer.data(), rows); }
+};
+
+}  // namespace lather::nn
