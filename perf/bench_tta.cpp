@@ -56,7 +56,7 @@ void run_tta(const TtaOptions& o) {
     t.optimizer = name;
     t.eval_every = o.eval_every;
     t.quiet = true;
-    if (name == "shampoo") t.shampoo = o.shampoo;
+    if (name == "shampoo") t.shampoo.insert(t.shampoo.end(), o.shampoo.begin(), o.shampoo.end());
     for (const auto& pair : o.learning_rates) {
       const auto eq = pair.find('=');
       LATHER_REQUIRE(eq != std::string::npos, "--lr expects optimizer=value, got '", pair, "'");

@@ -24,6 +24,7 @@ namespace lather::train {
 namespace {
 
 using Model = nn::Transformer<Space, float>;
+constexpr int padded_vocabulary_multiple = 128;
 
 /// Host staging of a micro-batch of windows: inputs tokens[o, o + time), targets one further.
 class WindowBatch {
@@ -63,16 +64,22 @@ double gemm_flops_per_second(const Space& space, int m, int k, int n) {
   const auto run = [&] { ::lather::Impl::gemm(space, "N", "N", 1.0f, a, b, 0.0f, c); };
   run();
   Impl::fence(space, "lather-train: GEMM warm-up");
-  int reps = 0;
-  const auto began = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  while (elapsed < 0.3 || reps < 3) {
-    run();
-    Impl::fence(space, "lather-train: GEMM timed");
-    ++reps;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  // The best of five 0.1 s windows: the throughput this backend reaches on this machine, which a
+  // busy neighbour can only lower.
+  double best = 0;
+  for (int window = 0; window < 5; ++window) {
+    int reps = 0;
+    const auto began = std::chrono::steady_clock::now();
+    double elapsed = 0;
+    while (elapsed < 0.1 || reps < 2) {
+      run();
+      Impl::fence(space, "lather-train: GEMM timed");
+      ++reps;
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    }
+    best = std::max(best, 2.0 * double(m) * double(k) * double(n) * reps / elapsed);
   }
-  return 2.0 * double(m) * double(k) * double(n) * reps / elapsed;
+  return best;
 }
 
 std::string mib(std::int64_t bytes) {
@@ -119,7 +126,13 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   ProgressLog log(o, mesh.world_rank() == 0, log_sink);
 
   nn::TransformerConfig config;
-  config.vocab_size = corpus.vocabulary.size();
+  // The vocabulary is padded to a multiple of 128 (Megatron's make-vocab-size-divisible-by): the
+  // shards' slices of the embedding and the head then align with Shampoo's blocks on any shard
+  // count up to 128 / block_size, and the shapes, hence checkpoints, do not depend on the shard
+  // count. No text token maps to a padding id; their logits only learn to stay low.
+  const int characters = corpus.vocabulary.size();
+  config.vocab_size = (characters + padded_vocabulary_multiple - 1) / padded_vocabulary_multiple *
+                      padded_vocabulary_multiple;
   config.n_layer = o.n_layer;
   config.n_head = o.n_head;
   config.d_model = o.d_model;
@@ -167,10 +180,10 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     char line[512];
     std::snprintf(line, sizeof line,
                   "lather-train: %d ranks = %d replicas x %d weight shards, transformer %d layers x %d heads, "
-                  "d_model %d, context %d, vocabulary %d (%.2fM parameters), %s (lr %.3g), %ld windows per step "
+                  "d_model %d, context %d, vocabulary %d padded to %d (%.2fM parameters), %s (lr %.3g), %ld windows per step "
                   "(%ld per replica%s), %ld steps",
                   mesh.world_size(), replicas, mesh.weight_shards(), config.n_layer, config.n_head, config.d_model,
-                  block, config.vocab_size, double(config.parameter_count()) / 1e6, o.optimizer.c_str(),
+                  block, characters, config.vocab_size, double(config.parameter_count()) / 1e6, o.optimizer.c_str(),
                   o.learning_rate(), batch, batch / replicas,
                   o.accumulate > 1 ? (" in " + std::to_string(o.accumulate) + " micro-batches").c_str() : "", planned);
     log.say(line);
@@ -332,7 +345,9 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     std::mt19937_64 rng(o.seed + 0x5A3D1E);
     std::vector<std::int32_t> generated;
     for (long c = 0; c < o.sample; ++c) {
-      const auto next = sample_from(model.next_token_logits(space, context), o.temperature, rng);
+      auto logits = model.next_token_logits(space, context);
+      logits.resize(std::size_t(characters));  // never a padding id
+      const auto next = sample_from(logits, o.temperature, rng);
       context.push_back(next);
       generated.push_back(next);
     }

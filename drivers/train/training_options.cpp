@@ -2,6 +2,7 @@
 
 #include <lather/core/error.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -138,8 +139,21 @@ void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
   if (unset("--epochs") && unset("--max-steps")) o.max_steps = 2000;
   if (unset("--eval-every")) o.eval_every = 250;
   if (unset("--log-every")) o.log_every = 50;
-  if (unset("--optimizer")) o.optimizer = "adamw";
+  if (unset("--optimizer")) o.optimizer = "shampoo";
   if (unset("--lr") && o.lr < 0) o.lr = default_transformer_learning_rate(o.optimizer);
+  // Shampoo's blocks must not straddle the shards' slices: the largest power of two up to 128
+  // dividing this shard count's slices of d_model and 4 d_model (the vocabulary is padded to
+  // 128). 128 on one shard, where larger blocks precondition better at the same step time; a
+  // checkpoint then continues only on layouts with the same block size (give
+  // --shampoo-block-size to move between them). Options given win.
+  const bool block_given = std::any_of(o.shampoo.begin(), o.shampoo.end(), [](const std::string& pair) {
+    return pair.rfind("block_size=", 0) == 0;
+  });
+  if (!block_given && o.weight_shards >= 1) {
+    int block = 128;
+    while (block > 1 && (o.d_model % (block * o.weight_shards) != 0)) block /= 2;
+    o.shampoo.insert(o.shampoo.begin(), "block_size=" + std::to_string(block));
+  }
 }
 
 double default_transformer_learning_rate(const std::string& optimizer) {

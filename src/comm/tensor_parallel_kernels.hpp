@@ -26,13 +26,34 @@ template <class ExecutionSpace, class S, class MemorySpace>
 void column_sums(const ExecutionSpace& space, const Rows<const S, MemorySpace>& m,
                  const Kokkos::View<S*, MemorySpace>& sums, bool accumulate) {
   const int rows = int(m.extent(0));
-  Kokkos::parallel_for(
-      "Lather::comm::column_sums", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m.extent(1)),
-      KOKKOS_LAMBDA(std::size_t j) {
-        S total = 0;
-        for (int i = 0; i < rows; ++i) total += m(i, j);
-        sums(j) = accumulate ? S(sums(j) + total) : total;
-      });
+  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
+    // On the host a column at a time strides through memory (it was 5% of a transformer step):
+    // rows are walked in order over a strip of columns instead, which vectorises and adds in the
+    // same order, so the sums are the same to the bit.
+    const int columns = int(m.extent(1));
+    Kokkos::parallel_for(
+        "Lather::comm::column_sums", Kokkos::RangePolicy<ExecutionSpace>(space, 0, (columns + 255) / 256),
+        KOKKOS_LAMBDA(int strip) {
+          constexpr int width = 256;
+          const int first = strip * width, count = columns - first < width ? columns - first : width;
+          S total[width];
+          for (int j = 0; j < count; ++j) total[j] = 0;
+          for (int i = 0; i < rows; ++i) {
+            const S* row = &m(i, first);
+            for (int j = 0; j < count; ++j) total[j] += row[j];
+          }
+          for (int j = 0; j < count; ++j)
+            sums(first + j) = accumulate ? S(sums(first + j) + total[j]) : total[j];
+        });
+  } else {
+    Kokkos::parallel_for(
+        "Lather::comm::column_sums", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m.extent(1)),
+        KOKKOS_LAMBDA(std::size_t j) {
+          S total = 0;
+          for (int i = 0; i < rows; ++i) total += m(i, j);
+          sums(j) = accumulate ? S(sums(j) + total) : total;
+        });
+  }
 }
 
 /// y(i, j) += bias(j).

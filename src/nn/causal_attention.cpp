@@ -1,5 +1,7 @@
 #include <lather/nn/causal_attention.hpp>
 
+#include "fast_math.hpp"
+
 #include <lather/core/error.hpp>
 #include <lather/core/impl/gemm.hpp>
 #include <lather/core/kokkos_compat.hpp>
@@ -23,37 +25,7 @@ constexpr int slot_q = 0, slot_k = 1, slot_v = 2, slot_dy = 3, slots = 4;
 // Not in the unnamed namespace: CUDA cannot launch extended lambdas from functions in one.
 namespace Impl {
 
-/// e^x for x <= 0 in a form the host compiler vectorises (glibc's expf is one call per element,
-/// and was half of the host softmax's time): x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes'
-/// expf polynomial, 2^n from the exponent bits. Relative error <= 8.4e-8 over [-87, 0] (checked
-/// against exp in double for every float there). Arguments below -87 give e^-87 ~ 1.6e-38, as
-/// good as 0 beside the row's largest term, 1; NaN stays NaN. The clamp is done on the bits,
-/// without a floating-point comparison, which the vectoriser would not turn into a select.
-KOKKOS_INLINE_FUNCTION float exp_nonpositive(float x) {
-  constexpr std::uint32_t lowest = 0xC2AE0000u;  // -87.0f
-  std::uint32_t pattern;
-  std::memcpy(&pattern, &x, sizeof pattern);
-  // Negative, below -87 (a larger pattern), and not NaN (magnitude at most infinity's pattern).
-  const std::uint32_t not_nan = ((0x7f800000u - (pattern & 0x7fffffffu)) >> 31) ^ 1u;
-  const std::uint32_t below = (pattern >> 31) & ((lowest - pattern) >> 31) & not_nan;
-  const std::uint32_t mask = 0u - below;
-  pattern = (pattern & ~mask) | (lowest & mask);
-  std::memcpy(&x, &pattern, sizeof x);
-  const int n = int(x * 1.44269504088896341f - 0.5f);  // nearest integer (x <= 0: truncation rounds up)
-  const float r = (x - float(n) * 0.693359375f) + float(n) * 2.12194440e-4f;  // ln2 in two parts
-  float polynomial = 1.9875691500e-4f;
-  polynomial = polynomial * r + 1.3981999507e-3f;
-  polynomial = polynomial * r + 8.3334519073e-3f;
-  polynomial = polynomial * r + 4.1665795894e-2f;
-  polynomial = polynomial * r + 1.6666665459e-1f;
-  polynomial = polynomial * r + 5.0000001201e-1f;
-  polynomial = polynomial * r * r + r + 1.0f;
-  const std::int32_t exponent = std::int32_t(n + 127) << 23;
-  float power;
-  std::memcpy(&power, &exponent, sizeof power);
-  return polynomial * power;
-}
-KOKKOS_INLINE_FUNCTION double exp_nonpositive(double x) { return kmath::exp(x); }
+
 
 // Row reductions of the host kernels in four interleaved lanes, combined in a fixed order: the
 // same result every run, without one long chain of dependent additions.

@@ -1,5 +1,7 @@
 #include <lather/nn/gelu.hpp>
 
+#include "fast_math.hpp"
+
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
@@ -8,19 +10,32 @@
 namespace lather::nn {
 
 namespace {
-namespace kmath = ::lather::Impl::kmath;
-
 // sqrt(2 / pi) and the cubic coefficient of the approximation.
 constexpr double gelu_scale = 0.7978845608028654;
 constexpr double gelu_cubic = 0.044715;
 
-template <class ExecutionSpace>
-Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>> elements(const ExecutionSpace& space, std::size_t rows,
-                                                                std::size_t columns) {
-  return Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {std::int64_t(0), std::int64_t(0)},
-                                                                {std::int64_t(rows), std::int64_t(columns)});
-}
 }  // namespace
+
+namespace Impl {
+/// f(i, j) for every element of a [rows, columns] matrix: on the host a row per iteration with the
+/// columns in an inner loop the compiler vectorises, on a device a thread per element.
+template <class ExecutionSpace, class Body>
+void for_each_element(const char* label, const ExecutionSpace& space, std::size_t rows, std::size_t columns,
+                      const Body& body) {
+  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
+    const std::int64_t width = std::int64_t(columns);
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows), KOKKOS_LAMBDA(std::int64_t i) {
+          for (std::int64_t j = 0; j < width; ++j) body(i, j);
+        });
+  } else {
+    Kokkos::parallel_for(label,
+                         Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(
+                             space, {std::int64_t(0), std::int64_t(0)}, {std::int64_t(rows), std::int64_t(columns)}),
+                         body);
+  }
+}
+}  // namespace Impl
 
 template <class ExecutionSpace, class Scalar>
 void gelu_forward(const ExecutionSpace& space, const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
@@ -29,11 +44,10 @@ void gelu_forward(const ExecutionSpace& space, const Matrix<const Scalar, typena
                  x.extent(1), "], y [", y.extent(0), ", ", y.extent(1), "]");
   if (x.size() == 0) return;
   const Scalar half = Scalar(0.5), one = Scalar(1), scale = Scalar(gelu_scale), cubic = Scalar(gelu_cubic);
-  Kokkos::parallel_for(
-      "Lather::nn::gelu_forward", elements(space, x.extent(0), x.extent(1)),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) {
+  Impl::for_each_element(
+      "Lather::nn::gelu_forward", space, x.extent(0), x.extent(1), KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) {
         const Scalar v = x(i, j);
-        y(i, j) = half * v * (one + kmath::tanh(scale * (v + cubic * v * v * v)));
+        y(i, j) = half * v * (one + Impl::tanh_fast(scale * (v + cubic * v * v * v)));
       });
 }
 
@@ -48,11 +62,10 @@ void gelu_backward(const ExecutionSpace& space, const Matrix<const Scalar, typen
   if (x.size() == 0) return;
   const Scalar half = Scalar(0.5), one = Scalar(1), scale = Scalar(gelu_scale), cubic = Scalar(gelu_cubic),
                cubic3 = Scalar(3 * gelu_cubic);
-  Kokkos::parallel_for(
-      "Lather::nn::gelu_backward", elements(space, x.extent(0), x.extent(1)),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) {
+  Impl::for_each_element(
+      "Lather::nn::gelu_backward", space, x.extent(0), x.extent(1), KOKKOS_LAMBDA(std::int64_t i, std::int64_t j) {
         const Scalar v = x(i, j);
-        const Scalar t = kmath::tanh(scale * (v + cubic * v * v * v));
+        const Scalar t = Impl::tanh_fast(scale * (v + cubic * v * v * v));
         // d/dv of 0.5 v (1 + t): 0.5 (1 + t) + 0.5 v (1 - t^2) sqrt(2/pi) (1 + 3 c v^2).
         const Scalar derivative = half * (one + t) + half * v * (one - t * t) * scale * (one + cubic3 * v * v);
         dx(i, j) = dy(i, j) * derivative;
