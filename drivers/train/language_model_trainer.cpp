@@ -3,6 +3,7 @@
 #include "dataset.hpp"
 #include "optimizer_factory.hpp"
 #include "progress.hpp"
+#include "resume.hpp"
 #include "training_step.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
@@ -141,17 +142,8 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   Model model(space, config, o.seed, mesh);
   const auto& parameters = model.parameters();
   const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
-  comm::ReduceOptions reduce_options;
-  reduce_options.wire_precision = comm::parse_wire_precision(o.wire_precision);
-  comm::GradientReducer<Space, float> reducer(mesh, reduce_options);
-
-  std::unique_ptr<checkpoint::Checkpointer> checkpointer;
-  if (!o.checkpoint_dir.empty()) {
-    checkpoint::CheckpointOptions c;
-    c.directory = o.checkpoint_dir;
-    c.keep_last = o.keep_checkpoints;
-    checkpointer = std::make_unique<checkpoint::Checkpointer>(mesh, c);
-  }
+  const auto reducer = make_reducer(mesh, o);
+  const auto checkpointer = make_checkpointer(mesh, o);
   const std::string vocabulary = corpus.vocabulary.to_string();
   if (o.resume && checkpointer) {
     std::vector<std::string> skipped;
@@ -257,7 +249,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
                                        local.tokens > 0);
       local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
     }
-    reduce_and_step(space, o, reducer, *optimizer, parameters, double(local.tokens));
+    reduce_and_step(space, o, *reducer, *optimizer, parameters, double(local.tokens));
     // Over the whole mesh, so that a SIGTERM seen by any rank stops every rank after this step;
     // the shards of a replica hold the same sums, counted once by dividing by their number.
     double sums[4] = {local.loss, double(local.correct), double(local.tokens), double(termination_requested())};

@@ -2,6 +2,14 @@
 
 namespace lather::train {
 
+std::unique_ptr<checkpoint::Checkpointer> make_checkpointer(const comm::Mesh& mesh, const TrainOptions& o) {
+  if (o.checkpoint_dir.empty()) return nullptr;
+  checkpoint::CheckpointOptions c;
+  c.directory = o.checkpoint_dir;
+  c.keep_last = o.keep_checkpoints;
+  return std::make_unique<checkpoint::Checkpointer>(mesh, c);
+}
+
 Position resume(const Space& space, const TrainOptions& o, const checkpoint::Checkpointer& checkpointer,
                 optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
                 const ProgressLog& log) {

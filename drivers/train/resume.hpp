@@ -10,6 +10,7 @@
 #include <lather/core/parameters.hpp>
 #include <lather/optim/optimizer.hpp>
 
+#include <memory>
 #include <string>
 
 namespace lather::train {
@@ -18,6 +19,9 @@ namespace lather::train {
 struct Position {
   long epoch = 0, sample = 0;
 };
+
+/// The --checkpoint-dir checkpointer over the mesh, or null without one.
+std::unique_ptr<checkpoint::Checkpointer> make_checkpointer(const comm::Mesh& mesh, const TrainOptions& o);
 
 /// Loads the newest intact checkpoint into the parameters and the optimizer, saying which damaged
 /// newer ones it passes over; returns where to continue (the start when there is none).

@@ -74,17 +74,8 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
   nn::Mlp<Space> model(space, sizes, o.seed, mesh);
   const auto& parameters = model.parameters();
   const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
-  comm::ReduceOptions reduce_options;
-  reduce_options.wire_precision = comm::parse_wire_precision(o.wire_precision);
-  comm::GradientReducer<Space, float> reducer(mesh, reduce_options);
-
-  std::unique_ptr<checkpoint::Checkpointer> checkpointer;
-  if (!o.checkpoint_dir.empty()) {
-    checkpoint::CheckpointOptions c;
-    c.directory = o.checkpoint_dir;
-    c.keep_last = o.keep_checkpoints;
-    checkpointer = std::make_unique<checkpoint::Checkpointer>(mesh, c);
-  }
+  const auto reducer = make_reducer(mesh, o);
+  const auto checkpointer = make_checkpointer(mesh, o);
   Position start;
   if (o.resume && checkpointer) start = resume(space, o, *checkpointer, *optimizer, parameters, log);
   log.open_metrics(start.epoch > 0 || start.sample > 0);
@@ -113,7 +104,7 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
   Batch staging(batch / replicas + 1, data.train.features);
   const long eval_rows = 1000;
   Batch eval_staging(eval_rows, data.test.features);
-  StepParts parts{model, reducer, *optimizer, staging};
+  StepParts parts{model, *reducer, *optimizer, staging};
   TrainResult result;
   const long first_step = optimizer->step_count();
 

@@ -2,6 +2,12 @@
 
 namespace lather::train {
 
+std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o) {
+  comm::ReduceOptions options;
+  options.wire_precision = comm::parse_wire_precision(o.wire_precision);
+  return std::make_unique<comm::GradientReducer<Space, float>>(mesh, options);
+}
+
 void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientReducer<Space, float>& reducer,
                      optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
                      double local_weight) {

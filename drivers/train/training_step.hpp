@@ -10,6 +10,8 @@
 #include <lather/nn/mlp.hpp>
 #include <lather/optim/optimizer.hpp>
 
+#include <memory>
+
 namespace lather::train {
 
 /// This replica's sums over its samples of the step.
@@ -23,6 +25,9 @@ struct StepParts {
   optim::Optimizer<Space, float>& optimizer;
   Batch& staging;
 };
+
+/// The gradient reducer of a run (--wire-precision), over the mesh's data-parallel group.
+std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o);
 
 /// The end of every step: the gradients (sums over this replica's `local_weight` samples or
 /// tokens) reduced over the data-parallel group as --reduce says, then the optimizer's update.

@@ -86,19 +86,15 @@ void Transformer<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, i
   allocate(st, space, rows, m_config);
   embed(space, batch, time, inputs);
   const double eps = m_config.layer_norm_epsilon;
-  const auto value = [&](int i) { return Kokkos::View<const Scalar*, memory_space>(m_parameters.value(std::size_t(i))); };
-  const auto kernel = [&](int i) {
-    const auto& shape = m_parameters.spec(std::size_t(i)).shape;
-    return Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>(m_parameters.value(std::size_t(i)).data(),
-                                                                          shape[0], shape[1]);
-  };
+  const typename State::ParameterViews views{m_parameters};
+  const auto value = [&](int i) { return views.value(i); };
+  const auto kernel = [&](int i) { return views.kernel(i); };
   for (std::size_t l = 0; l < st.blocks.size(); ++l) {
     auto& b = st.blocks[l];
     const auto& p = b.p;
-    const Matrix x = State::rows_of(b.x, rows), a = State::rows_of(b.a, rows), x1 = State::rows_of(b.x1, rows);
-    const Matrix q = State::rows_of(b.q, rows), k = State::rows_of(b.k, rows), v = State::rows_of(b.v, rows);
-    const Matrix y = State::rows_of(b.y, rows), bn = State::rows_of(b.b, rows);
-    const Matrix h = State::rows_of(b.h, rows), g = State::rows_of(b.g, rows);
+    // Named copies, not structured bindings: C++17 lambdas cannot capture those.
+    const auto r = State::rows_of(b, rows);
+    const Matrix x = r.x, a = r.a, q = r.q, k = r.k, v = r.v, y = r.y, x1 = r.x1, bn = r.b, h = r.h, g = r.g;
     layer_norm_forward<ExecutionSpace, Scalar>(space, x, value(p.ln1_scale), value(p.ln1_offset), a,
                                                State::rows_of(b.mean1, rows), State::rows_of(b.rstd1, rows), eps);
     b.query->forward(space, a, kernel(p.query_kernel), value(p.query_bias), q);
@@ -155,17 +151,11 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
   Impl::ScopedRegion region("Lather::Transformer::backward");
   auto& st = *m_state;
   const int rows = batch * time;
-  const auto value = [&](int i) { return Kokkos::View<const Scalar*, memory_space>(m_parameters.value(std::size_t(i))); };
-  const auto gradient = [&](int i) { return Kokkos::View<Scalar*, memory_space>(m_parameters.gradient(std::size_t(i))); };
-  const auto kernel = [&](int i) {
-    const auto& shape = m_parameters.spec(std::size_t(i)).shape;
-    return Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>(m_parameters.value(std::size_t(i)).data(),
-                                                                          shape[0], shape[1]);
-  };
-  const auto kernel_gradient = [&](int i) {
-    const auto& shape = m_parameters.spec(std::size_t(i)).shape;
-    return Matrix(m_parameters.gradient(std::size_t(i)).data(), shape[0], shape[1]);
-  };
+  const typename State::ParameterViews views{m_parameters};
+  const auto value = [&](int i) { return views.value(i); };
+  const auto gradient = [&](int i) { return views.gradient(i); };
+  const auto kernel = [&](int i) { return views.kernel(i); };
+  const auto kernel_gradient = [&](int i) { return views.kernel_gradient(i); };
   const Matrix dx = State::rows_of(st.dx, rows), dtmp = State::rows_of(st.dtmp, rows);
   const Matrix dq = State::rows_of(st.dq, rows), dk = State::rows_of(st.dk, rows), dv = State::rows_of(st.dv, rows);
   const Matrix dy = State::rows_of(st.dy, rows), dg = State::rows_of(st.dg, rows);
@@ -180,10 +170,9 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
   for (std::size_t l = st.blocks.size(); l-- > 0;) {
     auto& b = st.blocks[l];
     const auto& p = b.p;
-    const Matrix x = State::rows_of(b.x, rows), a = State::rows_of(b.a, rows), x1 = State::rows_of(b.x1, rows);
-    const Matrix q = State::rows_of(b.q, rows), k = State::rows_of(b.k, rows), v = State::rows_of(b.v, rows);
-    const Matrix y = State::rows_of(b.y, rows), bn = State::rows_of(b.b, rows);
-    const Matrix h = State::rows_of(b.h, rows), g = State::rows_of(b.g, rows);
+    // Named copies, not structured bindings: C++17 lambdas cannot capture those.
+    const auto r = State::rows_of(b, rows);
+    const Matrix x = r.x, a = r.a, q = r.q, k = r.k, v = r.v, y = r.y, x1 = r.x1, bn = r.b, h = r.h, g = r.g;
     // MLP: dX is the gradient of its output (the residual carries it past unchanged).
     b.mlp_out->backward(space, g, kernel(p.mlp_out_kernel), dx, dg, kernel_gradient(p.mlp_out_kernel),
                         gradient(p.mlp_out_bias), accumulate);

@@ -59,6 +59,32 @@ struct Transformer<ExecutionSpace, Scalar>::State {
   /// A [rows, width] View over the first rows of `buffer` (contiguous, so GEMMs take it as is).
   static Matrix rows_of(const Matrix& buffer, int rows) { return Matrix(buffer.data(), rows, buffer.extent(1)); }
   static Vector rows_of(const Vector& buffer, int rows) { return Vector(buffer.data(), rows); }
+
+  /// The first rows of a block's activations, as the passes use them.
+  struct BlockRows {
+    Matrix x, a, q, k, v, y, x1, b, h, g;
+  };
+  static BlockRows rows_of(const Block& block, int rows) {
+    return {rows_of(block.x, rows),  rows_of(block.a, rows),  rows_of(block.q, rows), rows_of(block.k, rows),
+            rows_of(block.v, rows),  rows_of(block.y, rows),  rows_of(block.x1, rows), rows_of(block.b, rows),
+            rows_of(block.h, rows),  rows_of(block.g, rows)};
+  }
+
+  /// The parameter list's tensors by position: values, gradients, and kernels as matrices.
+  struct ParameterViews {
+    const Parameters& list;
+    Kokkos::View<const Scalar*, memory_space> value(int i) const { return list.value(std::size_t(i)); }
+    Vector gradient(int i) const { return list.gradient(std::size_t(i)); }
+    using ConstMatrix = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
+    ConstMatrix kernel(int i) const {
+      const auto& shape = list.spec(std::size_t(i)).shape;
+      return ConstMatrix(list.value(std::size_t(i)).data(), shape[0], shape[1]);
+    }
+    Matrix kernel_gradient(int i) const {
+      const auto& shape = list.spec(std::size_t(i)).shape;
+      return Matrix(list.gradient(std::size_t(i)).data(), shape[0], shape[1]);
+    }
+  };
 };
 
 }  // namespace lather::nn
