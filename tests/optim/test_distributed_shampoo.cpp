@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <limits>
 
 namespace {
 
@@ -162,6 +163,54 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"distributed_shards2", StepMode::distributed, true, false, 2},
                       Mode{"distributed_shards2_quantized", StepMode::distributed, true, true, 2}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// A NaN or Inf in one rank's gradient only (replicas should agree, but nothing may hang when they
+// do not). Every rank of the last one's gradient is Inf. Replicated, every rank reads every
+// gradient it keeps a copy of: every rank throws the same error before any state moves, and the
+// optimizer goes on with the next, finite, gradient as if the bad step had not been tried.
+// Distributed, a rank reads only the blocks it updates: every rank throws when the last rank
+// owns any block, and all agree either way. ctest's timeout catches a hang.
+TEST_P(DistributedShampoo, OneRanksInfIsAnErrorOnEveryRank) {
+  const Mode mode = GetParam();
+  int ranks = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (ranks % mode.shards != 0) GTEST_SKIP() << mode.shards << " weight shards need a multiple of ranks";
+  optim::ShampooOptions o;
+  o.learning_rate = optim::LearningRateSchedule::constant(0.02);
+  o.block_size = 8;
+  o.start_preconditioning_step = 1;
+  o.preconditioning_compute_steps = 2;
+  o.step_mode = mode.step_mode;
+  o.best_effort_memory_usage_reduction = mode.quantized;
+  const comm::Mesh mesh(MPI_COMM_WORLD, mode.shards);
+  const auto specs = local_specs(mode.shards, mesh.shard());
+  optim::Shampoo<Space, float> shampoo(Space(), specs, o, mesh);
+  optim::Shampoo<Space, float> clean(Space(), specs, o, mesh);
+  auto params = device_tensors(specs, global_values(0.0)), reference = device_tensors(specs, global_values(0.0));
+  shampoo.step(Space(), params, device_tensors(specs, global_values(1.0)));
+  clean.step(Space(), reference, device_tensors(specs, global_values(1.0)));
+  auto bad = device_tensors(specs, global_values(2.0));
+  if (rank == ranks - 1)
+    for (auto& g : bad) Kokkos::deep_copy(g, std::numeric_limits<float>::infinity());
+  int threw = 0;
+  try {
+    shampoo.step(Space(), params, bad);
+  } catch (const Error& e) {
+    threw = 1;
+    EXPECT_NE(e.message().find("NaN or Inf"), std::string::npos) << e.message();
+  }
+  const comm::Group world(MPI_COMM_WORLD);
+  ASSERT_EQ(world.allreduce(threw, comm::Combine::min), world.allreduce(threw, comm::Combine::max))
+      << "ranks disagree on the failed step";
+  if (!shampoo.distributed() || ranks == 1) ASSERT_EQ(threw, 1) << "rank " << rank;
+  if (!threw) GTEST_SKIP() << "the last rank owns no block: its Inf was never read";
+  shampoo.step(Space(), params, device_tensors(specs, global_values(3.0)));
+  clean.step(Space(), reference, device_tensors(specs, global_values(3.0)));
+  const auto a = test::host_vectors(params), b = test::host_vectors(reference);
+  for (std::size_t p = 0; p < a.size(); ++p)
+    for (std::size_t k = 0; k < a[p].size(); ++k) ASSERT_EQ(a[p][k], b[p][k]) << specs[p].name << " " << k;
+}
 
 // Balanced (LPT on n^3) assignment is never worse than the reference's even split by count, and
 // for mixed sizes much better.

@@ -100,9 +100,31 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     phases.end("pack");
     const std::vector<Sums2> gradient_norm2 = parameter_norms(space);
     phases.end("communication");
-    for (std::size_t p = 0; p < gradient_norm2.size(); ++p)
-      LATHER_REQUIRE(std::isfinite(gradient_norm2[p].a), "Shampoo::step ", m_step, ": the gradient of '",
-                     m_plan.parameters[p].spec.name, "' contains NaN or Inf; the optimizer state was not changed");
+    std::string bad_gradient;
+    for (std::size_t p = 0; p < gradient_norm2.size() && bad_gradient.empty(); ++p)
+      if (!std::isfinite(gradient_norm2[p].a))
+        bad_gradient = ::lather::Impl::concat("the gradient of '", m_plan.parameters[p].spec.name,
+                                              "' contains NaN or Inf; the optimizer state was not changed");
+    // Distributed, the norms were summed over the group, so its ranks see the same non-finite sum.
+    // Replicated, each rank summed its own copy, and the shards each hold their own copy of the
+    // unsplit parameters: a rank whose gradient differs (copies should agree, but nothing may hang
+    // when they do not) tells the others before any exchange, over both groups, throwing only
+    // once both agreed.
+    const std::string context = ::lather::Impl::concat("Shampoo::step ", m_step);
+    const bool summed_over_group = m_step_plan.distributed || m_group.size() == 1;
+    if (summed_over_group && m_shards.size() == 1) {
+      LATHER_REQUIRE(bad_gradient.empty(), context, ": ", bad_gradient);
+    } else {
+      std::string agreed = bad_gradient.empty() ? bad_gradient : context + ": " + bad_gradient;
+      if (!summed_over_group) {
+        try {
+          m_group.agree_on_failure("", agreed);
+        } catch (const Error& e) {
+          agreed = e.message();
+        }
+      }
+      m_shards.agree_on_failure("", agreed);
+    }
     const T* blocks = m_packed_t.extent(0) > 0 ? m_packed_t.data() : reinterpret_cast<const T*>(m_packed.data());
 
     // (2)-(4) Statistics, roots, preconditioning of this rank's blocks.
