@@ -142,7 +142,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   Model model(space, config, o.seed, mesh);
   const auto& parameters = model.parameters();
   const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
-  const auto reducer = make_reducer(mesh, o);
+  const auto reducer = make_reducer(mesh, o, parameters.specs());
   const auto checkpointer = make_checkpointer(mesh, o);
   const std::string vocabulary = corpus.vocabulary.to_string();
   if (o.resume && checkpointer) {

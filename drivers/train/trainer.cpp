@@ -74,7 +74,7 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
   nn::Mlp<Space> model(space, sizes, o.seed, mesh);
   const auto& parameters = model.parameters();
   const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
-  const auto reducer = make_reducer(mesh, o);
+  const auto reducer = make_reducer(mesh, o, parameters.specs());
   const auto checkpointer = make_checkpointer(mesh, o);
   Position start;
   if (o.resume && checkpointer) start = resume(space, o, *checkpointer, *optimizer, parameters, log);

@@ -2,10 +2,18 @@
 
 namespace lather::train {
 
-std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o) {
+std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o,
+                                                                   const std::vector<ParameterSpec>& parameters) {
   comm::ReduceOptions options;
   options.wire_precision = comm::parse_wire_precision(o.wire_precision);
-  return std::make_unique<comm::GradientReducer<Space, float>>(mesh, options);
+  // One read of the gradients per step, folded into the layout agreement the reducer makes
+  // anyway: a diverging run stops with the rank and parameter named instead of spreading NaN.
+  options.check_finite = true;
+  auto reducer = std::make_unique<comm::GradientReducer<Space, float>>(mesh, options);
+  std::vector<std::string> names;
+  for (const auto& spec : parameters) names.push_back(spec.name);
+  reducer->set_tensor_names(std::move(names));
+  return reducer;
 }
 
 void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientReducer<Space, float>& reducer,

@@ -26,8 +26,10 @@ struct StepParts {
   Batch& staging;
 };
 
-/// The gradient reducer of a run (--wire-precision), over the mesh's data-parallel group.
-std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o);
+/// The gradient reducer of a run (--wire-precision), over the mesh's data-parallel group; it
+/// refuses a NaN or Inf in any rank's gradients, naming the rank and the parameter.
+std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o,
+                                                                   const std::vector<ParameterSpec>& parameters);
 
 /// The end of every step: the gradients (sums over this replica's `local_weight` samples or
 /// tokens) reduced over the data-parallel group as --reduce says, then the optimizer's update.

@@ -164,6 +164,48 @@ TEST(ReduceErrors, BadWeightsAreAnErrorOnEveryRank) {
   reducer.sum(Exec(), tensors);
 }
 
+// check_finite: a NaN or Inf on one rank only is refused on every rank, naming the rank and the
+// tensor, with and without the per-call layout agreement, and nothing is reduced. Off (the
+// default), sum carries it through element by element: the element becomes Inf everywhere, its
+// neighbours are untouched.
+TEST(ReduceErrors, NonFiniteGradientsAreRefusedWhenAsked) {
+  using T = float;
+  const int n = world_size(), rank = world_rank();
+  const bool odd_one = rank == n - 1;
+  for (const bool verify : {true, false}) {
+    ReduceOptions options;
+    options.check_finite = true;
+    options.verify_layout = verify;
+    GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
+    reducer.set_tensor_names({"dense/kernel", "dense/bias"});
+    reducer.sum(Exec(), make_inputs<T>(rank, {5, 3}));  // learns the layout
+    auto tensors = make_inputs<T>(rank, {5, 3});
+    if (odd_one) Kokkos::deep_copy(Kokkos::subview(tensors[1], 1), std::numeric_limits<T>::infinity());
+    const auto before = read_view(tensors[0]);
+    expect_error([&] { reducer.weighted_mean(Exec(), tensors, 1.0); },
+                 "'dense/bias' (3 elements) holds 1 NaN or Inf values on this rank");
+    EXPECT_EQ(read_view(tensors[0]), before) << "nothing reduced";
+    if (n > 1) {
+      try {
+        reducer.sum(Exec(), tensors);
+        ADD_FAILURE() << "no error";
+      } catch (const lather::Error& e) {
+        EXPECT_NE(e.message().find("rank " + std::to_string(n - 1) + " of " + std::to_string(n)), std::string::npos)
+            << e.message();
+      }
+    }
+    // Usable afterwards.
+    reducer.sum(Exec(), make_inputs<T>(rank, {5, 3}));
+  }
+  GradientReducer<Exec, T> plain(MPI_COMM_WORLD);
+  auto tensors = make_inputs<T>(rank, {5});
+  if (odd_one) Kokkos::deep_copy(Kokkos::subview(tensors[0], 2), std::numeric_limits<T>::infinity());
+  plain.sum(Exec(), tensors);
+  const auto summed = read_view(tensors[0]);
+  EXPECT_TRUE(std::isinf(summed[2]));
+  EXPECT_NEAR(summed[1], reference_sum<T>(n, 0, 1), sum_tolerance<T>(n));
+}
+
 TEST(ReduceErrors, MismatchedListsAreAnErrorOnEveryRankNotAHang) {
   using T = float;
   const int n = world_size(), rank = world_rank();

@@ -43,6 +43,14 @@ struct ReduceOptions {
   /// runs only on a reducer's first call and whenever this rank's list changes; every rank must then
   /// guarantee it passes the same layout as the others, or the collectives may hang.
   bool verify_layout = true;
+  /// Refuse non-finite gradients: before reducing, every rank scans its tensors (one read of the
+  /// gradient bytes) and a NaN or Inf anywhere is a lather::Error on every rank naming the rank
+  /// and the tensor, with the tensors untouched. The verdict travels in the layout agreement, or
+  /// in one small MPI_Allreduce when verify_layout is off. Off by default, as in PyTorch DDP and
+  /// Horovod: then sum and mean carry a NaN or Inf through element by element (the elements it
+  /// reaches become NaN or Inf on every rank), and Adasum turns the whole tensor into NaN, because
+  /// its dot products do. lather-train turns it on.
+  bool check_finite = false;
 
   void validate() const;  ///< Throws lather::Error naming the first bad field.
 };
@@ -111,6 +119,10 @@ class GradientReducer {
   /// values join the layout agreement. Returns the global weight (weighted_mean) or the group size.
   double reduce(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op,
                 double local_weight = 1.0, const std::vector<AgreedValue>& agreed = {});
+
+  /// Names of the tensors of the lists this reducer is given, in list order, for error messages
+  /// (check_finite); without them a tensor is named by its position.
+  void set_tensor_names(std::vector<std::string> names);
 
   /// The group the reducer works over.
   const Group& group() const;

@@ -39,6 +39,28 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   std::vector<Group> adasum_levels;
   bool adasum_levels_ready = false;
   ReducerStatistics statistics;
+  std::vector<std::string> tensor_names;
+
+  /// "" or what is wrong with the first tensor holding a NaN or Inf (check_finite).
+  std::string first_non_finite(const ExecutionSpace& space, const tensor_list& tensors) const {
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const auto tensor = tensors[t];
+      long bad = 0;
+      // x - x is NaN exactly when x is NaN or +-Inf.
+      Kokkos::parallel_reduce(
+          "Lather::GradientReducer::check_finite", Kokkos::RangePolicy<ExecutionSpace>(space, 0, tensor.extent(0)),
+          KOKKOS_LAMBDA(std::size_t i, long& count) {
+            const S difference = tensor(i) - tensor(i);
+            count += difference != difference ? 1 : 0;
+          },
+          bad);
+      if (bad > 0)
+        return lather::Impl::concat(t < tensor_names.size() ? "'" + tensor_names[t] + "'" : "tensor " + std::to_string(t),
+                                    " (", tensor.extent(0), " elements) holds ", bad,
+                                    " NaN or Inf values on this rank; nothing was reduced");
+    }
+    return {};
+  }
 
   template <class T>
   static void ensure(Impl::Vector<T, M>& buffer, std::int64_t elements, const char* what) {
@@ -341,8 +363,9 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
   const bool weighted = op == ReduceOp::weighted_mean;
   const bool weight_valid = std::isfinite(local_weight) && local_weight >= 0;
   double global_weight = double(st.size);
+  const std::string non_finite = st.options.check_finite ? st.first_non_finite(space, gradients) : std::string();
   if (st.options.verify_layout || !same_as_before) {
-    std::string local_error;
+    std::string local_error = non_finite;
     if (weighted && !weight_valid)
       local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
     std::vector<Impl::AgreementField> extra;
@@ -352,6 +375,17 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
                                 weighted ? std::vector<double>{local_weight} : std::vector<double>{},
                                 local_error);
     if (weighted) global_weight = sum;
+  } else if (st.options.check_finite) {
+    // No layout agreement: the verdict on the gradients, and the weight, in one small collective.
+    std::string local_error = non_finite;
+    if (weighted && !weight_valid)
+      local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
+    st.group.agree_on_failure(context, local_error);
+    ++st.statistics.scalar_collectives;
+    if (weighted) {
+      global_weight = st.group.allreduce(local_weight, Combine::sum);
+      ++st.statistics.scalar_collectives;
+    }
   } else if (weighted) {
     // No agreement: an invalid weight anywhere turns the sum into NaN, an error on every rank.
     const double mine = weight_valid ? local_weight : std::numeric_limits<double>::quiet_NaN();
@@ -433,6 +467,12 @@ void GradientReducer<ExecutionSpace, Scalar>::broadcast(const ExecutionSpace& sp
   st.broadcast(space, tensors, root);
   Impl::fence(space, "Lather::" + context + ": tensors received");
   ++st.statistics.calls;
+}
+
+template <class ExecutionSpace, class Scalar>
+void GradientReducer<ExecutionSpace, Scalar>::set_tensor_names(std::vector<std::string> names) {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  m_state->tensor_names = std::move(names);
 }
 
 template <class ExecutionSpace, class Scalar>
