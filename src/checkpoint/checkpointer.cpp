@@ -230,6 +230,24 @@ std::string Checkpointer::latest(std::vector<std::string>* skipped) const {
   return files.empty() ? std::string() : files.back();
 }
 
+std::string Checkpointer::verify(const std::string& file) const {
+  QuietHdf5 quiet;
+  std::string reason;
+  if (m_group.rank() == 0) reason = verify_datasets(file);
+  m_group.broadcast(reason, 0);
+  return reason;
+}
+
+std::string Checkpointer::latest_intact(std::vector<std::string>* skipped) const {
+  const auto files = list(skipped);
+  for (auto file = files.rbegin(); file != files.rend(); ++file) {
+    const std::string reason = verify(*file);
+    if (reason.empty()) return *file;
+    if (skipped) skipped->push_back(*file + ": " + reason);
+  }
+  return {};
+}
+
 Attributes Checkpointer::read_attributes(const std::string& file) const {
   Attributes attributes;
   load(file, {}, &attributes);

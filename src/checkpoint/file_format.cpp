@@ -133,4 +133,90 @@ PropertyList mpio_access(const comm::Group& group) {
   return fapl;
 }
 
+namespace {
+
+struct VerifyVisit {
+  std::string file, error;
+  std::vector<unsigned char> piece;
+};
+
+/// Reads one dataset whole, in pieces along its first dimension; records the first failure.
+herr_t verify_object(hid_t root, const char* name, const H5O_info_t* info, void* data) {
+  auto& visit = *static_cast<VerifyVisit*>(data);
+  if (info->type != H5O_TYPE_DATASET) return 0;
+  const std::string where = "dataset '" + std::string(name) + "'";
+  Dataset dataset(H5Dopen2(root, name, H5P_DEFAULT));
+  if (!dataset.valid()) {
+    visit.error = where + " cannot be opened: " + hdf5_error_reason();
+    return 1;
+  }
+  Datatype stored(H5Dget_type(dataset.get()));
+  Dataspace space(H5Dget_space(dataset.get()));
+  if (!stored.valid() || !space.valid()) {
+    visit.error = where + ": " + hdf5_error_reason();
+    return 1;
+  }
+  Datatype native(H5Tget_native_type(stored.get(), H5T_DIR_ASCEND));
+  const std::size_t element = native.valid() ? H5Tget_size(native.get()) : 0;
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (element == 0 || rank < 0 || rank > 32) {
+    visit.error = where + " has an unreadable type or shape";
+    return 1;
+  }
+  if (rank == 0) {
+    visit.piece.resize(element);
+    if (H5Dread(dataset.get(), native.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, visit.piece.data()) < 0) {
+      visit.error = where + ": " + hdf5_error_reason();
+      return 1;
+    }
+    return 0;
+  }
+  std::vector<hsize_t> dims(std::size_t(rank), 0);
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  hsize_t row = element;
+  for (int d = 1; d < rank; ++d) row *= dims[std::size_t(d)];
+  const hsize_t budget = hsize_t(64) << 20;
+  const hsize_t rows_per_piece = std::max<hsize_t>(1, budget / std::max<hsize_t>(row, 1));
+  for (hsize_t first = 0; first < dims[0]; first += rows_per_piece) {
+    std::vector<hsize_t> start(std::size_t(rank), 0), count = dims;
+    start[0] = first;
+    count[0] = std::min(rows_per_piece, dims[0] - first);
+    if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0) {
+      visit.error = where + ": " + hdf5_error_reason();
+      return 1;
+    }
+    Dataspace memory(H5Screate_simple(rank, count.data(), nullptr));
+    visit.piece.resize(std::size_t(count[0] * row));
+    if (!memory.valid() ||
+        H5Dread(dataset.get(), native.get(), memory.get(), space.get(), H5P_DEFAULT, visit.piece.data()) < 0) {
+      visit.error = where + " fails its checksum or cannot be read (rows " + std::to_string(first) + " to " +
+                    std::to_string(first + count[0]) + "): " + hdf5_error_reason();
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string verify_datasets(const std::string& file) {
+  try {
+    (void)inspect(file, {});
+  } catch (const Error& e) {
+    return e.message();
+  }
+  File f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!f.valid()) return "cannot be opened as HDF5: " + hdf5_error_reason();
+  VerifyVisit visit;
+  visit.file = file;
+  const herr_t status = H5Ovisit(f.get(), H5_INDEX_NAME, H5_ITER_NATIVE, verify_object, &visit
+#if H5_VERSION_GE(1, 12, 0)
+                                 , H5O_INFO_BASIC
+#endif
+  );
+  if (!visit.error.empty()) return visit.error;
+  if (status < 0) return "its objects cannot be listed: " + hdf5_error_reason();
+  return {};
+}
+
 }  // namespace lather::checkpoint::Impl

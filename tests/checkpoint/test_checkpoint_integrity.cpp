@@ -204,6 +204,44 @@ TEST(CheckpointIntegrity, TruncationIsRefusedAndNeverLatest) {
   EXPECT_NE(skipped[0].find("checkpoint-000000000009.h5: "), std::string::npos) << skipped[0];
 }
 
+// One rule for resuming: a newer checkpoint with any damage -- here a flipped byte in each
+// dataset's data in turn, which only reading every chunk finds -- is skipped with the file and
+// dataset named, and latest_intact() (what restore_latest loads) is the newest intact one.
+TEST(CheckpointIntegrity, ResumeFallsBackPastABadChecksum) {
+  const auto f = make_checkpoint("fallback");
+  checkpoint::CheckpointOptions options;
+  options.directory = f.dir;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  EXPECT_EQ(checkpointer.verify(f.file), "");
+  for (const auto& a : f.arrays) {
+    std::vector<std::pair<haddr_t, hsize_t>> chunks;
+    if (world_rank() == 0) chunks = chunk_locations(f.file, a.path);
+    long count = long(chunks.size());
+    MPI_Bcast(&count, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    ASSERT_GT(count, 0) << a.path;
+    const auto newer = copy_with(f.file, "checkpoint-000000000009.h5", [&](std::vector<char>& bytes) {
+      const auto [address, size] = chunks[count - 1];
+      bytes[address + size / 2] ^= char(0x10);
+    });
+    // latest() only vets the root attributes: the damage is in the data.
+    EXPECT_EQ(checkpointer.latest(), newer);
+    const std::string reason = checkpointer.verify(newer);
+    EXPECT_NE(reason.find(a.path), std::string::npos) << reason;
+    std::vector<std::string> skipped;
+    EXPECT_EQ(checkpointer.latest_intact(&skipped), f.file) << a.path;
+    ASSERT_EQ(skipped.size(), 1u);
+    EXPECT_NE(skipped[0].find("checkpoint-000000000009.h5: "), std::string::npos) << skipped[0];
+    EXPECT_NE(skipped[0].find(a.path), std::string::npos) << skipped[0];
+  }
+  // Nothing intact at all: no checkpoint to resume from.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove(f.file);
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::vector<std::string> skipped;
+  EXPECT_EQ(checkpointer.latest_intact(&skipped), "");
+  EXPECT_EQ(skipped.size(), 1u);
+}
+
 TEST(CheckpointIntegrity, ForeignFilesAreRefused) {
   const auto f = make_checkpoint("foreign");
   const auto text = copy_with(f.file, "checkpoint-000000000010.h5", [](std::vector<char>& bytes) {

@@ -126,14 +126,16 @@ class Checkpointer {
   TrainingState restore(const ExecutionSpace& space, const std::string& file,
                         optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
                         const TensorList<Scalar, typename ExecutionSpace::memory_space>& values) const;
-  /// restore() of the newest complete checkpoint; nothing when there is none (then the
-  /// parameters and the optimizer are untouched). `skipped` as in latest().
+  /// restore() of the newest intact checkpoint (latest_intact: every dataset's checksum verified
+  /// before anything is loaded, so a damaged file never leaves a half-loaded state); nothing when
+  /// there is none (then the parameters and the optimizer are untouched). `skipped` receives a
+  /// "file: reason" line for each newer checkpoint passed over.
   template <class ExecutionSpace, class Scalar>
   std::optional<TrainingState> restore_latest(const ExecutionSpace& space,
                                               optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
                                               const TensorList<Scalar, typename ExecutionSpace::memory_space>& values,
                                               std::vector<std::string>* skipped = nullptr) const {
-    const std::string file = latest(skipped);
+    const std::string file = latest_intact(skipped);
     if (file.empty()) return std::nullopt;
     return restore(space, file, optimizer, values);
   }
@@ -154,6 +156,13 @@ class Checkpointer {
   /// `skipped` is given it receives one "file: reason" line per skipped file, so that a caller
   /// can say why it did not resume from a newer (damaged) checkpoint.
   std::string latest(std::vector<std::string>* skipped = nullptr) const;
+  /// Reads every dataset of `file` so that HDF5 checks every chunk's checksum (rank 0, serially;
+  /// one read of the file): "" when it is an intact Lather checkpoint, else what is wrong and in
+  /// which dataset. Collective: every rank gets rank 0's answer.
+  std::string verify(const std::string& file) const;
+  /// The newest complete checkpoint that passes verify(), "" when there is none; each newer one
+  /// that does not, and each file latest() skips, adds a "file: reason" line to `skipped`.
+  std::string latest_intact(std::vector<std::string>* skipped = nullptr) const;
   /// All complete checkpoints, oldest first (rank 0's view, broadcast); `skipped` as in latest().
   std::vector<std::string> list(std::vector<std::string>* skipped = nullptr) const;
   /// Reads each array's selection into its buffer and the root attributes into `attributes`
