@@ -220,3 +220,57 @@ std::string verify_datasets(const std::string& file) {
 }
 
 }  // namespace lather::checkpoint::Impl
+
+namespace lather::checkpoint {
+
+namespace {
+struct ListVisit {
+  std::vector<DatasetSummary> datasets;
+};
+herr_t list_object(hid_t root, const char* name, const H5O_info_t* info, void* data) {
+  if (info->type != H5O_TYPE_DATASET) return 0;
+  auto& visit = *static_cast<ListVisit*>(data);
+  DatasetSummary summary;
+  summary.path = name;
+  Impl::Dataset dataset(H5Dopen2(root, name, H5P_DEFAULT));
+  if (!dataset.valid()) return 0;
+  Impl::Datatype type(H5Dget_type(dataset.get()));
+  Impl::Dataspace space(H5Dget_space(dataset.get()));
+  optim::DType dtype;
+  summary.type = type.valid() && Impl::dtype_of_stored(type.get(), dtype) ? optim::to_string(dtype) : "other";
+  const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+  if (rank >= 0 && rank <= 32) {
+    std::vector<hsize_t> dims(std::size_t(rank), 0);
+    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    summary.shape.assign(dims.begin(), dims.end());
+  }
+  summary.bytes = space.valid() && type.valid()
+                      ? std::int64_t(H5Sget_simple_extent_npoints(space.get())) * std::int64_t(H5Tget_size(type.get()))
+                      : 0;
+  visit.datasets.push_back(std::move(summary));
+  return 0;
+}
+}  // namespace
+
+CheckpointSummary describe_checkpoint(const std::string& file) {
+  Impl::QuietHdf5 quiet;
+  CheckpointSummary summary;
+  summary.attributes = Impl::inspect(file, {});
+  Impl::File f(Impl::check(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "opening checkpoint '" + file + "'"));
+  ListVisit visit;
+  Impl::check(H5Ovisit(f.get(), H5_INDEX_NAME, H5_ITER_INC, list_object, &visit
+#if H5_VERSION_GE(1, 12, 0)
+                       , H5O_INFO_BASIC
+#endif
+                       ),
+              "listing the datasets of checkpoint '" + file + "'");
+  summary.datasets = std::move(visit.datasets);
+  return summary;
+}
+
+std::string verify_checkpoint(const std::string& file) {
+  Impl::QuietHdf5 quiet;
+  return Impl::verify_datasets(file);
+}
+
+}  // namespace lather::checkpoint

@@ -91,6 +91,27 @@ struct CheckpointOptions {
 /// The format this build writes; files of a newer major format are refused.
 inline constexpr int format_version = 1;
 
+/// One dataset of a checkpoint file.
+struct DatasetSummary {
+  std::string path;   ///< e.g. "parameters/dense/kernel"
+  std::string type;   ///< float32, float64, int8, ... ("other" for a type Lather does not write)
+  TensorShape shape;  ///< as stored ([1] for a scalar stored as one element)
+  std::int64_t bytes = 0;
+};
+/// What a checkpoint file holds: its root attributes and every dataset.
+struct CheckpointSummary {
+  Attributes attributes;
+  std::vector<DatasetSummary> datasets;
+};
+/// Reads a checkpoint's root attributes and dataset list on this process alone (no MPI, nothing
+/// allocated from the file's claims). Throws lather::Error naming the file when it is not a
+/// readable, complete Lather checkpoint.
+CheckpointSummary describe_checkpoint(const std::string& file);
+/// Reads every dataset of a checkpoint on this process alone, so that HDF5 checks every chunk's
+/// checksum: "" when intact, else what is wrong and in which dataset (what Checkpointer::verify
+/// answers on rank 0). `lather-checkpoint verify` runs it.
+std::string verify_checkpoint(const std::string& file);
+
 class Checkpointer {
  public:
   /// The ranks of the mesh save and load together (collective operations); each writes its part
