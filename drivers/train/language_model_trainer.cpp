@@ -146,12 +146,8 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   const auto checkpointer = make_checkpointer(mesh, o);
   const std::string vocabulary = corpus.vocabulary.to_string();
   if (o.resume && checkpointer) {
-    std::vector<std::string> skipped;
-    const auto state = checkpointer->restore_latest(space, *optimizer, parameters, &skipped);
-    for (const auto& why : skipped) log.say("warning: resume skips an unreadable checkpoint: " + why);
-    if (!state) {
-      log.say("resume: no checkpoint in " + o.checkpoint_dir + ", starting from scratch");
-    } else {
+    const auto state = restore_newest(space, o, *checkpointer, *optimizer, parameters, log);
+    if (state) {
       const auto& strings = state->extra.strings;
       const auto model_kind = strings.find("model");
       LATHER_REQUIRE(model_kind != strings.end() && model_kind->second == "transformer", "checkpoint ", state->file,
@@ -183,10 +179,11 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
             std::to_string(corpus.validation.size()) + " validation characters");
   }
 
-  const long micro_windows = (batch / replicas + 1 + o.accumulate - 1) / o.accumulate + 1;
-  WindowBatch staging(std::size_t(std::max<long>(micro_windows, 1) * block));
+  // The largest micro-batch of any replica (share() gives the first ones one window more): the
+  // staging, and the evaluation's pieces, so that evaluating never grows the model's activations.
+  const long micro_windows = std::max(1L, ((batch + replicas - 1) / replicas + o.accumulate - 1) / o.accumulate);
+  WindowBatch staging(std::size_t(micro_windows * block));
   TrainResult result;
-  const double gemm_rate = gemm_flops_per_second(space, int(micro_windows * block), config.d_model, 4 * config.d_model);
 
   // Validation: the same windows every time, each replica its share, in micro-batches.
   const auto validation_offsets =
@@ -205,12 +202,8 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     log.add_evaluation_time(log.seconds() - began);
     result.test_loss = sums[0] / sums[2];
     result.test_accuracy = sums[1] / sums[2];
-    if (o.target_loss > 0 && result.test_loss <= o.target_loss && !result.reached_target) {
-      result.reached_target = true;
-      result.target_step = step;
-      result.target_seconds = log.seconds();
-      result.target_training_seconds = log.training_seconds();
-    }
+    if (o.target_loss > 0 && result.test_loss <= o.target_loss)
+      result.reach_target(step, log.seconds(), log.training_seconds());
     char line[256];
     std::snprintf(line, sizeof line, "step %ld: validation loss %.4f nats/char (%.3f bits/char), accuracy %.2f%% (%s)",
                   step, result.test_loss, result.test_loss / std::log(2.0), 100 * result.test_accuracy,
@@ -234,7 +227,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     result.last_checkpoint = checkpointer->save(space, *optimizer, parameters, state);
   };
 
-  double window[4] = {0, 0, 0, 0};  // loss, correct, tokens, seconds since the last line
+  double window[3] = {0, 0, 0};  // loss, correct and tokens since the last progress line
   double last_line_seconds = log.training_seconds();
   long trained_tokens = 0;
   for (long step = first_step; step < planned; ++step) {
@@ -314,6 +307,9 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   if (result.steps > first_step) {
     // Model FLOP utilisation: the model's training flops per rank per second over the same-run
     // GEMM throughput of this backend.
+    // Measured after training, and only when there was some: a sampling run pays nothing.
+    const double gemm_rate =
+        gemm_flops_per_second(space, int(micro_windows * block), config.d_model, 4 * config.d_model);
     const double tokens_per_second = double(trained_tokens) / std::max(result.training_seconds, 1e-9);
     const double achieved = tokens_per_second * config.training_flops_per_token(block) / mesh.world_size();
     result.tokens_per_second = tokens_per_second;

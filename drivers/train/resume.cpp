@@ -10,17 +10,24 @@ std::unique_ptr<checkpoint::Checkpointer> make_checkpointer(const comm::Mesh& me
   return std::make_unique<checkpoint::Checkpointer>(mesh, c);
 }
 
+std::optional<checkpoint::TrainingState> restore_newest(const Space& space, const TrainOptions& o,
+                                                        const checkpoint::Checkpointer& checkpointer,
+                                                        optim::Optimizer<Space, float>& optimizer,
+                                                        const ParameterList<float, Memory>& parameters,
+                                                        const ProgressLog& log) {
+  std::vector<std::string> skipped;
+  auto state = checkpointer.restore_latest(space, optimizer, parameters, &skipped);
+  // A damaged newer checkpoint must not be passed over in silence: the run goes back further.
+  for (const auto& why : skipped) log.say("warning: resume skips an unreadable checkpoint: " + why);
+  if (!state) log.say("resume: no checkpoint in " + o.checkpoint_dir + ", starting from scratch");
+  return state;
+}
+
 Position resume(const Space& space, const TrainOptions& o, const checkpoint::Checkpointer& checkpointer,
                 optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
                 const ProgressLog& log) {
-  std::vector<std::string> skipped;
-  const auto state = checkpointer.restore_latest(space, optimizer, parameters, &skipped);
-  // A damaged newer checkpoint must not be passed over in silence: the run goes back further.
-  for (const auto& why : skipped) log.say("warning: resume skips an unreadable checkpoint: " + why);
-  if (!state) {
-    log.say("resume: no checkpoint in " + o.checkpoint_dir + ", starting from scratch");
-    return {};
-  }
+  const auto state = restore_newest(space, o, checkpointer, optimizer, parameters, log);
+  if (!state) return {};
   log.say("resumed from " + state->file + " (step " + std::to_string(optimizer.step_count()) + ", epoch " +
           std::to_string(state->epoch + 1) + ", sample " + std::to_string(state->sample_offset) + "; written by " +
           std::to_string(state->world_size) + " ranks with " + std::to_string(state->weight_shards) + " weight shards)");

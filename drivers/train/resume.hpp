@@ -11,6 +11,7 @@
 #include <lather/optim/optimizer.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace lather::train {
@@ -22,6 +23,14 @@ struct Position {
 
 /// The --checkpoint-dir checkpointer over the mesh, or null without one.
 std::unique_ptr<checkpoint::Checkpointer> make_checkpointer(const comm::Mesh& mesh, const TrainOptions& o);
+
+/// Loads the newest intact checkpoint of --checkpoint-dir into the parameters and the optimizer,
+/// saying which damaged newer ones it passes over, or that there is none (then nothing changes).
+std::optional<checkpoint::TrainingState> restore_newest(const Space& space, const TrainOptions& o,
+                                                        const checkpoint::Checkpointer& checkpointer,
+                                                        optim::Optimizer<Space, float>& optimizer,
+                                                        const ParameterList<float, Memory>& parameters,
+                                                        const ProgressLog& log);
 
 /// Loads the newest intact checkpoint into the parameters and the optimizer, saying which damaged
 /// newer ones it passes over; returns where to continue (the start when there is none).

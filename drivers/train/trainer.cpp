@@ -127,12 +127,8 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
     result.test_loss = sums[0] / double(data.test.count);
     result.test_accuracy = sums[1] / double(data.test.count);
     const long step = optimizer->step_count();
-    if (o.target_accuracy > 0 && result.test_accuracy >= o.target_accuracy && !result.reached_target) {
-      result.reached_target = true;
-      result.target_step = step;
-      result.target_seconds = log.seconds();
-      result.target_training_seconds = log.training_seconds();
-    }
+    if (o.target_accuracy > 0 && result.test_accuracy >= o.target_accuracy)
+      result.reach_target(step, log.seconds(), log.training_seconds());
     char line[256];
     std::snprintf(line, sizeof line, "%s %ld: test accuracy %.2f%%, test loss %.4f (step %ld, %s)",
                   epoch_end ? "epoch" : "eval at epoch", epoch + 1, 100 * result.test_accuracy, result.test_loss,

@@ -26,6 +26,15 @@ struct TrainResult {
   double target_training_seconds = 0;  ///< the same without the evaluations
   bool interrupted = false;    ///< stopped by SIGTERM (after writing a checkpoint)
   double tokens_per_second = 0;       ///< transformer: training tokens per second (evaluations excluded)
+
+  /// Records the first evaluation that met the target: its step and the loop's seconds then.
+  void reach_target(long step, double loop_seconds, double loop_training_seconds) {
+    if (reached_target) return;
+    reached_target = true;
+    target_step = step;
+    target_seconds = loop_seconds;
+    target_training_seconds = loop_training_seconds;
+  }
   double model_flop_utilization = 0;  ///< transformer: model flop/s per rank / same-run GEMM flop/s
   std::string last_checkpoint;
 };
