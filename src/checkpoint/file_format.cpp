@@ -3,6 +3,7 @@
 #include "selection.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <cstring>
 
 namespace lather::checkpoint::Impl {
@@ -135,41 +136,47 @@ PropertyList mpio_access(const comm::Group& group) {
 
 namespace {
 
-struct VerifyVisit {
-  std::string file, error;
-  std::vector<unsigned char> piece;
-};
+/// Calls `body(root, path)` for every dataset of an open file in name order, until it returns an
+/// error ("" to go on). Returns that error, or what kept HDF5 from listing the objects.
+std::string for_each_dataset(hid_t file, const std::function<std::string(hid_t, const char*)>& body) {
+  struct Walk {
+    const std::function<std::string(hid_t, const char*)>& body;
+    std::string error;
+  } walk{body, {}};
+  const auto visit = [](hid_t root, const char* name, const H5O_info_t* info, void* data) -> herr_t {
+    auto& w = *static_cast<Walk*>(data);
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    w.error = w.body(root, name);
+    return w.error.empty() ? 0 : 1;
+  };
+  const herr_t status = H5Ovisit(file, H5_INDEX_NAME, H5_ITER_INC, visit, &walk
+#if H5_VERSION_GE(1, 12, 0)
+                                 , H5O_INFO_BASIC
+#endif
+  );
+  if (!walk.error.empty()) return walk.error;
+  if (status < 0) return "its objects cannot be listed: " + hdf5_error_reason();
+  return {};
+}
 
-/// Reads one dataset whole, in pieces along its first dimension; records the first failure.
-herr_t verify_object(hid_t root, const char* name, const H5O_info_t* info, void* data) {
-  auto& visit = *static_cast<VerifyVisit*>(data);
-  if (info->type != H5O_TYPE_DATASET) return 0;
+/// Reads one dataset whole, in pieces of at most 64 MiB along its first dimension (into `piece`),
+/// which makes HDF5 check every chunk's checksum: "" or why it failed.
+std::string verify_dataset(hid_t root, const char* name, std::vector<unsigned char>& piece) {
   const std::string where = "dataset '" + std::string(name) + "'";
   Dataset dataset(H5Dopen2(root, name, H5P_DEFAULT));
-  if (!dataset.valid()) {
-    visit.error = where + " cannot be opened: " + hdf5_error_reason();
-    return 1;
-  }
+  if (!dataset.valid()) return where + " cannot be opened: " + hdf5_error_reason();
   Datatype stored(H5Dget_type(dataset.get()));
   Dataspace space(H5Dget_space(dataset.get()));
-  if (!stored.valid() || !space.valid()) {
-    visit.error = where + ": " + hdf5_error_reason();
-    return 1;
-  }
+  if (!stored.valid() || !space.valid()) return where + ": " + hdf5_error_reason();
   Datatype native(H5Tget_native_type(stored.get(), H5T_DIR_ASCEND));
   const std::size_t element = native.valid() ? H5Tget_size(native.get()) : 0;
   const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (element == 0 || rank < 0 || rank > 32) {
-    visit.error = where + " has an unreadable type or shape";
-    return 1;
-  }
+  if (element == 0 || rank < 0 || rank > 32) return where + " has an unreadable type or shape";
   if (rank == 0) {
-    visit.piece.resize(element);
-    if (H5Dread(dataset.get(), native.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, visit.piece.data()) < 0) {
-      visit.error = where + ": " + hdf5_error_reason();
-      return 1;
-    }
-    return 0;
+    piece.resize(element);
+    if (H5Dread(dataset.get(), native.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, piece.data()) < 0)
+      return where + ": " + hdf5_error_reason();
+    return {};
   }
   std::vector<hsize_t> dims(std::size_t(rank), 0);
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
@@ -181,20 +188,38 @@ herr_t verify_object(hid_t root, const char* name, const H5O_info_t* info, void*
     std::vector<hsize_t> start(std::size_t(rank), 0), count = dims;
     start[0] = first;
     count[0] = std::min(rows_per_piece, dims[0] - first);
-    if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0) {
-      visit.error = where + ": " + hdf5_error_reason();
-      return 1;
-    }
+    if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0)
+      return where + ": " + hdf5_error_reason();
     Dataspace memory(H5Screate_simple(rank, count.data(), nullptr));
-    visit.piece.resize(std::size_t(count[0] * row));
+    piece.resize(std::size_t(count[0] * row));
     if (!memory.valid() ||
-        H5Dread(dataset.get(), native.get(), memory.get(), space.get(), H5P_DEFAULT, visit.piece.data()) < 0) {
-      visit.error = where + " fails its checksum or cannot be read (rows " + std::to_string(first) + " to " +
-                    std::to_string(first + count[0]) + "): " + hdf5_error_reason();
-      return 1;
-    }
+        H5Dread(dataset.get(), native.get(), memory.get(), space.get(), H5P_DEFAULT, piece.data()) < 0)
+      return where + " fails its checksum or cannot be read (rows " + std::to_string(first) + " to " +
+             std::to_string(first + count[0]) + "): " + hdf5_error_reason();
   }
-  return 0;
+  return {};
+}
+
+/// What `lather-checkpoint info` shows of one dataset (one that cannot be opened is left out).
+void summarise_dataset(hid_t root, const char* name, std::vector<DatasetSummary>& out) {
+  Dataset dataset(H5Dopen2(root, name, H5P_DEFAULT));
+  if (!dataset.valid()) return;
+  DatasetSummary summary;
+  summary.path = name;
+  Datatype type(H5Dget_type(dataset.get()));
+  Dataspace space(H5Dget_space(dataset.get()));
+  optim::DType dtype;
+  summary.type = type.valid() && dtype_of_stored(type.get(), dtype) ? optim::to_string(dtype) : "other";
+  const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+  if (rank >= 0 && rank <= 32) {
+    std::vector<hsize_t> dims(std::size_t(rank), 0);
+    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    summary.shape.assign(dims.begin(), dims.end());
+  }
+  summary.bytes = space.valid() && type.valid()
+                      ? std::int64_t(H5Sget_simple_extent_npoints(space.get())) * std::int64_t(H5Tget_size(type.get()))
+                      : 0;
+  out.push_back(std::move(summary));
 }
 
 }  // namespace
@@ -207,65 +232,29 @@ std::string verify_datasets(const std::string& file) {
   }
   File f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!f.valid()) return "cannot be opened as HDF5: " + hdf5_error_reason();
-  VerifyVisit visit;
-  visit.file = file;
-  const herr_t status = H5Ovisit(f.get(), H5_INDEX_NAME, H5_ITER_NATIVE, verify_object, &visit
-#if H5_VERSION_GE(1, 12, 0)
-                                 , H5O_INFO_BASIC
-#endif
-  );
-  if (!visit.error.empty()) return visit.error;
-  if (status < 0) return "its objects cannot be listed: " + hdf5_error_reason();
-  return {};
+  std::vector<unsigned char> piece;
+  return for_each_dataset(f.get(), [&](hid_t root, const char* name) { return verify_dataset(root, name, piece); });
+}
+
+CheckpointSummary describe(const std::string& file) {
+  CheckpointSummary summary;
+  summary.attributes = inspect(file, {});
+  File f(check(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "opening checkpoint '" + file + "'"));
+  const std::string error = for_each_dataset(f.get(), [&](hid_t root, const char* name) {
+    summarise_dataset(root, name, summary.datasets);
+    return std::string();
+  });
+  LATHER_REQUIRE(error.empty(), "listing the datasets of checkpoint '", file, "': ", error);
+  return summary;
 }
 
 }  // namespace lather::checkpoint::Impl
 
 namespace lather::checkpoint {
 
-namespace {
-struct ListVisit {
-  std::vector<DatasetSummary> datasets;
-};
-herr_t list_object(hid_t root, const char* name, const H5O_info_t* info, void* data) {
-  if (info->type != H5O_TYPE_DATASET) return 0;
-  auto& visit = *static_cast<ListVisit*>(data);
-  DatasetSummary summary;
-  summary.path = name;
-  Impl::Dataset dataset(H5Dopen2(root, name, H5P_DEFAULT));
-  if (!dataset.valid()) return 0;
-  Impl::Datatype type(H5Dget_type(dataset.get()));
-  Impl::Dataspace space(H5Dget_space(dataset.get()));
-  optim::DType dtype;
-  summary.type = type.valid() && Impl::dtype_of_stored(type.get(), dtype) ? optim::to_string(dtype) : "other";
-  const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
-  if (rank >= 0 && rank <= 32) {
-    std::vector<hsize_t> dims(std::size_t(rank), 0);
-    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-    summary.shape.assign(dims.begin(), dims.end());
-  }
-  summary.bytes = space.valid() && type.valid()
-                      ? std::int64_t(H5Sget_simple_extent_npoints(space.get())) * std::int64_t(H5Tget_size(type.get()))
-                      : 0;
-  visit.datasets.push_back(std::move(summary));
-  return 0;
-}
-}  // namespace
-
 CheckpointSummary describe_checkpoint(const std::string& file) {
   Impl::QuietHdf5 quiet;
-  CheckpointSummary summary;
-  summary.attributes = Impl::inspect(file, {});
-  Impl::File f(Impl::check(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "opening checkpoint '" + file + "'"));
-  ListVisit visit;
-  Impl::check(H5Ovisit(f.get(), H5_INDEX_NAME, H5_ITER_INC, list_object, &visit
-#if H5_VERSION_GE(1, 12, 0)
-                       , H5O_INFO_BASIC
-#endif
-                       ),
-              "listing the datasets of checkpoint '" + file + "'");
-  summary.datasets = std::move(visit.datasets);
-  return summary;
+  return Impl::describe(file);
 }
 
 std::string verify_checkpoint(const std::string& file) {

@@ -28,6 +28,8 @@ Attributes inspect(const std::string& file, const std::vector<ArraySlice>& array
 /// Fletcher-32 checksum: "" when all pass, else which dataset failed and why. Reads in pieces of
 /// at most 64 MiB; allocates nothing from what the file claims beyond one piece.
 std::string verify_datasets(const std::string& file);
+/// Rank 0's serial listing of a checkpoint: its root attributes and every dataset.
+CheckpointSummary describe(const std::string& file);
 /// A file access list for MPI-IO over `group`.
 PropertyList mpio_access(const comm::Group& group);
 
