@@ -1,0 +1,28 @@
+#pragma once
+// Test-only fault injection. Every step that ends in a collective calls fault_point("<name>")
+// where a real failure could happen (inside the work whose outcome the ranks agree on). Without a
+// hook installed -- always, outside tests -- that is one relaxed atomic load. A test installs a
+// hook that throws on the rank and at the point it chooses, and checks that every rank of the
+// group reports an error naming the failing rank and that nobody blocks.
+
+#include <atomic>
+
+namespace lather::Impl {
+
+/// Called with the point's name; throws to inject a failure.
+using FaultHook = void (*)(const char* point);
+
+inline std::atomic<FaultHook>& fault_hook() {
+  static std::atomic<FaultHook> hook{nullptr};
+  return hook;
+}
+
+/// Installs `hook` (nullptr removes it). For tests only.
+inline void set_fault_hook(FaultHook hook) { fault_hook().store(hook, std::memory_order_relaxed); }
+
+/// A place where a failure is injected in tests.
+inline void fault_point(const char* point) {
+  if (const FaultHook hook = fault_hook().load(std::memory_order_relaxed)) hook(point);
+}
+
+}  // namespace lather::Impl
