@@ -16,7 +16,10 @@ struct IdxArray {
 
 /// Reads an IDX file of unsigned bytes (type code 0x08), plain or gzip. Throws lather::Error
 /// naming the file for a missing file, a bad magic number, implausible dimensions (more than
-/// `max_elements` values), or a file shorter than its header says.
+/// `max_elements` values, or more than the file can hold: a plain file's size, 1032 times a gzip
+/// file's, deflate's largest expansion), a file shorter or longer than its header says, or a
+/// damaged gzip stream. The dimensions are checked before anything is allocated, and the values
+/// are read in pieces of 16 MiB, so memory follows what the file really holds.
 IdxArray read_idx(const std::string& path, std::int64_t max_elements = std::int64_t(1) << 31);
 
 /// A labelled image set: images as float in [0, 1], row-major [count, features].
