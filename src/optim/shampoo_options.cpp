@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <sstream>
 
 namespace lather::optim {
@@ -98,13 +102,16 @@ void ShampooOptions::validate() const {
 namespace {
 
 double parse_double(const std::string& name, const std::string& value) {
-  try {
-    std::size_t used = 0;
-    const double x = std::stod(value, &used);
-    if (used == value.size()) return x;
-  } catch (const std::exception&) {
-  }
-  LATHER_FAIL("Shampoo option ", name, ": '", value, "' is not a number");
+  // strtod rather than std::stod: stod throws for a subnormal result (ERANGE), which would refuse
+  // numbers option_value prints. Overflow (ERANGE with an infinite result) is still refused.
+  char* end = nullptr;
+  errno = 0;
+  const double x = value.empty() ? 0.0 : std::strtod(value.c_str(), &end);
+  LATHER_REQUIRE(!value.empty() && end == value.c_str() + value.size(), "Shampoo option ", name, ": '", value,
+                 "' is not a number");
+  LATHER_REQUIRE(!(errno == ERANGE && std::isinf(x)), "Shampoo option ", name, ": '", value,
+                 "' is out of the range of a double");
+  return x;
 }
 
 long parse_long(const std::string& name, const std::string& value) {
@@ -112,9 +119,30 @@ long parse_long(const std::string& name, const std::string& value) {
     std::size_t used = 0;
     const long x = std::stol(value, &used);
     if (used == value.size()) return x;
+  } catch (const std::out_of_range&) {
+    LATHER_FAIL("Shampoo option ", name, ": '", value, "' is out of the range of a 64-bit integer");
   } catch (const std::exception&) {
   }
   LATHER_FAIL("Shampoo option ", name, ": '", value, "' is not an integer");
+}
+
+/// The options held as int: a value past int's range is refused, not truncated.
+int parse_int(const std::string& name, const std::string& value) {
+  const long x = parse_long(name, value);
+  LATHER_REQUIRE(x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max(), "Shampoo option ",
+                 name, ": ", x, " is out of the range of an int");
+  return int(x);
+}
+
+/// The shortest text that reads back (strtod) as exactly `x`: what option_value prints is a value
+/// set_option accepts and maps to the same number (six digits, the stream default, need not).
+std::string format_double(double x) {
+  char text[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, x);
+    if (std::strtod(text, nullptr) == x) break;  // never for NaN: it keeps the 17-digit form, "nan"
+  }
+  return text;
 }
 
 bool parse_bool(const std::string& name, const std::string& value) {
@@ -187,13 +215,13 @@ std::string option_help(const std::string& name) {
 std::string option_value(const ShampooOptions& o, const std::string& name) {
   std::ostringstream out;
   out << std::boolalpha;
-  if (name == "learning_rate") out << o.learning_rate.peak;
+  if (name == "learning_rate") out << format_double(o.learning_rate.peak);
   else if (name == "block_size") out << o.block_size;
-  else if (name == "beta1") out << o.beta1;
-  else if (name == "beta2") out << o.beta2;
-  else if (name == "diagonal_epsilon") out << o.diagonal_epsilon;
-  else if (name == "matrix_epsilon") out << o.matrix_epsilon;
-  else if (name == "weight_decay") out << o.weight_decay;
+  else if (name == "beta1") out << format_double(o.beta1);
+  else if (name == "beta2") out << format_double(o.beta2);
+  else if (name == "diagonal_epsilon") out << format_double(o.diagonal_epsilon);
+  else if (name == "matrix_epsilon") out << format_double(o.matrix_epsilon);
+  else if (name == "weight_decay") out << format_double(o.weight_decay);
   else if (name == "start_preconditioning_step") out << o.start_preconditioning_step;
   else if (name == "preconditioning_compute_steps") out << o.preconditioning_compute_steps;
   else if (name == "statistics_compute_steps") out << o.statistics_compute_steps;
@@ -203,10 +231,10 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
   else if (name == "exponent_override") out << o.exponent_override;
   else if (name == "shard_optimizer_states") out << o.shard_optimizer_states;
   else if (name == "best_effort_memory_usage_reduction") out << o.best_effort_memory_usage_reduction;
-  else if (name == "inverse_failure_threshold") out << o.inverse_failure_threshold;
+  else if (name == "inverse_failure_threshold") out << format_double(o.inverse_failure_threshold);
   else if (name == "moving_average_for_momentum") out << o.moving_average_for_momentum;
   else if (name == "skip_preconditioning_dim_size_gt") out << o.skip_preconditioning_dim_size_gt;
-  else if (name == "clip_by_scaled_gradient_norm") out << o.clip_by_scaled_gradient_norm;
+  else if (name == "clip_by_scaled_gradient_norm") out << format_double(o.clip_by_scaled_gradient_norm);
   else if (name == "relative_matrix_epsilon") out << o.relative_matrix_epsilon;
   else if (name == "merge_small_dims_block_size") out << o.merge_small_dims_block_size;
   else if (name == "skip_preconditioning_rank_lt") out << o.skip_preconditioning_rank_lt;
@@ -216,7 +244,7 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
   else if (name == "root_method") out << linalg::to_string(o.root.method);
   else if (name == "root_compute_precision") out << linalg::to_string(o.root.compute_precision);
   else if (name == "root_max_iterations") out << o.root.max_iterations;
-  else if (name == "root_tolerance") out << o.root.tolerance;
+  else if (name == "root_tolerance") out << format_double(o.root.tolerance);
   else if (name == "retry_failed_roots_in_double") out << o.retry_failed_roots_in_double;
   else if (name == "max_consecutive_root_failures") out << o.max_consecutive_root_failures;
   else if (name == "statistics_precision") out << linalg::to_string(o.statistics_precision);
@@ -229,9 +257,10 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
 void set_option(ShampooOptions& o, const std::string& name, const std::string& value) {
   const auto d = [&] { return parse_double(name, value); };
   const auto l = [&] { return parse_long(name, value); };
+  const auto i = [&] { return parse_int(name, value); };
   const auto b = [&] { return parse_bool(name, value); };
   if (name == "learning_rate") o.learning_rate = LearningRateSchedule::constant(d());
-  else if (name == "block_size") o.block_size = int(l());
+  else if (name == "block_size") o.block_size = i();
   else if (name == "beta1") o.beta1 = d();
   else if (name == "beta2") o.beta2 = d();
   else if (name == "diagonal_epsilon") o.diagonal_epsilon = d();
@@ -243,7 +272,7 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
   else if (name == "best_effort_shape_interpretation") o.best_effort_shape_interpretation = b();
   else if (name == "graft_type") o.graft_type = parse_graft_type(value);
   else if (name == "nesterov") o.nesterov = b();
-  else if (name == "exponent_override") o.exponent_override = int(l());
+  else if (name == "exponent_override") o.exponent_override = i();
   else if (name == "shard_optimizer_states") o.shard_optimizer_states = b();
   else if (name == "best_effort_memory_usage_reduction") o.best_effort_memory_usage_reduction = b();
   else if (name == "inverse_failure_threshold") o.inverse_failure_threshold = d();
@@ -252,16 +281,16 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
   else if (name == "clip_by_scaled_gradient_norm") o.clip_by_scaled_gradient_norm = value == "none" ? 0.0 : d();
   else if (name == "relative_matrix_epsilon") o.relative_matrix_epsilon = b();
   else if (name == "merge_small_dims_block_size") o.merge_small_dims_block_size = l();
-  else if (name == "skip_preconditioning_rank_lt") o.skip_preconditioning_rank_lt = int(l());
+  else if (name == "skip_preconditioning_rank_lt") o.skip_preconditioning_rank_lt = i();
   else if (name == "decoupled_learning_rate") o.decoupled_learning_rate = b();
   else if (name == "decoupled_weight_decay") o.decoupled_weight_decay = b();
   else if (name == "generate_training_metrics") o.generate_training_metrics = b();
   else if (name == "root_method") o.root.method = linalg::parse_root_method(value);
   else if (name == "root_compute_precision") o.root.compute_precision = linalg::parse_precision(value);
-  else if (name == "root_max_iterations") o.root.max_iterations = int(l());
+  else if (name == "root_max_iterations") o.root.max_iterations = i();
   else if (name == "root_tolerance") o.root.tolerance = d();
   else if (name == "retry_failed_roots_in_double") o.retry_failed_roots_in_double = b();
-  else if (name == "max_consecutive_root_failures") o.max_consecutive_root_failures = int(l());
+  else if (name == "max_consecutive_root_failures") o.max_consecutive_root_failures = i();
   else if (name == "statistics_precision") o.statistics_precision = linalg::parse_precision(value);
   else if (name == "balance_root_work") o.balance_root_work = b();
   else if (name == "step_mode") o.step_mode = parse_step_mode(value);
