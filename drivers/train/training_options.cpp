@@ -87,47 +87,94 @@ optim::AdamOptions TrainOptions::adam_options() const {
   return s;
 }
 
+namespace {
+// Upper bounds on what sizes memory or counts steps: far past any run this driver is for, low
+// enough that no size or step product overflows (and a typo of a few digits is an error, not an
+// allocation of terabytes).
+constexpr int max_layer_size = 1 << 16;      // --hidden sizes, --d-model
+constexpr int max_layers = 1 << 10;          // --n-layer, hidden layers
+constexpr int max_batch_size = 1 << 20;      // --batch-size (samples or windows)
+constexpr int max_block_size = 1 << 16;      // --block-size (characters)
+constexpr int max_shards = 1 << 12;          // --weight-shards
+constexpr int max_epochs = 1 << 20;          // --epochs
+constexpr long max_windows = 1L << 24;       // --eval-windows
+constexpr long max_samples = 1L << 40;       // --train-samples, --test-samples, --sample
+constexpr long max_steps_limit = 1L << 50;   // --max-steps, --warmup-steps, --schedule-steps, intervals
+
+/// Lather's message for `value` outside [low, high] of `flag`.
+template <class T>
+void require_range(const char* flag, T value, T low, T high) {
+  LATHER_REQUIRE(value >= low && value <= high, flag, " must be in [", low, ", ", high, "], got ", value);
+}
+void require_finite(const char* flag, double value, double low) {
+  LATHER_REQUIRE(std::isfinite(value) && value >= low, flag, " must be finite and >= ", low, ", got ", value);
+}
+/// exists() without its exception: a path the system refuses to look up (too long, a loop) is
+/// reported as not there, like a missing one.
+bool path_exists(const std::string& path) {
+  std::error_code error;
+  return std::filesystem::exists(path, error) && !error;
+}
+}  // namespace
+
 void TrainOptions::validate() const {
   LATHER_REQUIRE(model == "mlp" || model == "transformer", "--model must be mlp or transformer, got '", model, "'");
   const bool transformer = model == "transformer";
   // A transformer run may train for no step at all: --resume --epochs 0 --sample N samples from a checkpoint.
-  LATHER_REQUIRE(epochs >= (transformer ? 0 : 1), "--epochs must be >= ", transformer ? 0 : 1, ", got ", epochs);
-  LATHER_REQUIRE(batch_size >= 1, "--batch-size must be >= 1, got ", batch_size);
+  require_range("--epochs", epochs, transformer ? 0 : 1, max_epochs);
+  require_range("--batch-size", batch_size, 1, max_batch_size);
   (void)default_learning_rate(optimizer);
-  LATHER_REQUIRE(std::isfinite(lr), "--lr must be finite");
+  LATHER_REQUIRE(std::isfinite(lr), "--lr must be finite, got ", lr);
+  require_range("--warmup-steps", warmup_steps, 0L, max_steps_limit);
+  require_range("--schedule-steps", schedule_steps, 0L, max_steps_limit);
+  require_finite("--weight-decay", weight_decay, 0);
   LATHER_REQUIRE(!hidden.empty(), "--hidden needs at least one layer size");
-  for (int h : hidden) LATHER_REQUIRE(h >= 1, "--hidden sizes must be >= 1, got ", h);
-  LATHER_REQUIRE(weight_shards >= 1, "--weight-shards must be >= 1, got ", weight_shards);
-  LATHER_REQUIRE(accumulate >= 1, "--accumulate must be >= 1, got ", accumulate);
+  LATHER_REQUIRE(hidden.size() <= std::size_t(max_layers), "--hidden has ", hidden.size(), " layers, more than ",
+                 max_layers);
+  for (int h : hidden) require_range("--hidden sizes", h, 1, max_layer_size);
+  require_range("--weight-shards", weight_shards, 1, max_shards);
+  require_range("--accumulate", accumulate, 1, max_batch_size);
   LATHER_REQUIRE(reduce == "mean" || reduce == "adasum" || reduce == "adasum-approx",
                  "--reduce must be mean, adasum or adasum-approx, got '", reduce, "'");
   LATHER_REQUIRE(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got ", checkpoint_every);
   LATHER_REQUIRE(checkpoint_every == 0 || !checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
   LATHER_REQUIRE(!resume || !checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  require_range("--checkpoint-every", checkpoint_every, 0L, max_steps_limit);
   LATHER_REQUIRE(keep_checkpoints >= 1, "--keep-checkpoints must be >= 1, got ", keep_checkpoints);
-  LATHER_REQUIRE(log_every >= 0 && eval_every >= 0 && max_steps >= 0, "--log-every, --eval-every and --max-steps must be >= 0");
+  require_range("--log-every", log_every, 0L, max_steps_limit);
+  require_range("--eval-every", eval_every, 0L, max_steps_limit);
+  require_range("--max-steps", max_steps, 0L, max_steps_limit);
+  require_range("--train-samples", train_samples, 0L, max_samples);
+  require_range("--test-samples", test_samples, 0L, max_samples);
   LATHER_REQUIRE(target_accuracy >= 0 && target_accuracy <= 1, "--target-accuracy must be in [0, 1], got ",
                  target_accuracy);
   LATHER_REQUIRE(wire_precision == "native" || wire_precision == "bf16" || wire_precision == "fp16",
                  "--wire-precision must be native, bf16 or fp16, got '", wire_precision, "'");
   if (transformer) {
-    LATHER_REQUIRE(std::filesystem::exists(text), "--text '", text,
+    LATHER_REQUIRE(path_exists(text), "--text '", text,
                    "' does not exist (run scripts/fetch-shakespeare, or pass --text with any UTF-8 file)");
-    LATHER_REQUIRE(n_layer >= 1 && n_head >= 1 && d_model >= 1 && block_size >= 1,
-                   "--n-layer, --n-head, --d-model and --block-size must be >= 1");
+    require_range("--n-layer", n_layer, 1, max_layers);
+    require_range("--d-model", d_model, 1, max_layer_size);
+    require_range("--n-head", n_head, 1, d_model);
+    require_range("--block-size", block_size, 1, max_block_size);
     LATHER_REQUIRE(d_model % n_head == 0, "--d-model ", d_model, " must be a multiple of --n-head ", n_head);
     LATHER_REQUIRE(n_head % weight_shards == 0, "--weight-shards ", weight_shards, " must divide --n-head ", n_head,
                    " (each shard holds whole attention heads)");
-    LATHER_REQUIRE(z_loss >= 0, "--z-loss must be >= 0, got ", z_loss);
-    LATHER_REQUIRE(eval_windows >= 1, "--eval-windows must be >= 1, got ", eval_windows);
-    LATHER_REQUIRE(sample >= 0, "--sample must be >= 0, got ", sample);
+    require_finite("--z-loss", z_loss, 0);
+    require_range("--eval-windows", eval_windows, 1L, max_windows);
+    require_range("--sample", sample, 0L, max_samples);
     LATHER_REQUIRE(temperature > 0 && std::isfinite(temperature), "--temperature must be > 0, got ", temperature);
-    LATHER_REQUIRE(target_loss >= 0, "--target-loss must be >= 0, got ", target_loss);
+    require_finite("--target-loss", target_loss, 0);
   } else {
-    LATHER_REQUIRE(std::filesystem::is_directory(data), "--data '", data,
+    std::error_code error;
+    LATHER_REQUIRE(std::filesystem::is_directory(data, error), "--data '", data,
                    "' is not a directory (install the Debian package dataset-fashion-mnist or pass --data DIR)");
   }
+  // The optimizer's own options, each validated, so that a bad value is refused before any set-up.
   if (optimizer == "shampoo") (void)shampoo_options();
+  else if (optimizer == "sgd") (void)sgd_options();
+  else if (optimizer == "adagrad") (void)adagrad_options();
+  else (void)adam_options();
 }
 
 void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
@@ -150,8 +197,10 @@ void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
     return pair.rfind("block_size=", 0) == 0;
   });
   if (!block_given && o.weight_shards >= 1) {
+    // In 64 bits: the options are not validated yet (validate() bounds them), and 128 times a
+    // large shard count does not fit an int.
     int block = 128;
-    while (block > 1 && (o.d_model % (block * o.weight_shards) != 0)) block /= 2;
+    while (block > 1 && (o.d_model % (std::int64_t(block) * o.weight_shards) != 0)) block /= 2;
     o.shampoo.insert(o.shampoo.begin(), "block_size=" + std::to_string(block));
   }
 }
