@@ -2,6 +2,7 @@
 
 #include <lather/comm/impl/kernels.hpp>
 #include <lather/comm/impl/support.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 
 #include <cmath>
 
@@ -82,18 +83,31 @@ double GradientAccumulator<ExecutionSpace, Scalar>::reduce(const ExecutionSpace&
                                                            const tensor_list& gradients) {
   Impl::ScopedRegion region("Lather::GradientAccumulator::reduce");
   // Shapes are checked locally, but the verdict travels with the agreement: a rank with a bad
-  // output list must not leave the others waiting in the reduction.
+  // output list must not leave the others waiting in the reduction. So does a failure of the copy
+  // into the outputs (the reducer's `local_error`); the sums are not touched, so a failed reduce()
+  // can be called again.
   bool shapes_match = m_accumulated > 0 && gradients.size() == m_sums.size();
   for (std::size_t t = 0; shapes_match && t < m_sums.size(); ++t)
     shapes_match = gradients[t].extent(0) == m_sums[t].extent(0);
-  if (shapes_match)
-    for (std::size_t t = 0; t < m_sums.size(); ++t) Kokkos::deep_copy(space, gradients[t], m_sums[t]);
+  std::string local_error;
+  if (shapes_match) {
+    try {
+      ::lather::Impl::fault_point("accumulate.reduce");
+      for (std::size_t t = 0; t < m_sums.size(); ++t) Kokkos::deep_copy(space, gradients[t], m_sums[t]);
+    } catch (const Error& e) {
+      local_error = e.message();
+    } catch (const std::exception& e) {
+      local_error = e.what();
+    }
+  }
   const std::vector<AgreedValue> agreed = {
       {"accumulated micro-batches", m_accumulated, true, m_micro_batches},
       {"output tensors match the accumulated shapes (1 yes, 0 no)", shapes_match ? 1 : 0, true, 1}};
   const bool weighted = m_mode == AccumulationMode::token_weighted;
-  const double global = m_reducer.reduce(space, gradients, weighted ? ReduceOp::weighted_mean : ReduceOp::mean,
-                                         weighted ? m_tokens : 1.0, agreed);
+  const double global =
+      m_reducer.reduce(space, gradients, weighted ? ReduceOp::weighted_mean : ReduceOp::mean,
+                       weighted ? m_tokens : 1.0, agreed,
+                       local_error.empty() ? local_error : "GradientAccumulator::reduce: " + local_error);
   m_accumulated = 0;
   m_tokens = 0;
   return weighted ? global : global * m_micro_batches;

@@ -1,5 +1,6 @@
 #include <lather/comm/impl/support.hpp>
 #include <lather/comm/replicas.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 
 #include <zlib.h>
 
@@ -102,8 +103,19 @@ ReplicaReport check_replicas(const ExecutionSpace& space, const Group& group,
   report.group_size = size;
   report.world_ranks = group.ranks_in(world ? *world : group);
 
+  // This rank's checksums; a failure here travels in the all-gather below (a fifth word), so that
+  // every rank learns it and throws it instead of waiting for the rank that failed.
   std::uint32_t whole = 0;
-  const auto per_tensor = tensor_checksums(space, tensors, whole);
+  std::vector<std::uint32_t> per_tensor;
+  std::string local_error;
+  try {
+    ::lather::Impl::fault_point("replicas.check");
+    per_tensor = tensor_checksums(space, tensors, whole);
+  } catch (const Error& e) {
+    local_error = e.message();
+  } catch (const std::exception& e) {
+    local_error = e.what();
+  }
   Impl::Fnv1a size_hash;
   size_hash.add(tensors.size());
   std::int64_t elements = 0;
@@ -111,28 +123,34 @@ ReplicaReport check_replicas(const ExecutionSpace& space, const Group& group,
     size_hash.add(tensor.extent(0));
     elements += std::int64_t(tensor.extent(0));
   }
-  const std::uint64_t mine[4] = {std::uint64_t(tensors.size()), std::uint64_t(elements), size_hash.value(), whole};
-  std::vector<std::uint64_t> all(4 * std::size_t(size));
-  group.allgather(mine, 4, all.data());
+  constexpr std::size_t words = 5;
+  const std::uint64_t mine[words] = {std::uint64_t(tensors.size()), std::uint64_t(elements), size_hash.value(), whole,
+                                     local_error.empty() ? 0u : 1u};
+  std::vector<std::uint64_t> all(words * std::size_t(size));
+  group.allgather(mine, words, all.data());
+  bool any_failed = false;
+  for (int r = 0; r < size; ++r) any_failed = any_failed || all[words * std::size_t(r) + 4] != 0;
+  // Every rank knows that one failed: one more agreement carries its message to all (and throws).
+  if (any_failed) group.agree_on_failure("check_replicas", local_error);
 
   // The reference is the (layout, checksum) most ranks hold; ties go to the lowest rank.
   std::map<std::vector<std::uint64_t>, int> votes;
-  for (int r = 0; r < size; ++r) ++votes[std::vector<std::uint64_t>(all.begin() + 4 * r, all.begin() + 4 * r + 4)];
+  for (int r = 0; r < size; ++r) ++votes[std::vector<std::uint64_t>(all.begin() + words * r, all.begin() + words * r + 4)];
   int best = -1;
   for (int r = 0; r < size; ++r) {
-    const int count = votes[std::vector<std::uint64_t>(all.begin() + 4 * r, all.begin() + 4 * r + 4)];
-    if (best < 0 || count > votes[std::vector<std::uint64_t>(all.begin() + 4 * best, all.begin() + 4 * best + 4)])
+    const int count = votes[std::vector<std::uint64_t>(all.begin() + words * r, all.begin() + words * r + 4)];
+    if (best < 0 || count > votes[std::vector<std::uint64_t>(all.begin() + words * best, all.begin() + words * best + 4)])
       best = r;
   }
   report.reference_rank = best;
   bool same_layouts = true;
   for (int r = 0; r < size; ++r) {
-    report.tensor_counts.push_back(std::int64_t(all[4 * r]));
-    report.element_counts.push_back(std::int64_t(all[4 * r + 1]));
-    report.checksums.push_back(std::uint32_t(all[4 * r + 3]));
-    const bool same_layout = all[4 * r] == all[4 * best] && all[4 * r + 2] == all[4 * best + 2];
+    report.tensor_counts.push_back(std::int64_t(all[words * r]));
+    report.element_counts.push_back(std::int64_t(all[words * r + 1]));
+    report.checksums.push_back(std::uint32_t(all[words * r + 3]));
+    const bool same_layout = all[words * r] == all[words * best] && all[words * r + 2] == all[words * best + 2];
     same_layouts = same_layouts && same_layout;
-    if (!same_layout || all[4 * r + 3] != all[4 * best + 3]) {
+    if (!same_layout || all[words * r + 3] != all[words * best + 3]) {
       report.divergent_group_ranks.push_back(r);
       report.divergent_world_ranks.push_back(report.world_ranks[r]);
     }

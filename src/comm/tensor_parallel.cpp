@@ -2,6 +2,7 @@
 #include <lather/comm/impl/support.hpp>
 #include <lather/comm/impl/transport.hpp>
 #include <lather/comm/tensor_parallel.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 
 #include "tensor_parallel_kernels.hpp"
 
@@ -39,6 +40,22 @@ std::string first_error(std::initializer_list<std::string> errors) {
   for (const auto& e : errors)
     if (!e.empty()) return e;
   return {};
+}
+
+/// This shard's preparation for a communicating call (buffers, host copies), unless its arguments
+/// already failed: what it throws becomes `error`, which the call's agreement then makes an error
+/// on every shard. `point` is the call's fault-injection point (tests).
+template <class Work>
+void prepare_locally(const char* point, std::string& error, Work&& work) {
+  if (!error.empty()) return;
+  try {
+    ::lather::Impl::fault_point(point);
+    work();
+  } catch (const Error& e) {
+    error = e.message();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
 }
 
 /// Per-call agreement on the batch size and argument validity, unless switched off. Without it a
@@ -160,6 +177,7 @@ void ColumnParallelLinear<ExecutionSpace, Scalar>::backward(const ExecutionSpace
   std::string error = st.check(batch, x, weight, dbias, dy, dx, dweight, true);
   if (error.empty() && dx.data() && !dx.span_is_contiguous()) error = "dx must be contiguous";
   const bool reduces = dx.data() && st.shards.size() > 1;
+  prepare_locally("tensor_parallel.column_backward", error, [] {});
   if (reduces)
     agree_call(st.shards, st.options.verify_shapes, "ColumnParallelLinear::backward", std::int64_t(batch), error);
   else
@@ -189,6 +207,7 @@ void RowParallelLinear<ExecutionSpace, Scalar>::forward(const ExecutionSpace& sp
   const std::size_t batch = x.extent(0), out = std::size_t(st.out);
   std::string error = st.check(batch, x, weight, bias, y, matrix(), matrix(), false);
   if (error.empty() && !y.span_is_contiguous()) error = "y must be contiguous";
+  prepare_locally("tensor_parallel.row_forward", error, [] {});
   if (st.shards.size() > 1)
     agree_call(st.shards, st.options.verify_shapes, "RowParallelLinear::forward", std::int64_t(batch), error);
   else
@@ -254,26 +273,29 @@ void FeatureAllGather<ExecutionSpace, Scalar>::operator()(const ExecutionSpace& 
   auto error = expect_shape("the local block", local, std::size_t(batch), std::size_t(mine.count));
   if (error.empty() && std::int64_t(batch) * features > std::int64_t(INT_MAX))
     error = "the gathered activation has more than INT_MAX elements (MPI counts are int)";
+  const std::size_t total = std::size_t(batch) * features, own = std::size_t(batch) * mine.count;
+  // The buffers, before the agreement: a shard that cannot allocate them tells the others.
+  prepare_locally("tensor_parallel.all_gather", error, [&] {
+    if (st.features != features) {
+      auto starts_host = Kokkos::View<int*, Kokkos::HostSpace>("Lather::FeatureAllGather::starts", shards + 1);
+      for (int d = 0; d < shards; ++d) starts_host(d) = shard_range(features, shards, d).begin;
+      starts_host(shards) = features;
+      st.starts = Kokkos::View<int*, memory_space>("Lather::FeatureAllGather::starts", shards + 1);
+      Kokkos::deep_copy(space, st.starts, starts_host);
+      ::lather::Impl::fence(space, "Lather::FeatureAllGather: block starts uploaded");
+      st.features = features;
+    }
+    if (st.packed.extent(0) < total)
+      st.packed = Kokkos::View<Scalar*, memory_space>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::FeatureAllGather::packed"), total);
+    if (st.block.extent(0) < own)
+      st.block = Kokkos::View<Scalar*, memory_space>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::FeatureAllGather::block"), own);
+  });
   agree_call(st.shards, st.options.verify_shapes, "all_gather_features", batch, error,
              {{"gathered feature count", features}});
   std::vector<std::size_t> counts(shards);
   for (int d = 0; d < shards; ++d) counts[d] = std::size_t(shard_range(features, shards, d).count) * batch;
-  if (st.features != features) {
-    auto starts_host = Kokkos::View<int*, Kokkos::HostSpace>("Lather::FeatureAllGather::starts", shards + 1);
-    for (int d = 0; d < shards; ++d) starts_host(d) = shard_range(features, shards, d).begin;
-    starts_host(shards) = features;
-    st.starts = Kokkos::View<int*, memory_space>("Lather::FeatureAllGather::starts", shards + 1);
-    Kokkos::deep_copy(space, st.starts, starts_host);
-    ::lather::Impl::fence(space, "Lather::FeatureAllGather: block starts uploaded");
-    st.features = features;
-  }
-  const std::size_t total = std::size_t(batch) * features, own = std::size_t(batch) * mine.count;
-  if (st.packed.extent(0) < total)
-    st.packed = Kokkos::View<Scalar*, memory_space>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::FeatureAllGather::packed"), total);
-  if (st.block.extent(0) < own)
-    st.block = Kokkos::View<Scalar*, memory_space>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::FeatureAllGather::block"), own);
   // The local block (possibly a strided subview) becomes contiguous row-major [batch, count].
   const Matrix<Scalar, memory_space> block(st.block.data(), std::size_t(batch), std::size_t(mine.count));
   Kokkos::deep_copy(space, block, local);
@@ -361,14 +383,17 @@ CrossEntropySums VocabParallelCrossEntropy<ExecutionSpace, Scalar>::forward_back
       label_hash.add(std::uint64_t(host(i)));
     }
   }
-  agree_call(st.shards, st.options.verify_shapes, "VocabParallelCrossEntropy::forward_backward",
-             std::int64_t(batch), error, {{"hash of the labels", std::int64_t(label_hash.value())}});
-  if (st.maxima.extent(0) < batch) {
+  // The buffers of the row reductions, before the agreement: a shard that cannot allocate them
+  // tells the others.
+  prepare_locally("tensor_parallel.cross_entropy", error, [&] {
+    if (st.maxima.extent(0) >= batch) return;
     st.maxima = Kokkos::View<double*, memory_space>("Lather::VocabParallelCrossEntropy::maxima", batch);
     st.sums = Kokkos::View<double*, memory_space>("Lather::VocabParallelCrossEntropy::sums", 2 * batch);
     st.z_rows = Kokkos::View<double*, memory_space>("Lather::VocabParallelCrossEntropy::z_rows", batch);
     st.correct_rows = Kokkos::View<int*, memory_space>("Lather::VocabParallelCrossEntropy::correct_rows", batch);
-  }
+  });
+  agree_call(st.shards, st.options.verify_shapes, "VocabParallelCrossEntropy::forward_backward",
+             std::int64_t(batch), error, {{"hash of the labels", std::int64_t(label_hash.value())}});
   const auto maxima = Kokkos::subview(st.maxima, std::make_pair(std::size_t(0), batch));
   const auto sums = Kokkos::subview(st.sums, std::make_pair(std::size_t(0), 2 * batch));
   Impl::row_max(space, logits, Kokkos::View<double*, memory_space>(maxima));

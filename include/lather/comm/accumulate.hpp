@@ -13,6 +13,11 @@
 // Counting: accumulate() beyond K micro-batches throws on the calling rank (no communication is
 // involved); reduce() with a count other than K on any rank throws on every rank (the count joins
 // the layout agreement).
+//
+// Failures: whatever fails in reduce() before the data moves, on any rank (a count, a shape, the
+// copy into the outputs, the reducer's own preparation), is one lather::Error on every rank,
+// agreed in the reducer's layout agreement. The accumulated micro-batches are then kept: reduce()
+// may be called again (and gives what the failed call would have), or reset() drops them.
 
 #include <lather/comm/reduce.hpp>
 
@@ -44,7 +49,8 @@ class GradientAccumulator {
 
   /// After exactly K accumulate() calls on every rank: writes the reduced big-batch gradient into
   /// `gradients` (same shapes as the micro-batches) and starts a new cycle. Collective. Returns
-  /// the group-wide token count (token_weighted) or n K (mean).
+  /// the group-wide token count (token_weighted) or n K (mean). When it throws, the cycle is not
+  /// over: the accumulated micro-batches are kept for another reduce() (or reset()).
   double reduce(const ExecutionSpace& space, const tensor_list& gradients);
 
   /// Drops what was accumulated (local).

@@ -7,6 +7,14 @@
 // Every call is collective over the group and begins with one small MPI_Allreduce in which the
 // ranks agree on what they are about to do (operation, tensor count and sizes, options, argument
 // validity); any disagreement throws the same lather::Error on every rank, never a hang.
+//
+// Failures: everything a rank does before the data moves (the check_finite scan, the fusion and
+// Adasum buffers, a caller's own `local_error`) is agreed in that same MPI_Allreduce, so a
+// failure on one rank is a lather::Error on every rank, "GradientReducer::<op>: <message> (on
+// group rank k of n)", with every tensor untouched and the reducer usable: the next call reduces
+// as if the failed one had not been made. The exception is verify_layout = false with an
+// unchanged layout and check_finite off, where no agreement is made: a failure there is thrown
+// on its rank alone. An MPI error during the data movement itself is thrown where MPI reports it.
 
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/wire_precision.hpp>
@@ -117,8 +125,13 @@ class GradientReducer {
 
   /// The general entry: any ReduceOp; `local_weight` is used by weighted_mean only; `agreed`
   /// values join the layout agreement. Returns the global weight (weighted_mean) or the group size.
+  /// `local_error`, when not empty, says that the caller's own work before this call failed on
+  /// this rank: it travels in the layout agreement and becomes the error of every rank, so a
+  /// caller whose preparation fails on one rank still enters the call on every rank, and no rank
+  /// waits for it (GradientAccumulator::reduce does this).
   double reduce(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op,
-                double local_weight = 1.0, const std::vector<AgreedValue>& agreed = {});
+                double local_weight = 1.0, const std::vector<AgreedValue>& agreed = {},
+                const std::string& local_error = std::string());
 
   /// Names of the tensors of the lists this reducer is given, in list order, for error messages
   /// (check_finite); without them a tensor is named by its position.

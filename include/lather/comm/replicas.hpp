@@ -62,7 +62,8 @@ struct ReplicaReport {
 /// Collective over `group`: one all-gather of (tensor count, element count, size hash, checksum)
 /// per rank, and one more of the per-tensor checksums when some rank diverges with the same
 /// layout. The reference is the state most ranks hold; world ranks are those of `world` (the
-/// group itself when not given).
+/// group itself when not given). A rank that fails to compute its checksums says so in the same
+/// all-gather: every rank then throws its error, "check_replicas: <message> (on group rank k of n)".
 template <class ExecutionSpace, class Scalar>
 ReplicaReport check_replicas(const ExecutionSpace& space, const Group& group,
                              const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,

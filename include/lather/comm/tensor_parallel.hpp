@@ -9,6 +9,14 @@
 // when total < S). Every collective call first agrees on the shapes across the shards (one small
 // MPI_Allreduce, TensorParallelOptions::verify_shapes), so a mismatch is an error on every shard.
 // A layer over a one-process Group (the default) is an ordinary dense layer.
+//
+// Failures: what a shard does before a call's collective (checking its Views, allocating the
+// call's buffers, copying labels to the host) is agreed in that same small MPI_Allreduce, so a
+// failure on one shard is a lather::Error on every shard, "<Class>::<call>: <message> (on group
+// rank k of n)", thrown before any output is written; the object stays usable and the next call
+// behaves as if the failed one had not been made. With verify_shapes off there is no agreement
+// and a failure is thrown on its shard alone (nn::Transformer and nn::Mlp, whose shards run the
+// same batch by construction, agree instead when they allocate their activations).
 
 #include <lather/comm/group.hpp>
 

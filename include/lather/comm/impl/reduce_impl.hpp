@@ -10,6 +10,7 @@
 #include <lather/comm/impl/support.hpp>
 #include <lather/comm/impl/transport.hpp>
 #include <lather/comm/reduce.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 
 #include <cmath>
 #include <limits>
@@ -239,6 +240,25 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     return work;
   }
 
+  /// Exact Adasum gathers a bucket instead of halving it (ReduceOptions::adasum_gather_bytes).
+  bool adasum_gathers(const Impl::Bucket& bucket) const {
+    return std::size_t(bucket.elements) * sizeof(S) * std::size_t(size) <= options.adasum_gather_bytes;
+  }
+
+  /// The buffers `op` needs for `planned`, allocated before the agreement: a failed allocation on
+  /// one rank is then an error on every rank, not a rank missing from the reduction.
+  void prepare(ReduceOp op, const Impl::Layout& planned) {
+    ensure(fusion, std::min<std::int64_t>(fusion_elements, planned.largest_bucket), "fusion");
+    if (size == 1) return;
+    if (op == ReduceOp::adasum) {
+      ensure(partner, Impl::adasum_partner_elements(size, planned.largest_bucket), "adasum_partner");
+      for (const auto& bucket : planned.buckets)
+        if (adasum_gathers(bucket)) ensure(gathered, bucket.elements * size, "adasum_gathered");
+    } else if (op == ReduceOp::adasum_approx) {
+      ensure(partner, planned.largest_bucket, "adasum_sum");
+    }
+  }
+
   void adasum(const ExecutionSpace& space, const tensor_list& tensors) {
     if (size == 1) return;
     if (!adasum_levels_ready) {
@@ -248,19 +268,13 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
         adasum_levels.push_back(group.split(rank < p ? rank / (2 * level) : -1, rank));
       adasum_levels_ready = true;
     }
-    ensure(partner, Impl::adasum_partner_elements(size, layout.largest_bucket), "adasum_partner");
-    auto gathers = [&](const Impl::Bucket& bucket) {
-      return std::size_t(bucket.elements) * sizeof(S) * std::size_t(size) <= options.adasum_gather_bytes;
-    };
-    for (const auto& bucket : layout.buckets)
-      if (gathers(bucket)) ensure(gathered, bucket.elements * size, "adasum_gathered");
     auto work = adasum_workspace();
     for (const auto& bucket : layout.buckets) {
       if (bucket.elements == 0) continue;
       const auto data = bucket_data(space, tensors, bucket);
       const std::vector<std::int64_t> counts(layout.sizes.begin() + bucket.first,
                                              layout.sizes.begin() + bucket.last);
-      if (gathers(bucket))
+      if (adasum_gathers(bucket))
         Impl::adasum_tree_allgather(space, work, data, counts);
       else
         Impl::adasum_allreduce(space, work, data, counts);
@@ -270,7 +284,6 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
 
   void adasum_approx(const ExecutionSpace& space, const tensor_list& tensors) {
     if (size == 1) return;
-    ensure(partner, layout.largest_bucket, "adasum_sum");
     for (const auto& bucket : layout.buckets) {
       if (bucket.elements == 0) continue;
       const auto gradient = bucket_data(space, tensors, bucket);
@@ -345,11 +358,26 @@ template <class ExecutionSpace, class Scalar>
 GradientReducer<ExecutionSpace, Scalar>& GradientReducer<ExecutionSpace, Scalar>::operator=(
     GradientReducer&&) noexcept = default;
 
+namespace Impl {
+/// The fault-injection point of each operation (tests, <lather/core/impl/fault_injection.hpp>).
+inline const char* reduce_fault_point(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "reduce.sum";
+    case ReduceOp::mean: return "reduce.mean";
+    case ReduceOp::weighted_mean: return "reduce.weighted_mean";
+    case ReduceOp::adasum: return "reduce.adasum";
+    case ReduceOp::adasum_approx: return "reduce.adasum_approx";
+  }
+  return "reduce";
+}
+}  // namespace Impl
+
 template <class ExecutionSpace, class Scalar>
 double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& space,
                                                        const tensor_list& gradients, ReduceOp op,
                                                        double local_weight,
-                                                       const std::vector<AgreedValue>& agreed) {
+                                                       const std::vector<AgreedValue>& agreed,
+                                                       const std::string& caller_error) {
   LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
   auto& st = *m_state;
   const std::string context = "GradientReducer::" + to_string(op);
@@ -363,11 +391,23 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
   const bool weighted = op == ReduceOp::weighted_mean;
   const bool weight_valid = std::isfinite(local_weight) && local_weight >= 0;
   double global_weight = double(st.size);
-  const std::string non_finite = st.options.check_finite ? st.first_non_finite(space, gradients) : std::string();
+  // This rank's work before the reduction: the caller's, the scan for non-finite values and the
+  // buffers. What fails here is agreed below, with the layout, so every rank throws it.
+  std::string local_error = caller_error;
+  if (local_error.empty()) {
+    try {
+      lather::Impl::fault_point(Impl::reduce_fault_point(op));
+      if (st.options.check_finite) local_error = st.first_non_finite(space, gradients);
+      if (local_error.empty()) st.prepare(op, layout);
+    } catch (const Error& e) {
+      local_error = e.message();
+    } catch (const std::exception& e) {
+      local_error = e.what();
+    }
+  }
+  if (weighted && !weight_valid && local_error.empty())
+    local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
   if (st.options.verify_layout || !same_as_before) {
-    std::string local_error = non_finite;
-    if (weighted && !weight_valid)
-      local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
     std::vector<Impl::AgreementField> extra;
     for (const auto& value : agreed)
       extra.push_back({value.name, value.value, value.has_required, value.required});
@@ -377,20 +417,22 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
     if (weighted) global_weight = sum;
   } else if (st.options.check_finite) {
     // No layout agreement: the verdict on the gradients, and the weight, in one small collective.
-    std::string local_error = non_finite;
-    if (weighted && !weight_valid)
-      local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
     st.group.agree_on_failure(context, local_error);
     ++st.statistics.scalar_collectives;
     if (weighted) {
       global_weight = st.group.allreduce(local_weight, Combine::sum);
       ++st.statistics.scalar_collectives;
     }
-  } else if (weighted) {
-    // No agreement: an invalid weight anywhere turns the sum into NaN, an error on every rank.
-    const double mine = weight_valid ? local_weight : std::numeric_limits<double>::quiet_NaN();
-    global_weight = st.group.allreduce(mine, Combine::sum);
-    ++st.statistics.scalar_collectives;
+  } else {
+    // No agreement at all (verify_layout off, the layout unchanged, check_finite off): the caller
+    // vouched for every rank, so a failure here can only be thrown on this rank.
+    if (!(weighted && !weight_valid)) LATHER_REQUIRE(local_error.empty(), context, ": ", local_error);
+    if (weighted) {
+      // An invalid weight anywhere turns the sum into NaN, an error on every rank.
+      const double mine = weight_valid ? local_weight : std::numeric_limits<double>::quiet_NaN();
+      global_weight = st.group.allreduce(mine, Combine::sum);
+      ++st.statistics.scalar_collectives;
+    }
   }
   if (weighted)
     LATHER_REQUIRE(std::isfinite(global_weight) && global_weight > 0, context,
@@ -399,8 +441,6 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
                    "; it must be finite and > 0 (this rank's weight: ", local_weight, ")");
   st.layout = std::move(layout);
   st.layout_known = true;
-  State::ensure(st.fusion, std::min<std::int64_t>(st.fusion_elements, st.layout.largest_bucket),
-                "fusion");
 
   switch (op) {
     case ReduceOp::sum: st.sum_like(space, gradients, 1.0); break;
@@ -453,17 +493,28 @@ void GradientReducer<ExecutionSpace, Scalar>::broadcast(const ExecutionSpace& sp
   for (std::size_t t = 0; t < tensors.size(); ++t) sizes[t] = std::int64_t(tensors[t].extent(0));
   const bool same_as_before = st.layout_known && st.layout.sizes == sizes;
   Impl::Layout layout = same_as_before ? st.layout : Impl::plan_layout(sizes, st.fusion_elements);
+  std::string local_error;
+  if (root < 0 || root >= st.size) {
+    local_error = lather::Impl::concat("root ", root, " is not a rank of the group of ", st.size);
+  } else {
+    try {
+      lather::Impl::fault_point("reduce.broadcast");
+      State::ensure(st.fusion, std::min<std::int64_t>(st.fusion_elements, layout.largest_bucket), "fusion");
+    } catch (const Error& e) {
+      local_error = e.message();
+    } catch (const std::exception& e) {
+      local_error = e.what();
+    }
+  }
   if (st.options.verify_layout || !same_as_before) {
-    std::string local_error;
-    if (root < 0 || root >= st.size)
-      local_error = lather::Impl::concat("root ", root, " is not a rank of the group of ", st.size);
     // A broadcast always sends the native type, whatever the wire precision of the options.
     st.agree(context, 5, WirePrecision::native, layout, {{"broadcast root", root}}, {}, local_error);
+  } else {
+    // No agreement (verify_layout off, the layout unchanged): the caller vouched for every rank.
+    LATHER_REQUIRE(local_error.empty(), context, ": ", local_error);
   }
   st.layout = std::move(layout);
   st.layout_known = true;
-  State::ensure(st.fusion, std::min<std::int64_t>(st.fusion_elements, st.layout.largest_bucket),
-                "fusion");
   st.broadcast(space, tensors, root);
   Impl::fence(space, "Lather::" + context + ": tensors received");
   ++st.statistics.calls;
