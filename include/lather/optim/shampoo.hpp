@@ -10,6 +10,21 @@
 // The state layout is the reference's sharded layout: a global stack of statistics and
 // preconditioners [N, max, max] (padded with identity to a multiple of the group size) plus local
 // per-parameter state (diagonal statistics, momentum, diagonal momentum).
+//
+// Failures on a group: a step agrees on "did any rank fail" before each of its collectives, so
+// an exception on one rank is a lather::Error on every rank of the group and of the weight
+// shards, "Shampoo::step <t>: <message> (on group rank k of n)", and no rank blocks. The flag
+// rides on collectives the step makes anyway (the norms, the exchange of root metrics); only its
+// message costs one more small collective, and only when something failed. (Replicated, the
+// preconditioning and update after the root exchange are not agreed: no collective over the group
+// follows them, and every replica does the same work on the same data.) What is usable after:
+//  * a failure before any state moves (a NaN or Inf in a gradient, the packing of the gradients):
+//    the optimizer is unchanged, and the next step is the one it would have taken;
+//  * a failure in the inverse roots or, distributed, in a rank's share of the update: the
+//    statistics already took the step's gradient and some preconditioners or parameters may be
+//    new on some ranks only. Every rank knows, but neither the optimizer nor the parameters may
+//    be used further: restore both from a checkpoint (Checkpointer::restore_latest) or rebuild;
+//  * a failure in state_arrays() (a checkpoint save): the optimizer is unchanged and usable.
 
 #include <lather/comm/mesh.hpp>
 #include <lather/optim/optimizer.hpp>
@@ -65,6 +80,9 @@ class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
   std::string name() const override { return "shampoo"; }
   long step_count() const override;
   StateMemoryReport memory_report() const override;
+  /// Collective over the group and the weight shards: each rank assembles its share, all agree
+  /// that it worked (a failure on one is an error on all, the optimizer unchanged), then the
+  /// shares are summed over the group when the step is distributed.
   std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;
   void state_restored(const ExecutionSpace& space, long step_count) override;
   void state_released() override;

@@ -25,15 +25,20 @@ class RootExchange {
 
   /// Every rank learns the metrics of every statistic in `local` (computed by owner[s]); with
   /// `preconditioners_too`, also the preconditioners, unpacked into `preconditioners` at slot_of[s].
-  void share_roots(const ExecutionSpace& space, const ShampooPlan& plan, const std::vector<int>& local,
+  /// `failed`: this rank's roots failed. Every rank says so in the exchange of the metrics, before
+  /// any preconditioner moves; if any did, nothing is exchanged further and true is returned on
+  /// every rank (the caller then agrees on the message).
+  bool share_roots(const ExecutionSpace& space, const ShampooPlan& plan, const std::vector<int>& local,
                    const std::vector<int>& owner, const std::vector<int>& slot_of,
-                   std::vector<StatisticMetrics>& metrics, Store& preconditioners, bool preconditioners_too) {
+                   std::vector<StatisticMetrics>& metrics, Store& preconditioners, bool preconditioners_too,
+                   bool failed = false) {
     ::lather::Impl::ScopedRegion region("Lather::Shampoo::exchange_roots");
     const int ranks = m_group.size(), rank = m_group.rank();
-    // Metrics: error, iterations, consecutive failures, failures of each statistic, by owner.
-    std::vector<std::size_t> counts(ranks, 0);
+    // Per rank: whether its roots failed, then the metrics (error, iterations, consecutive
+    // failures, failures) of each statistic it owns.
+    std::vector<std::size_t> counts(ranks, 1);
     for (int s : local) counts[owner[s]] += metric_words;
-    std::vector<double> mine;
+    std::vector<double> mine = {failed ? 1.0 : 0.0};
     for (int s : local)
       if (owner[s] == rank) {
         const auto& mt = metrics[s];
@@ -42,6 +47,8 @@ class RootExchange {
     std::vector<double> all(total(counts));
     m_group.allgatherv(mine.data(), all.data(), counts);
     std::vector<std::size_t> at = starts(counts);
+    for (int r = 0; r < ranks; ++r)
+      if (all[at[r]++] != 0.0) return true;
     for (int s : local) {
       const double* in = all.data() + at[owner[s]];
       at[owner[s]] += metric_words;
@@ -52,8 +59,8 @@ class RootExchange {
       mt.consecutive_failures = int(in[2]);
       mt.failures = long(in[3]);
     }
-    if (!preconditioners_too) return;
-    share_preconditioners(space, plan, local, owner, slot_of, preconditioners);
+    if (preconditioners_too) share_preconditioners(space, plan, local, owner, slot_of, preconditioners);
+    return false;
   }
 
  private:

@@ -14,6 +14,7 @@
 // one all-gather of parameter values ends the step.
 
 #include <lather/comm/group.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 #include <lather/optim/impl/block_products.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/root_exchange.hpp>
@@ -94,31 +95,40 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     Phases phases(*this, space);
 
     // (1) Pack, and agree on the gradients' norms: a NaN or Inf anywhere is refused on every rank
-    // before any state moves.
-    pack_gradients<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_gradients.device(),
-                                                            m_parameter_scalars, m_packed, m_packed_t, m_unit_norms);
+    // before any state moves, and so is a failure of the packing on any rank (its count travels
+    // with the norms, its message in the agreement below).
+    std::string local_error = run_locally("shampoo.pack", [&] {
+      pack_gradients<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_gradients.device(),
+                                                              m_parameter_scalars, m_packed, m_packed_t, m_unit_norms);
+    });
     phases.end("pack");
-    const std::vector<Sums2> gradient_norm2 = parameter_norms(space);
+    const AgreedNorms gradient = parameter_norms(space, !local_error.empty());
+    const std::vector<Sums2>& gradient_norm2 = gradient.norms;
     phases.end("communication");
     std::string bad_gradient;
-    for (std::size_t p = 0; p < gradient_norm2.size() && bad_gradient.empty(); ++p)
+    for (std::size_t p = 0; p < gradient_norm2.size() && bad_gradient.empty() && gradient.failures == 0; ++p)
       if (!std::isfinite(gradient_norm2[p].a))
         bad_gradient = ::lather::Impl::concat("the gradient of '", m_plan.parameters[p].spec.name,
                                               "' contains NaN or Inf; the optimizer state was not changed");
-    // Distributed, the norms were summed over the group, so its ranks see the same non-finite sum.
-    // Replicated, each rank summed its own copy, and the shards each hold their own copy of the
-    // unsplit parameters: a rank whose gradient differs (copies should agree, but nothing may hang
-    // when they do not) tells the others before any exchange, over both groups, throwing only
-    // once both agreed.
+    // Distributed, the norms and the failure count were summed over the group (and the shards),
+    // so its ranks see the same non-finite sum and count; they agree on a message only when some
+    // rank failed. Replicated, each rank summed its own copy, and the shards each hold their own
+    // copy of the unsplit parameters: a rank whose gradient differs (copies should agree, but
+    // nothing may hang when they do not) tells the others before any exchange, over both groups,
+    // throwing only once both agreed.
     const std::string context = ::lather::Impl::concat("Shampoo::step ", m_step);
     const bool summed_over_group = m_step_plan.distributed || m_group.size() == 1;
+    if (!local_error.empty()) local_error = context + ": " + local_error;
     if (summed_over_group && m_shards.size() == 1) {
+      if (gradient.failures > 0) agree_everywhere(local_error);
       LATHER_REQUIRE(bad_gradient.empty(), context, ": ", bad_gradient);
     } else {
-      std::string agreed = bad_gradient.empty() ? bad_gradient : context + ": " + bad_gradient;
-      if (!summed_over_group) {
+      std::string agreed = !local_error.empty()   ? local_error
+                           : bad_gradient.empty() ? bad_gradient
+                                                  : context + ": " + bad_gradient;
+      if (!summed_over_group || gradient.failures > 0) {
         try {
-          m_group.agree_on_failure("", agreed);
+          m_group.agree_on_failure("", summed_over_group ? local_error : agreed);
         } catch (const Error& e) {
           agreed = e.message();
         }
@@ -144,15 +154,25 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
       phases.end("precondition");
     }
 
-    // (5) The graft and the norms that scale the two directions, per parameter.
+    // (5) The graft and the norms that scale the two directions, per parameter. Distributed,
+    // the rest of the step ends in the all-gather of the new values: a failure of this rank's
+    // share of the work travels with the norms, and every rank throws it.
     const auto c = step_scalars(t);
     set_gradient_scales(space, gradient_norm2);
-    graft_and_norms<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, c, m_parameter_scalars, m_packed,
-                                                             m_direction, m_diagonal, m_graft, m_unit_norms);
+    const auto graft = [&] {
+      graft_and_norms<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, c, m_parameter_scalars, m_packed,
+                                                               m_direction, m_diagonal, m_graft, m_unit_norms);
+    };
+    std::string share_error;
+    if (m_step_plan.distributed)
+      share_error = run_locally("shampoo.distributed_step", graft);
+    else
+      graft();
     phases.end("graft");
-    const std::vector<Sums2> norms2 = parameter_norms(space);
+    const AgreedNorms norms = parameter_norms(space, !share_error.empty());
     phases.end("communication");
-    set_multipliers(space, norms2, c.lr);
+    if (norms.failures > 0) agree_everywhere(share_error.empty() ? share_error : context + ": " + share_error);
+    set_multipliers(space, norms.norms, c.lr);
 
     // (6) Momentum and the update; distributed, every rank's new values to every rank.
     UpdateElement<Scalar, T, memory_space> element = update_element(c);
@@ -259,7 +279,42 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   StepScalars<Scalar> step_scalars(long t) const;
   UpdateElement<Scalar, T, memory_space> update_element(const StepScalars<Scalar>& c) const;
   void compute_preconditioners(const ExecutionSpace& space, Phases& phases);
-  std::vector<Sums2> parameter_norms(const ExecutionSpace& space);
+  /// Per-parameter sums of the last pass, and how many ranks (of the group when distributed, and
+  /// of the shards) reported a failure of the work before it.
+  struct AgreedNorms {
+    std::vector<Sums2> norms;
+    long failures = 0;
+  };
+  AgreedNorms parameter_norms(const ExecutionSpace& space, bool failed);
+  /// Runs `work`, after the fault-injection point `point` (tests) unless null; returns what it
+  /// threw, or "".
+  template <class Work>
+  static std::string run_locally(const char* point, Work&& work) {
+    try {
+      if (point) ::lather::Impl::fault_point(point);
+      work();
+    } catch (const Error& e) {
+      return e.message();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return {};
+  }
+  /// Collective over the group, then the shards: when `local_error` is not empty on any rank of
+  /// either, every rank throws the lowest failing rank's message ("... (on group rank k of n)").
+  /// Called by every rank of both groups, or by none.
+  void agree_everywhere(const std::string& local_error) const {
+    std::string agreed = local_error;
+    if (m_group.size() > 1) {
+      try {
+        m_group.agree_on_failure("", agreed);
+      } catch (const Error& e) {
+        agreed = e.message();
+      }
+    }
+    if (m_shards.size() > 1) m_shards.agree_on_failure("", agreed);
+    if (!agreed.empty()) throw Error(agreed, nullptr, 0);
+  }
   void set_gradient_scales(const ExecutionSpace& space, const std::vector<Sums2>& gradient_norm2);
   void set_multipliers(const ExecutionSpace& space, const std::vector<Sums2>& norms2, double lr);
   bool sums_over_shards(int p) const;

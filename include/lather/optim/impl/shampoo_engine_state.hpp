@@ -10,6 +10,8 @@
 
 #include <lather/optim/impl/shampoo_engine.hpp>
 
+#include <functional>
+
 namespace lather::optim::Impl {
 
 template <class ExecutionSpace, class Scalar, class T>
@@ -127,12 +129,16 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
   const std::size_t parameters = m_plan.parameters.size();
   m_state_scalars.assign(3 * parameters, V1<Scalar>());
   m_state_codes.assign(2 * parameters, V1<std::int8_t>());
+  std::vector<std::function<void()>> sums;  // distributed: the sums over the group, run after the agreement
   const auto spread = [&](auto& full, std::size_t first, const auto& buffer, int kind, const std::vector<char>& wanted) {
     using Value = typename std::decay_t<decltype(buffer)>::value_type;
     // One zeroed buffer holds the wanted tensors one after the other: one allreduce sums them all.
     std::size_t total = 0;
     for (std::size_t p = 0; p < parameters; ++p)
       if (wanted[p]) total += std::size_t(m_plan.parameters[p].elements);
+    // Nothing of this kind (a graft without diagonal statistics): its table would still list
+    // every unit, and the scatter would write through null tensors.
+    if (total == 0) return;
     const V1<Value> all(Kokkos::view_alloc(space, "Lather::Shampoo::state"), total);
     std::vector<V1<Value>> tensors(parameters);
     for (std::size_t p = 0, offset = 0; p < parameters; ++p) {
@@ -146,16 +152,26 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
     const auto table = ShampooState::state_table(space, m_plan, m_step_plan, kind);
     scatter<ExecutionSpace, Value, Value, memory_space>(space, table, pointers.device(),
                                                         Kokkos::View<const Value*, memory_space>(buffer));
-    if (m_step_plan.distributed) m_group.allreduce(space, all, comm::Combine::sum);
+    if (m_step_plan.distributed) sums.push_back([this, space, all] { m_group.allreduce(space, all, comm::Combine::sum); });
   };
-  std::vector<char> diagonal(parameters, m_diagonal.extent(0) > 0), floats(parameters), codes(parameters);
+  // From the options, not from this rank's buffer: a rank that updates no unit (distributed)
+  // holds an empty one, and must still join the sum.
+  std::vector<char> diagonal(parameters, graft_has_diagonal_statistics(m_options.graft_type)), floats(parameters),
+      codes(parameters);
   for (std::size_t p = 0; p < parameters; ++p)
     floats[p] = !m_plan.parameters[p].quantized_momentum, codes[p] = m_plan.parameters[p].quantized_momentum;
-  spread(m_state_scalars, 0, m_diagonal, 2, diagonal);
-  spread(m_state_scalars, parameters, m_momentum, 0, floats);
-  spread(m_state_scalars, 2 * parameters, m_diagonal_momentum, 0, floats);
-  spread(m_state_codes, 0, m_momentum_codes, 1, codes);
-  spread(m_state_codes, parameters, m_diagonal_momentum_codes, 1, codes);
+  // Every rank spreads its share first (allocations and copies that may fail), then all agree on
+  // whether that worked, and only then are the shares summed: a rank that failed does not leave
+  // the others waiting in the sums (nor the other weight shards in the checkpoint that follows).
+  const std::string local_error = run_locally("shampoo.state_gather", [&] {
+    spread(m_state_scalars, 0, m_diagonal, 2, diagonal);
+    spread(m_state_scalars, parameters, m_momentum, 0, floats);
+    spread(m_state_scalars, 2 * parameters, m_diagonal_momentum, 0, floats);
+    spread(m_state_codes, 0, m_momentum_codes, 1, codes);
+    spread(m_state_codes, parameters, m_diagonal_momentum_codes, 1, codes);
+  });
+  agree_everywhere(local_error.empty() ? local_error : "Shampoo::state_arrays: " + local_error);
+  for (const auto& sum : sums) sum();
   ::lather::Impl::fence(space, "Lather::Shampoo: parameter-shaped state ready");
 
   for (std::size_t p = 0; p < parameters; ++p) {

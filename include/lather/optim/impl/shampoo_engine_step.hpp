@@ -153,15 +153,37 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::update_element(const StepScalars<
 template <class ExecutionSpace, class Scalar, class T>
 void ShampooEngine<ExecutionSpace, Scalar, T>::compute_preconditioners(const ExecutionSpace& space, Phases& phases) {
   ::lather::Impl::ScopedRegion region("Lather::Shampoo::inverse_roots");
-  m_roots->compute(space, m_plan, m_mine, m_step_plan.slot, *m_statistics, *m_preconditioners, m_metrics);
+  const std::string context = ::lather::Impl::concat("Shampoo::step ", m_step);
+  std::string local_error = run_locally("shampoo.root_exchange", [&] {
+    m_roots->compute(space, m_plan, m_mine, m_step_plan.slot, *m_statistics, *m_preconditioners, m_metrics);
+  });
+  if (!local_error.empty()) local_error = context + ": " + local_error;
   m_root_gemm_calls = m_roots->gemm_calls();
   phases.end("roots");
-  // Every rank learns every statistic's metrics; replicated, also the preconditioners.
-  if (m_group.size() > 1)
-    m_exchange.share_roots(space, m_plan, m_plan.local_statistics, m_step_plan.root_owner, m_step_plan.slot,
-                           m_metrics, *m_preconditioners, !m_step_plan.distributed);
+  // Every rank learns every statistic's metrics; replicated, also the preconditioners. Whether a
+  // rank's roots failed travels with its metrics: then no preconditioner moves, and one more
+  // agreement tells every rank the failing rank's message.
+  std::string agreed = local_error;
+  if (m_group.size() > 1) {
+    const bool any_failed =
+        m_exchange.share_roots(space, m_plan, m_plan.local_statistics, m_step_plan.root_owner, m_step_plan.slot,
+                               m_metrics, *m_preconditioners, !m_step_plan.distributed, !local_error.empty());
+    if (any_failed) {
+      try {
+        m_group.agree_on_failure("", local_error);
+      } catch (const Error& e) {
+        agreed = e.message();
+      }
+    }
+  }
   phases.end("communication");
-  m_roots->check_failures(m_plan, m_plan.local_statistics, m_metrics, m_step);
+  // The failure rule reads the shared metrics: the same verdict on every rank of the group.
+  if (agreed.empty()) agreed = run_locally(nullptr, [&] {
+    m_roots->check_failures(m_plan, m_plan.local_statistics, m_metrics, m_step);
+  });
+  // The other weight shards computed their own roots: one agreement tells them too.
+  if (m_shards.size() > 1) m_shards.agree_on_failure("", agreed);
+  if (!agreed.empty()) throw Error(agreed, nullptr, 0);
 }
 
 /// True for a parameter split over the shard group, whose per-tensor norms are group sums.
@@ -179,29 +201,39 @@ bool ShampooEngine<ExecutionSpace, Scalar, T>::split_by_rows(int p) const {
 }
 
 /// The units' sums of the last pass, summed per parameter (in unit order), over the group when
-/// distributed, and over the shards for split parameters: one small collective each.
+/// distributed, and over the shards for split parameters: one small collective each. A last word
+/// counts the ranks whose work before it failed (`failed`), so that a failure costs no collective
+/// of its own: it rides on the group's sum, and on the shards' whenever there is more than one.
 template <class ExecutionSpace, class Scalar, class T>
-std::vector<Sums2> ShampooEngine<ExecutionSpace, Scalar, T>::parameter_norms(const ExecutionSpace& space) {
-  Kokkos::deep_copy(space, m_unit_norms_host, m_unit_norms);
-  ::lather::Impl::fence(space, "Lather::Shampoo: unit norms on the host");
-  std::vector<double> sums(2 * m_plan.parameters.size(), 0.0);
-  const auto& mine = m_step_plan.mine();
-  for (std::size_t k = 0; k < mine.size(); ++k) {
-    const int p = m_step_plan.units[mine[k]].parameter;
-    sums[2 * p] += m_unit_norms_host(k).a;
-    sums[2 * p + 1] += m_unit_norms_host(k).b;
+auto ShampooEngine<ExecutionSpace, Scalar, T>::parameter_norms(const ExecutionSpace& space, bool failed)
+    -> AgreedNorms {
+  const std::size_t parameters = m_plan.parameters.size();
+  std::vector<double> sums(2 * parameters + 1, 0.0);
+  if (!failed) {
+    Kokkos::deep_copy(space, m_unit_norms_host, m_unit_norms);
+    ::lather::Impl::fence(space, "Lather::Shampoo: unit norms on the host");
+    const auto& mine = m_step_plan.mine();
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      const int p = m_step_plan.units[mine[k]].parameter;
+      sums[2 * p] += m_unit_norms_host(k).a;
+      sums[2 * p + 1] += m_unit_norms_host(k).b;
+    }
   }
+  sums[2 * parameters] = failed ? 1.0 : 0.0;
   if (m_step_plan.distributed) m_group.allreduce(sums, comm::Combine::sum);
-  std::vector<double> split;
-  for (std::size_t p = 0; p < m_plan.parameters.size(); ++p)
-    if (sums_over_shards(int(p))) split.insert(split.end(), {sums[2 * p], sums[2 * p + 1]});
-  if (!split.empty()) {
+  if (m_shards.size() > 1) {
+    std::vector<double> split;
+    for (std::size_t p = 0; p < parameters; ++p)
+      if (sums_over_shards(int(p))) split.insert(split.end(), {sums[2 * p], sums[2 * p + 1]});
+    split.push_back(sums[2 * parameters]);
     m_shards.allreduce(split, comm::Combine::sum);
-    for (std::size_t p = 0, k = 0; p < m_plan.parameters.size(); ++p)
+    for (std::size_t p = 0, k = 0; p < parameters; ++p)
       if (sums_over_shards(int(p))) sums[2 * p] = split[k++], sums[2 * p + 1] = split[k++];
+    sums[2 * parameters] = split.back();
   }
-  std::vector<Sums2> out;
-  for (std::size_t p = 0; p < m_plan.parameters.size(); ++p) out.emplace_back(sums[2 * p], sums[2 * p + 1]);
+  AgreedNorms out;
+  for (std::size_t p = 0; p < parameters; ++p) out.norms.emplace_back(sums[2 * p], sums[2 * p + 1]);
+  out.failures = long(std::lround(sums[2 * parameters]));
   return out;
 }
 
