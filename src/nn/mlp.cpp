@@ -1,6 +1,7 @@
 #include <lather/nn/mlp.hpp>
 
 #include <lather/core/error.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <cmath>
@@ -20,6 +21,7 @@ Mlp<ExecutionSpace>::Mlp(const ExecutionSpace& space, std::vector<int> sizes, st
   LATHER_REQUIRE(sizes.size() >= 2, "an MLP needs at least inputs and outputs, got ", sizes.size(), " sizes");
   for (int s : sizes) LATHER_REQUIRE(s >= 1, "MLP layer sizes must be >= 1, got ", s);
   const auto& shards = mesh.shards();
+  m_shard_group = shards;
   m_shards = shards.size();
   m_shard = shards.rank();
   const int hidden = int(sizes.size()) - 2;
@@ -108,7 +110,19 @@ auto Mlp<ExecutionSpace>::weight(std::size_t l) const -> ConstMatrix {
 template <class ExecutionSpace>
 void Mlp<ExecutionSpace>::allocate_activations(const ExecutionSpace& space, int rows) {
   if (rows <= m_capacity) return;
+  // The layers skip their per-call agreement (the shards run the same batch), so the one local
+  // failure a pass can meet, an allocation, is agreed here: every shard grows its buffers at the
+  // same call, and one agreement over the shards makes a failure on one an error on all, before
+  // the first collective. Only when the buffers grow, not on every batch.
+  m_shard_group.run_agreed(::lather::Impl::concat("Mlp: activations for ", rows, " rows"), [&] {
+    ::lather::Impl::fault_point("mlp.allocate");
+    allocate_buffers(space, rows);
+  });
   m_capacity = rows;
+}
+
+template <class ExecutionSpace>
+void Mlp<ExecutionSpace>::allocate_buffers(const ExecutionSpace& space, int rows) {
   const std::size_t n = m_layers.size();
   m_z.assign(n, Matrix());
   m_a.assign(n + 1, Matrix());

@@ -3,6 +3,7 @@
 #include "transformer_state.hpp"
 
 #include <lather/core/error.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 #include <lather/core/impl/gemm.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/nn/embedding.hpp>
@@ -14,9 +15,7 @@ namespace lather::nn {
 namespace {
 
 template <class State, class ExecutionSpace>
-void allocate(State& st, const ExecutionSpace& space, int rows, const TransformerConfig& config) {
-  if (rows <= st.capacity) return;
-  st.capacity = rows;
+void allocate_buffers(State& st, const ExecutionSpace& space, int rows, const TransformerConfig& config) {
   using Matrix = typename State::Matrix;
   using Vector = typename State::Vector;
   const auto matrix = [&](const char* label, int width) {
@@ -42,6 +41,21 @@ void allocate(State& st, const ExecutionSpace& space, int rows, const Transforme
   st.dx = matrix("dx", D), st.dtmp = matrix("dtmp", D);
   st.dq = matrix("dq", st.head_width), st.dk = matrix("dk", st.head_width), st.dv = matrix("dv", st.head_width);
   st.dy = matrix("dattention", st.head_width), st.dg = matrix("dmlp", st.mlp_width);
+}
+
+/// Grows the activations to `rows`. The layers skip their per-call agreement (the shards run the
+/// same batch), so the one local failure a pass can meet, an allocation, is agreed here: every
+/// shard grows its buffers at the same call, and one agreement over the shards then makes a
+/// failure on one an error on all, before the first all-reduce. Not on the hot path: only when
+/// the buffers grow.
+template <class State, class ExecutionSpace>
+void allocate(State& st, const ExecutionSpace& space, int rows, const TransformerConfig& config) {
+  if (rows <= st.capacity) return;
+  st.shards.run_agreed(::lather::Impl::concat("Transformer: activations for ", rows, " rows"), [&] {
+    ::lather::Impl::fault_point("transformer.allocate");
+    allocate_buffers(st, space, rows, config);
+  });
+  st.capacity = rows;
 }
 
 }  // namespace

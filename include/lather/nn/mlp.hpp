@@ -65,11 +65,15 @@ class Mlp {
 
  private:
   using ConstMatrix = Kokkos::View<const float**, Kokkos::LayoutRight, memory_space>;
+  /// Grows the activations to `rows` rows, agreed over the shards (one small collective, only
+  /// when they grow).
   void allocate_activations(const ExecutionSpace& space, int rows);
+  void allocate_buffers(const ExecutionSpace& space, int rows);
   ConstMatrix weight(std::size_t l) const;
 
   std::vector<Layer> m_layers;
   Parameters m_parameters;
+  comm::Group m_shard_group;
   int m_shards = 1, m_shard = 0;
   /// Per layer: the column-parallel layer (also the whole layers, over one process) or the
   /// row-parallel one; and the all-gather after a split layer that feeds a whole one.
