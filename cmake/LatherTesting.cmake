@@ -1,7 +1,10 @@
 # lather_add_test(<name> SOURCES <files...> LABELS <labels...> [RANKS <n...>] [TIMEOUT <s>]
-#                 [MPI] [ARGS <args...>] [LIBRARIES <targets...>])
+#                 [MPI] [UNDER_TIMEOUT] [ARGS <args...>] [LIBRARIES <targets...>])
 # One GoogleTest executable, registered with ctest once, or once per rank count under mpiexec
-# (as <name>_np<N>, label "mpi" added). Every test must carry an area label.
+# (as <name>_np<N>, label "mpi" added). Every test must carry an area label. UNDER_TIMEOUT: the
+# command runs under coreutils `timeout`, 10 s before ctest's TIMEOUT (SIGTERM, SIGKILL 5 s later),
+# so a test whose ranks may block (the fault-injection tests) ends with exit code 124 and takes
+# its mpiexec and every rank with it.
 set(LATHER_TEST_RANKS 1 2 3 4 8 CACHE STRING "Rank counts the MPI tests run with")
 set(LATHER_MPIEXEC_PREFLAGS "" CACHE STRING "Extra flags for mpiexec before the program")
 set(LATHER_TEST_THREADS 1 CACHE STRING "OMP_NUM_THREADS for each test process (OpenMP backends)")
@@ -21,13 +24,23 @@ if(MPIEXEC_EXECUTABLE AND NOT LATHER_MPIEXEC_PREFLAGS)
   endif()
 endif()
 
+find_program(LATHER_TIMEOUT_EXECUTABLE timeout DOC "coreutils timeout, for tests registered UNDER_TIMEOUT")
+
 function(lather_add_test name)
-  cmake_parse_arguments(ARG "MPI" "TIMEOUT" "SOURCES;LABELS;RANKS;ARGS;LIBRARIES" ${ARGN})
+  cmake_parse_arguments(ARG "MPI;UNDER_TIMEOUT" "TIMEOUT" "SOURCES;LABELS;RANKS;ARGS;LIBRARIES" ${ARGN})
   if(NOT ARG_LABELS)
     message(FATAL_ERROR "lather_add_test(${name}): every test needs an area label")
   endif()
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
+  endif()
+  set(_launcher "")
+  if(ARG_UNDER_TIMEOUT)
+    if(NOT LATHER_TIMEOUT_EXECUTABLE)
+      message(FATAL_ERROR "lather_add_test(${name} UNDER_TIMEOUT): coreutils `timeout` was not found")
+    endif()
+    math(EXPR _seconds "${ARG_TIMEOUT} - 10")
+    set(_launcher ${LATHER_TIMEOUT_EXECUTABLE} --kill-after=5 ${_seconds})
   endif()
   add_executable(${name} ${ARG_SOURCES})
   if(ARG_MPI)
@@ -37,7 +50,7 @@ function(lather_add_test name)
     endif()
     foreach(n IN LISTS ARG_RANKS)
       add_test(NAME ${name}_np${n}
-               COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${LATHER_MPIEXEC_PREFLAGS}
+               COMMAND ${_launcher} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${LATHER_MPIEXEC_PREFLAGS}
                        ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS} ${ARG_ARGS})
       set_tests_properties(${name}_np${n} PROPERTIES LABELS "${ARG_LABELS};mpi"
                            TIMEOUT ${ARG_TIMEOUT} PROCESSORS ${n}
@@ -45,7 +58,11 @@ function(lather_add_test name)
     endforeach()
   else()
     target_link_libraries(${name} PRIVATE lather_test_main ${ARG_LIBRARIES})
-    add_test(NAME ${name} COMMAND ${name} ${ARG_ARGS})
+    if(_launcher)
+      add_test(NAME ${name} COMMAND ${_launcher} $<TARGET_FILE:${name}> ${ARG_ARGS})
+    else()
+      add_test(NAME ${name} COMMAND ${name} ${ARG_ARGS})
+    endif()
     set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
                          ENVIRONMENT "${_lather_test_environment}")
   endif()
