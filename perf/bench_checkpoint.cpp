@@ -2,6 +2,12 @@
 // statistics stack distributed by rows over the ranks, plus replicated parameters), beside the raw
 // bandwidth of the same disk in the same run: every rank writing (and reading back) its share with
 // plain POSIX I/O to its own file, fsync'ed, as the checkpoint is.
+//
+// The raw files live as checkpoints do: each repeat writes a new file and then deletes the
+// previous one (keep_last = 1). Overwriting one file in place is also reported
+// (raw_rewrite_gbps): on thin-provisioned or discard-mounted disks (cloud VMs) rewriting blocks
+// just freed can be several times faster than allocating new ones, which no crash-safe checkpoint
+// (always a new file, renamed into place) can use.
 #include "bench_common.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
@@ -50,6 +56,11 @@ void write_raw(const std::string& path, const std::vector<char>& data) {
   ::close(fd);
 }
 
+void remove_file(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+}
+
 void read_raw(const std::string& path, std::vector<char>& data) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   LATHER_REQUIRE(fd >= 0, "cannot open '", path, "'");
@@ -66,9 +77,15 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
   const comm::Group world(MPI_COMM_WORLD);
   const int rank = world.rank(), ranks = world.size();
   namespace fs = std::filesystem;
-  if (rank == 0) fs::create_directories(o.directory);
+  // A scratch directory: what an interrupted run left there would be pruned against the new steps.
+  if (rank == 0) {
+    fs::remove_all(o.directory);
+    fs::create_directories(o.directory);
+  }
   world.barrier();
   const std::int64_t m = 128, row = m * m;  // 64 KiB float rows: statistics of block size 128
+  long step = 0;  // rising over all sizes, so pruning (keep_last 1) never removes the newest
+  long raw_files = 0;
   for (double requested : o.bytes) {
     LATHER_REQUIRE(requested >= double(row * 4), "--bytes must be at least one 64 KiB row, got ", requested);
     // 1/8 of the state in replicated parameters (written by rank 0), 7/8 in the stack.
@@ -103,19 +120,26 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     // What each rank writes, for the raw baseline: the same bytes as its checkpoint share.
     const std::size_t mine = stack_data.size() * 4 + (rank == 0 ? parameter_data.size() * 4 : 0);
     std::vector<char> raw(mine, 1);
-    const std::string raw_path = (fs::path(o.directory) / ("raw-" + std::to_string(rank) + ".bin")).string();
+    auto raw_path = [&](long k) {
+      return (fs::path(o.directory) / ("raw-" + std::to_string(rank) + "-" + std::to_string(k) + ".bin")).string();
+    };
 
     double best_write = 1e300, best_read = 1e300, best_raw_write = 1e300, best_raw_read = 1e300;
+    double best_raw_rewrite = 1e300;
     for (int repeat = 0; repeat < o.repeats; ++repeat) {
-      best_raw_write = std::min(best_raw_write, timed(world, [&] { write_raw(raw_path, raw); }));
-      best_raw_read = std::min(best_raw_read, timed(world, [&] { read_raw(raw_path, raw); }));
+      const long raw_step = ++raw_files;
+      best_raw_write = std::min(best_raw_write, timed(world, [&] {
+                                  write_raw(raw_path(raw_step), raw);
+                                  remove_file(raw_path(raw_step - 1));  // as pruning does
+                                }));
+      best_raw_read = std::min(best_raw_read, timed(world, [&] { read_raw(raw_path(raw_step), raw); }));
+      best_raw_rewrite = std::min(best_raw_rewrite, timed(world, [&] { write_raw(raw_path(raw_step), raw); }));
       std::string file;
-      best_write = std::min(best_write, timed(world, [&] { file = checkpointer.save(repeat + 1, {stack, parameters}, {}); }));
+      best_write = std::min(best_write, timed(world, [&] { file = checkpointer.save(++step, {stack, parameters}, {}); }));
       auto read_parameters = parameters;  // every rank reads the replicated part back
       best_read = std::min(best_read, timed(world, [&] { checkpointer.load(file, {stack, read_parameters}); }));
     }
-    std::error_code ec;
-    fs::remove(raw_path, ec);
+    remove_file(raw_path(raw_files));
     const double gb = total_bytes / 1e9;
     if (rank == 0)
       emit({{"bench", "checkpoint"},
@@ -126,6 +150,7 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
             {"read_gbps", gb / best_read},
             {"raw_write_gbps", gb / best_raw_write},
             {"raw_read_gbps", gb / best_raw_read},
+            {"raw_rewrite_gbps", gb / best_raw_rewrite},
             {"ratio_write", best_raw_write / best_write},
             {"ratio_read", best_raw_read / best_read},
             {"write_seconds", best_write},

@@ -5,9 +5,11 @@
 #include "hdf5_handles.hpp"
 #include "row_exchange.hpp"
 #include "selection.hpp"
+#include "stored_checksums.hpp"
 
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 #include <lather/core/impl/hash.hpp>
 
 #include <algorithm>
@@ -95,8 +97,11 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   });
   m_group.broadcast(temporary, 0);
 
+  // Which part of each array every rank adds to its checksums (one allgather of the selections).
+  SelectionChecksums checks(m_group, arrays, SelectionChecksums::Use::saving);
   m_group.run_agreed("", [&] {
-    auto fapl = mpio_access(m_group);
+    ::lather::Impl::fault_point("checkpoint.save");
+    auto fapl = mpio_access(m_group, true);
     File file(check(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
                     "creating checkpoint '" + temporary + "'"));
     PropertyList lcpl(check(H5Pcreate(H5P_LINK_CREATE), "creating a link list"));
@@ -104,17 +109,19 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
     PropertyList dxpl(check(H5Pcreate(H5P_DATASET_XFER), "creating a transfer list"));
     check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), "setting collective transfers");
 
-    for (const auto& a : arrays) {
+    // Each rank adds the checksum terms of what it writes (stored_checksums.hpp).
+    for (std::size_t k = 0; k < arrays.size(); ++k)
+      if (element_count(arrays[k].shape) > 0) checks.set_grid(k, grid_of(arrays[k], m_options.chunk_bytes));
+    for (std::size_t k = 0; k < arrays.size(); ++k) {
+      const auto& a = arrays[k];
       const std::string where = "checkpoint '" + temporary + "' dataset '" + a.path + "'";
       const auto dims = stored_dims(a.shape);
       Dataspace space(check(H5Screate_simple(int(dims.size()), dims.data(), nullptr), where));
       PropertyList dcpl(check(H5Pcreate(H5P_DATASET_CREATE), where));
       const bool empty = element_count(a.shape) == 0;
-      if (!empty) {
-        const auto chunk = chunk_dims(dims, optim::size_of(a.dtype), m_options.chunk_bytes);
-        check(H5Pset_chunk(dcpl.get(), int(chunk.size()), chunk.data()), where + ": chunking");
-        check(H5Pset_fletcher32(dcpl.get()), where + ": checksum filter");
-      }
+      // Contiguous and unfiltered, so that collective writes go to MPI-IO as they are; allocated
+      // when created (as parallel HDF5 does) but never filled, since every byte is written.
+      check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), where + ": fill time");
       Dataset dataset(check(H5Dcreate2(file.get(), a.path.c_str(), native_type(a.dtype), space.get(), lcpl.get(),
                                        dcpl.get(), H5P_DEFAULT),
                             where + ": create"));
@@ -146,13 +153,23 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         auto memory_dims = dims;
         memory_dims[0] = std::max<hsize_t>(1, hsize_t(contiguous.rows.size()));
         Dataspace memory(check(H5Screate_simple(int(memory_dims.size()), memory_dims.data(), nullptr), where));
-        std::int64_t at = 0;
-        for (std::int64_t k = 0; k < most; ++k) {
-          const bool has = k < mine;
-          select_run(space.get(), memory.get(), dims, has ? runs[k].first : 0, at, has ? runs[k].second : 0);
+        std::int64_t at = 0, counted_to = 0;
+        for (std::int64_t r = 0; r < most; ++r) {
+          const bool has = r < mine;
+          select_run(space.get(), memory.get(), dims, has ? runs[std::size_t(r)].first : 0, at,
+                     has ? runs[std::size_t(r)].second : 0);
           check(H5Dwrite(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(), source),
                 where + ": write");
-          if (k < mine) at += runs[k].second;
+          if (!has) continue;
+          // Rows that several writers hold (replicated statistics) arrive once per writer: each
+          // row's terms are added once.
+          const auto [run_first, run_rows] = runs[std::size_t(r)];
+          const std::int64_t skip = std::clamp<std::int64_t>(counted_to - run_first, 0, run_rows);
+          const std::size_t bytes_per_row = row_bytes(a), row = bytes_per_row / optim::size_of(a.dtype);
+          checks.add_elements(k, (run_first + skip) * std::int64_t(row), (run_rows - skip) * std::int64_t(row),
+                              static_cast<const char*>(source) + std::size_t(at + skip) * bytes_per_row);
+          counted_to = std::max(counted_to, run_first + run_rows);
+          at += run_rows;
         }
         continue;
       }
@@ -163,7 +180,14 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
       check(H5Dwrite(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(),
                      selected > 0 ? source : nullptr),
             where + ": write");
+      if (selected > 0) checks.add_selection(k, source);
     }
+    // One allreduce sums every rank's terms; rank 0 stores them beside the arrays.
+    checks.finish();
+    for (std::size_t k = 0; k < arrays.size(); ++k)
+      if (checks.has_grid(k))
+        write_checksums(file.get(), lcpl.get(), dxpl.get(), arrays[k], grid_of(arrays[k], m_options.chunk_bytes),
+                        checks.saved_sums(k), m_group.rank() == 0);
     // Root attributes: identification first, "complete" last.
     write_string_attribute(file.get(), "format", format_name);
     write_integer_attribute(file.get(), "format_version", format_version);
@@ -265,39 +289,59 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
   m_group.run_agreed("", [&] {
     if (m_group.rank() == 0) root = inspect(file, arrays);
   });
+  // Which part of each array every rank checks as it reads (one allgather of the selections).
+  SelectionChecksums verification(m_group, arrays, SelectionChecksums::Use::loading);
   m_group.run_agreed("", [&] {
+    ::lather::Impl::fault_point("checkpoint.load");
     auto fapl = mpio_access(m_group);
     File f(check(H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl.get()), "opening checkpoint '" + file + "'"));
     std::string error;
+    PropertyList dxpl(check(H5Pcreate(H5P_DATASET_XFER), "creating a transfer list"));
+    check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_INDEPENDENT), "setting independent transfers");
     try {
-      PropertyList dxpl(check(H5Pcreate(H5P_DATASET_XFER), "creating a transfer list"));
-      check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_INDEPENDENT), "setting independent transfers");
-      for (const auto& a : arrays) {
+      const Attributes stored_root = read_root_attributes(f.get());
+      if (attributes) *attributes = stored_root;
+      const auto version = stored_root.integers.find("format_version");
+      const bool checksummed = version != stored_root.integers.end() && version->second >= 2;
+      for (std::size_t k = 0; k < arrays.size(); ++k) {
+        const auto& a = arrays[k];
         if (element_count(a.shape) == 0) continue;
         const std::string where = "checkpoint '" + file + "' dataset '" + a.path + "'";
+        if (checksummed) {
+          try {
+            verification.set_stored(k, read_checksums(f.get(), a.path, stored_dims(a.shape), optim::size_of(a.dtype)));
+          } catch (const Error& e) {
+            LATHER_FAIL("checkpoint '", file, "': ", e.message());
+          }
+        }
         Dataset dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where));
         Dataspace space(check(H5Dget_space(dataset.get()), where));
         if (a.selection == ArraySlice::Selection::rows) continue;  // below, with every rank
+        if (a.selection == ArraySlice::Selection::whole) {  // in pieces, each checked while in cache
+          const auto dims = stored_dims(a.shape);
+          read_rows_in_pieces(dataset.get(), native_type(a.dtype), dxpl.get(), dims, 0, std::int64_t(dims[0]), row_bytes(a),
+                              static_cast<char*>(a.data), where, [&](std::int64_t first, std::int64_t rows, const char* bytes) {
+                                verification.add_whole_rows(k, first, rows, bytes);
+                              });
+          continue;
+        }
         select(space.get(), a, false);
         const hssize_t selected = H5Sget_select_npoints(space.get());
         if (selected <= 0) continue;
         LATHER_REQUIRE(hsize_t(selected) == hsize_t(a.elements()), where, ": selection of ", selected,
                        " elements for a buffer of ", a.elements());
         Dataspace memory(check(memory_space_for(a, selected), where));
-        std::vector<char> sorted;
-        if (!rows_sorted(a)) sorted.resize(a.bytes());
-        check(H5Dread(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(),
-                      sorted.empty() ? a.data : sorted.data()),
+        check(H5Dread(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(), a.data),
               where + ": read failed (corrupted or truncated?)");
-        if (!sorted.empty()) permute_rows(a, row_order(a), sorted.data(), static_cast<char*>(a.data), false);
+        verification.add_selection(k, a.data);
       }
-      if (attributes) *attributes = read_root_attributes(f.get());
     } catch (const Error& e) {
       error = e.message();
     }
     // Arrays read by rows: each rank reads one contiguous range and the rows travel to the ranks
     // that asked for them. Collective, so every rank takes part even after a failure above.
-    for (const auto& a : arrays) {
+    for (std::size_t k = 0; k < arrays.size(); ++k) {
+      const auto& a = arrays[k];
       if (a.selection != ArraySlice::Selection::rows || element_count(a.shape) == 0) continue;
       const std::int64_t n = a.shape[0];
       const std::int64_t first = first_row(m_group.rank(), n, m_group.size()), last = first_row(m_group.rank() + 1, n, m_group.size());
@@ -312,16 +356,11 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         try {
           const std::string where = "checkpoint '" + file + "' dataset '" + a.path + "'";
           Dataset dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where));
-          Dataspace space(check(H5Dget_space(dataset.get()), where));
-          const auto dims = stored_dims(a.shape);
-          auto memory_dims = dims;
-          memory_dims[0] = hsize_t(last - first);
-          Dataspace memory(check(H5Screate_simple(int(memory_dims.size()), memory_dims.data(), nullptr), where));
-          select_run(space.get(), memory.get(), dims, first, 0, last - first);
-          PropertyList dxpl(check(H5Pcreate(H5P_DATASET_XFER), "creating a transfer list"));
-          check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_INDEPENDENT), "setting independent transfers");
-          check(H5Dread(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(), into),
-                where + ": read failed (corrupted or truncated?)");
+          const std::int64_t row = std::int64_t(row_bytes(a) / optim::size_of(a.dtype));
+          read_rows_in_pieces(dataset.get(), native_type(a.dtype), dxpl.get(), stored_dims(a.shape), first, last - first,
+                              row_bytes(a), into, where, [&](std::int64_t from, std::int64_t rows, const char* bytes) {
+                                verification.add_elements(k, from * row, rows * row, bytes);
+                              });
         } catch (const Error& e) {
           error = e.message();
         }
@@ -333,6 +372,12 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         std::memcpy(a.data, sorted.data(), sorted.size());
       else
         permute_rows(a, row_order(a), sorted.data(), static_cast<char*>(a.data), false);
+    }
+    // Every chunk read is compared with its stored checksum (collective, whatever happened above).
+    verification.finish();
+    if (error.empty()) {
+      const std::string damage = verification.compare(f.get(), dxpl.get());
+      if (!damage.empty()) error = "checkpoint '" + file + "': " + damage;
     }
     f.reset();  // collective close on every rank, whatever happened above
     LATHER_REQUIRE(error.empty(), error);

@@ -2,9 +2,12 @@
 
 #include "hdf5_handles.hpp"
 
+#include <string>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <numeric>
 
 namespace lather::checkpoint::Impl {
@@ -157,6 +160,30 @@ void permute_rows(const ArraySlice& a, const std::vector<std::size_t>& order, co
     else
       std::memcpy(to + order[k] * bytes, from + k * bytes, bytes);
   }
+}
+
+void read_rows_in_pieces(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>& dims, std::int64_t first,
+                         std::int64_t count, std::size_t row_bytes, char* into, const std::string& where,
+                         const std::function<void(std::int64_t, std::int64_t, const char*)>& piece) {
+  const std::int64_t per_piece = std::max<std::int64_t>(1, std::int64_t((std::size_t(8) << 20) / std::max<std::size_t>(row_bytes, 1)));
+  Dataspace space(check(H5Dget_space(dataset), where));
+  // A second thread checks piece k while piece k + 1 is read: the checksums cost no read time where
+  // a core is free. One piece at a time is handed over, so `piece` is never called concurrently
+  // with itself; it makes no HDF5 call.
+  std::future<void> checking;
+  for (std::int64_t at = 0; at < count; at += per_piece) {
+    const std::int64_t rows = std::min(per_piece, count - at);
+    std::vector<hsize_t> start(dims.size(), 0), extent = dims, memory_dims = dims;
+    start[0] = hsize_t(first + at);
+    extent[0] = memory_dims[0] = hsize_t(rows);
+    Dataspace memory(check(H5Screate_simple(int(memory_dims.size()), memory_dims.data(), nullptr), where));
+    check(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr), where);
+    char* bytes = into + std::size_t(at) * row_bytes;
+    check(H5Dread(dataset, type, memory.get(), space.get(), dxpl, bytes), where + ": read failed (corrupted or truncated?)");
+    if (checking.valid()) checking.get();
+    checking = std::async(std::launch::async, [&piece, first, at, rows, bytes] { piece(first + at, rows, bytes); });
+  }
+  if (checking.valid()) checking.get();
 }
 
 std::size_t row_bytes(const ArraySlice& a) {

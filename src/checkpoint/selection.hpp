@@ -8,6 +8,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,13 @@ bool rows_sorted(const ArraySlice& a);
 /// Copies rows between the caller's buffer order and file (sorted) order.
 void permute_rows(const ArraySlice& a, const std::vector<std::size_t>& order, const char* from, char* to,
                   bool to_sorted);
+/// Reads rows [first, first + count) of an open dataset (dimensions `dims`) into `into` in pieces of
+/// about 8 MiB, calling `piece(first row, rows, bytes)` for each on a second thread while the next
+/// is read and the piece is still in cache (the checksum terms); throws "<where>: read failed ..."
+/// on a failed read, or what `piece` threw.
+void read_rows_in_pieces(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>& dims, std::int64_t first,
+                         std::int64_t count, std::size_t row_bytes, char* into, const std::string& where,
+                         const std::function<void(std::int64_t, std::int64_t, const char*)>& piece);
 /// Bytes of one row of the leading dimension.
 std::size_t row_bytes(const ArraySlice& a);
 

@@ -1,5 +1,5 @@
 // Damaged checkpoints are refused with a message naming the file and dataset, on every rank, never
-// a crash or a hang: bit flips in the data (Fletcher32), flips anywhere (refused, or the data
+// a crash or a hang: bit flips in the data (per-chunk checksums), flips anywhere (refused, or the data
 // comes back exactly), truncation, foreign files, absurd dimensions.
 #include "checkpoint_test_support.hpp"
 
@@ -109,22 +109,29 @@ std::string copy_with(const std::string& file, const std::string& name, const st
   return target;
 }
 
-/// File offsets and sizes of the stored chunks of a dataset (rank 0 reads them serially).
+/// File offsets and sizes of the checksummed chunks of a dataset (rank 0 reads them serially):
+/// the data are stored contiguously from H5Dget_offset, cut into chunks of the `rows_per_chunk`
+/// stored beside them in _checksums/<path>.
 std::vector<std::pair<haddr_t, hsize_t>> chunk_locations(const std::string& file, const std::string& path) {
   std::vector<std::pair<haddr_t, hsize_t>> out;
   hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   hid_t d = H5Dopen2(f, path.c_str(), H5P_DEFAULT);
   hid_t space = H5Dget_space(d);
-  hsize_t chunks = 0;
-  H5Dget_num_chunks(d, space, &chunks);
-  for (hsize_t c = 0; c < chunks; ++c) {
-    hsize_t offset[8];
-    unsigned mask = 0;
-    haddr_t address = 0;
-    hsize_t size = 0;
-    H5Dget_chunk_info(d, space, c, offset, &mask, &address, &size);
-    out.push_back({address, size});
-  }
+  hid_t type = H5Dget_type(d);
+  hsize_t dims[8] = {};
+  const int rank = H5Sget_simple_extent_dims(space, dims, nullptr);
+  hsize_t row_bytes = H5Tget_size(type);
+  for (int k = 1; k < rank; ++k) row_bytes *= dims[k];
+  hid_t sums = H5Dopen2(f, ("_checksums/" + path).c_str(), H5P_DEFAULT);
+  hid_t attribute = H5Aopen(sums, "rows_per_chunk", H5P_DEFAULT);
+  long long rows_per_chunk = 0;
+  H5Aread(attribute, H5T_NATIVE_LLONG, &rows_per_chunk);
+  const haddr_t start = H5Dget_offset(d);
+  for (hsize_t row = 0; row < dims[0]; row += hsize_t(rows_per_chunk))
+    out.push_back({start + row * row_bytes, std::min<hsize_t>(hsize_t(rows_per_chunk), dims[0] - row) * row_bytes});
+  H5Aclose(attribute);
+  H5Dclose(sums);
+  H5Tclose(type);
   H5Sclose(space);
   H5Dclose(d);
   H5Fclose(f);
@@ -138,7 +145,7 @@ TEST(CheckpointIntegrity, IntactFileLoads) {
   EXPECT_TRUE(same);
 }
 
-// A flipped bit inside any dataset's data fails its Fletcher32 checksum; the message names the
+// A flipped bit inside any dataset's data fails its chunk's checksum; the message names the
 // file and the dataset.
 TEST(CheckpointIntegrity, BitFlipsInDataAreDetected) {
   const auto f = make_checkpoint("flips");

@@ -8,8 +8,10 @@
 // Crash safety: a checkpoint is written under a temporary name in the target directory, flushed,
 // closed and fsync'ed, then renamed to `<prefix>-<step>.h5` (atomic within one file system); the
 // newest K are kept. A half-written file never carries the final name, so latest() never picks
-// it. Integrity: every dataset is chunked with HDF5's Fletcher32 checksum filter; a corrupted,
-// truncated or foreign file is refused on every rank with a message naming the file and dataset.
+// it. Integrity: arrays are stored contiguously (collective MPI-IO at the disk's speed) beside
+// per-chunk checksums that the ranks compute in parallel on what each writes, and check on what
+// each reads; a corrupted, truncated or foreign file is refused on every rank with a message
+// naming the file, the dataset and the rows.
 //
 //   lather::checkpoint::Checkpointer checkpointer(mesh, {"checkpoints"});
 //   if (auto state = checkpointer.restore_latest(space, optimizer, params)) ...;  // resume
@@ -83,13 +85,13 @@ struct CheckpointOptions {
   std::string directory = "checkpoints";
   std::string prefix = "checkpoint";
   int keep_last = 3;  ///< checkpoints kept after a save (older ones are deleted); >= 1
-  std::size_t chunk_bytes = std::size_t(1) << 20;  ///< target HDF5 chunk size
+  std::size_t chunk_bytes = std::size_t(1) << 20;  ///< rows of about this many bytes share a checksum
   bool fsync = true;  ///< fsync the file and directory before and after the rename
   void validate() const;
 };
 
 /// The format this build writes; files of a newer major format are refused.
-inline constexpr int format_version = 1;
+inline constexpr int format_version = 2;
 
 /// One dataset of a checkpoint file.
 struct DatasetSummary {
@@ -107,8 +109,8 @@ struct CheckpointSummary {
 /// allocated from the file's claims). Throws lather::Error naming the file when it is not a
 /// readable, complete Lather checkpoint.
 CheckpointSummary describe_checkpoint(const std::string& file);
-/// Reads every dataset of a checkpoint on this process alone, so that HDF5 checks every chunk's
-/// checksum: "" when intact, else what is wrong and in which dataset (what Checkpointer::verify
+/// Reads every dataset of a checkpoint on this process alone and compares every chunk with its
+/// stored checksum: "" when intact, else what is wrong and in which dataset (what Checkpointer::verify
 /// answers on rank 0). `lather-checkpoint verify` runs it.
 std::string verify_checkpoint(const std::string& file);
 
@@ -177,7 +179,7 @@ class Checkpointer {
   /// `skipped` is given it receives one "file: reason" line per skipped file, so that a caller
   /// can say why it did not resume from a newer (damaged) checkpoint.
   std::string latest(std::vector<std::string>* skipped = nullptr) const;
-  /// Reads every dataset of `file` so that HDF5 checks every chunk's checksum (rank 0, serially;
+  /// Reads every dataset of `file` and compares every chunk with its checksum (rank 0, serially;
   /// one read of the file): "" when it is an intact Lather checkpoint, else what is wrong and in
   /// which dataset. Collective: every rank gets rank 0's answer.
   std::string verify(const std::string& file) const;
