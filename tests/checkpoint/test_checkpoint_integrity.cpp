@@ -170,6 +170,110 @@ TEST(CheckpointIntegrity, BitFlipsInDataAreDetected) {
 }
 
 // A flip anywhere (metadata included) is refused, or changes nothing that is read.
+// The same for the layouts distributed runs write and read: statistics rows scattered over the
+// ranks (read back as contiguous ranges), a column-split block per rank (every rank holds part of
+// each checksum chunk) and a block all ranks hold (replicas, which split its rows for the sums).
+TEST(CheckpointIntegrity, FlipsAreFoundInRowsAndBlocksOnEveryRankCount) {
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  const int me = world_rank();
+  const std::string dir = shared_directory("layouts");
+  checkpoint::CheckpointOptions options;
+  options.directory = dir;
+  options.chunk_bytes = 1024;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  const std::int64_t rows = 40, columns = 8 * ranks;
+  auto value = [](std::int64_t array, std::int64_t i) { return std::cos(double(i) * 0.37 + double(array)); };
+  std::vector<double> stack, columns_block, shared;
+  checkpoint::ArraySlice a;
+  a.path = "stack";
+  a.dtype = optim::DType::float64;
+  a.shape = {rows, 6, 6};
+  a.selection = checkpoint::ArraySlice::Selection::rows;
+  for (std::int64_t r = me; r < rows; r += ranks) {
+    a.rows.push_back(r);
+    for (int e = 0; e < 36; ++e) stack.push_back(value(0, r * 36 + e));
+  }
+  checkpoint::ArraySlice b;
+  b.path = "columns";
+  b.dtype = optim::DType::float64;
+  b.shape = {rows, columns};
+  b.selection = checkpoint::ArraySlice::Selection::block;
+  b.offset = {0, 8 * me};
+  b.count = {rows, 8};
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < 8; ++c) columns_block.push_back(value(1, r * columns + 8 * me + c));
+  checkpoint::ArraySlice c;
+  c.path = "shared";
+  c.dtype = optim::DType::float64;
+  c.shape = {rows, 16};
+  c.selection = checkpoint::ArraySlice::Selection::block;
+  c.offset = {0, 0};
+  c.count = {rows, 16};
+  for (std::int64_t i = 0; i < rows * 16; ++i) shared.push_back(value(2, i));
+  a.data = stack.data(), b.data = columns_block.data(), c.data = shared.data();
+  const std::vector<checkpoint::ArraySlice> arrays = {a, b, c};
+  const std::string file = checkpointer.save(1, arrays, {});
+  EXPECT_EQ(checkpointer.verify(file), "");
+
+  auto load = [&](const std::string& path) {
+    std::vector<std::vector<double>> buffers = {std::vector<double>(stack.size()), std::vector<double>(columns_block.size()),
+                                                std::vector<double>(shared.size())};
+    auto into = arrays;
+    for (std::size_t k = 0; k < into.size(); ++k) into[k].data = buffers[k].data();
+    std::string error;
+    try {
+      checkpointer.load(path, into);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    int failed = error.empty() ? 0 : 1, any = 0, all = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&failed, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    EXPECT_EQ(any, all) << "ranks disagree on " << path;
+    return std::make_pair(error, buffers == std::vector<std::vector<double>>{stack, columns_block, shared});
+  };
+  const auto [intact_error, intact_same] = load(file);
+  EXPECT_EQ(intact_error, "");
+  EXPECT_TRUE(intact_same);
+  for (const auto& array : arrays) {
+    std::vector<std::pair<haddr_t, hsize_t>> chunks;
+    if (me == 0) chunks = chunk_locations(file, array.path);
+    long count = long(chunks.size());
+    MPI_Bcast(&count, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    ASSERT_GT(count, 1) << array.path;
+    for (const long which : {0L, count / 2, count - 1}) {
+      const auto damaged = copy_with(file, "layout-flip.h5", [&](std::vector<char>& bytes) {
+        const auto [address, size] = chunks[std::size_t(which)];
+        bytes[address + (size * 2) / 3] ^= char(0x20);
+      });
+      const auto [error, same] = load(damaged);
+      EXPECT_NE(error.find("dataset '" + array.path + "' fails its checksum"), std::string::npos)
+          << array.path << " chunk " << which << ": " << error;
+      EXPECT_NE(checkpointer.verify(damaged).find(array.path), std::string::npos) << array.path;
+    }
+  }
+  // Reading part of a chunk (the first 5 rows of `shared`, a chunk holding 8): that chunk is read
+  // whole again by one rank and checked there.
+  std::vector<std::pair<haddr_t, hsize_t>> chunks;
+  if (me == 0) chunks = chunk_locations(file, "shared");
+  auto part = c;
+  part.count = {5, 16};
+  std::vector<double> few(5 * 16);
+  part.data = few.data();
+  EXPECT_NO_THROW(checkpointer.load(file, {part}));
+  EXPECT_TRUE(std::equal(few.begin(), few.end(), shared.begin()));
+  const auto damaged = copy_with(file, "part-flip.h5", [&](std::vector<char>& bytes) {
+    bytes[chunks[0].first + chunks[0].second - 3] ^= char(0x01);  // in row 7: not read, still found
+  });
+  try {
+    checkpointer.load(damaged, {part});
+    ADD_FAILURE() << "a flip in a chunk read in part was not found";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset 'shared' fails its checksum in rows [0, 8)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CheckpointIntegrity, BitFlipsAnywhereNeverCorruptSilently) {
   const auto f = make_checkpoint("anywhere");
   std::uintmax_t size = world_rank() == 0 ? fs::file_size(f.file) : 0;
