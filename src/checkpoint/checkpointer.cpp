@@ -81,8 +81,11 @@ Checkpointer::Checkpointer(const comm::Group& group, CheckpointOptions options)
 
 std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays, const Attributes& attributes) {
   QuietHdf5 quiet;
-  LATHER_REQUIRE(step >= 0, "checkpoint step must be >= 0, got ", step);
+  // What can fail on one rank alone is checked and agreed before the file's collective calls:
+  // inside them a rank that stopped would leave the others waiting.
   m_group.run_agreed("", [&] {
+    ::lather::Impl::fault_point("checkpoint.save");
+    LATHER_REQUIRE(step >= 0, "checkpoint step must be >= 0, got ", step);
     for (const auto& a : arrays) check_slice(a);
   });
   agree_on_arrays(m_group, arrays);
@@ -100,7 +103,6 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   // Which part of each array every rank adds to its checksums (one allgather of the selections).
   SelectionChecksums checks(m_group, arrays, SelectionChecksums::Use::saving);
   m_group.run_agreed("", [&] {
-    ::lather::Impl::fault_point("checkpoint.save");
     auto fapl = mpio_access(m_group, true);
     File file(check(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
                     "creating checkpoint '" + temporary + "'"));
@@ -280,7 +282,8 @@ Attributes Checkpointer::read_attributes(const std::string& file) const {
 
 void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& arrays, Attributes* attributes) const {
   QuietHdf5 quiet;
-  m_group.run_agreed("", [&] {
+  m_group.run_agreed("", [&] {  // as in save(): before any collective call on the file
+    ::lather::Impl::fault_point("checkpoint.load");
     for (const auto& a : arrays) check_slice(a);
   });
   agree_on_arrays(m_group, arrays);
@@ -292,7 +295,6 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
   // Which part of each array every rank checks as it reads (one allgather of the selections).
   SelectionChecksums verification(m_group, arrays, SelectionChecksums::Use::loading);
   m_group.run_agreed("", [&] {
-    ::lather::Impl::fault_point("checkpoint.load");
     auto fapl = mpio_access(m_group);
     File f(check(H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl.get()), "opening checkpoint '" + file + "'"));
     std::string error;

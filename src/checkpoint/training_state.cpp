@@ -138,8 +138,13 @@ std::string Checkpointer::save(const ExecutionSpace& space, optim::Optimizer<Exe
                                const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
                                const TrainingState& state, const WriterRoles& roles) {
   ::lather::Impl::ScopedRegion region("Lather::Checkpointer::save");
-  auto staged = stage_all(space, optimizer, params, roles, true);
-  ::lather::Impl::fence(space, "Lather::Checkpointer::save: state copied to the host");
+  // Staging can fail on one rank (a parameter list that does not match the optimizer, memory):
+  // agreed before the collective save.
+  std::vector<std::unique_ptr<Staged>> staged;
+  m_group.run_agreed("", [&] {
+    staged = stage_all(space, optimizer, params, roles, true);
+    ::lather::Impl::fence(space, "Lather::Checkpointer::save: state copied to the host");
+  });
   std::vector<ArraySlice> arrays;
   for (const auto& s : staged) arrays.push_back(s->partial_write ? s->write : s->slice);
   std::vector<std::uint64_t> rng = state.rng;
@@ -189,7 +194,8 @@ TrainingState Checkpointer::restore(const ExecutionSpace& space, const std::stri
   const std::int64_t words = integer("rng_words");
   LATHER_REQUIRE(words >= 0 && words <= 4096, "checkpoint '", file, "': implausible rng_words ", words);
 
-  auto staged = stage_all(space, optimizer, params, WriterRoles{false, false, 0}, false);
+  std::vector<std::unique_ptr<Staged>> staged;
+  m_group.run_agreed("", [&] { staged = stage_all(space, optimizer, params, WriterRoles{false, false, 0}, false); });
   std::vector<ArraySlice> arrays;
   for (const auto& s : staged) {
     ArraySlice read = s->slice;
