@@ -13,9 +13,12 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size);
+// Optional, as with libFuzzer: a harness may set itself up (or take options of its own) first.
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) __attribute__((weak));
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
+  if (LLVMFuzzerInitialize) LLVMFuzzerInitialize(&argc, &argv);
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s CORPUS_DIR_OR_FILE...\n", argv[0]);
     return 2;
