@@ -4,6 +4,7 @@
 #include "stored_checksums.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <cstring>
 
@@ -166,9 +167,21 @@ std::string for_each_dataset(hid_t file, const std::function<std::string(hid_t, 
   return {};
 }
 
+/// A dataset cannot hold more bytes than its file: what the metadata claims beyond that is refused
+/// before anything is sized from it. "" or the refusal.
+std::string claims_more_than_the_file(const std::string& where, hid_t space, std::size_t element,
+                                      std::uintmax_t file_bytes) {
+  const hssize_t points = H5Sget_simple_extent_npoints(space);
+  if (points < 0) return where + " has an unreadable shape";
+  if (double(points) * double(element) > double(file_bytes))
+    return where + " claims " + std::to_string(points) + " elements of " + std::to_string(element) +
+           " bytes, more than the file's " + std::to_string(file_bytes) + " bytes";
+  return {};
+}
+
 /// Format 1: reads one dataset whole, in pieces of at most 64 MiB along its first dimension (into
 /// `piece`), which makes HDF5 check every chunk's Fletcher32 checksum: "" or why it failed.
-std::string verify_dataset(hid_t root, const char* name, std::vector<unsigned char>& piece) {
+std::string verify_dataset(hid_t root, const char* name, std::vector<unsigned char>& piece, std::uintmax_t file_bytes) {
   const std::string where = "dataset '" + std::string(name) + "'";
   Dataset dataset(H5Dopen2(root, name, H5P_DEFAULT));
   if (!dataset.valid()) return where + " cannot be opened: " + hdf5_error_reason();
@@ -187,6 +200,8 @@ std::string verify_dataset(hid_t root, const char* name, std::vector<unsigned ch
   }
   std::vector<hsize_t> dims(std::size_t(rank), 0);
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  const std::string claim = claims_more_than_the_file(where, space.get(), element, file_bytes);
+  if (!claim.empty()) return claim;
   hsize_t row = element;
   for (int d = 1; d < rank; ++d) row *= dims[std::size_t(d)];
   const hsize_t budget = hsize_t(64) << 20;
@@ -209,7 +224,8 @@ std::string verify_dataset(hid_t root, const char* name, std::vector<unsigned ch
 
 /// Format 2: reads one dataset in pieces of whole chunks (about 8 MiB, so that each piece is summed
 /// while in cache) and compares every chunk with its stored checksum: "" or what is wrong.
-std::string verify_checksummed_dataset(hid_t root, const char* name, std::vector<unsigned char>& piece) {
+std::string verify_checksummed_dataset(hid_t root, const char* name, std::vector<unsigned char>& piece,
+                                       std::uintmax_t file_bytes) {
   const std::string where = "dataset '" + std::string(name) + "'";
   Dataset dataset(H5Dopen2(root, name, H5P_DEFAULT));
   if (!dataset.valid()) return where + " cannot be opened: " + hdf5_error_reason();
@@ -223,6 +239,8 @@ std::string verify_checksummed_dataset(hid_t root, const char* name, std::vector
   std::vector<hsize_t> dims(std::size_t(rank), 0);
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   if (H5Sget_simple_extent_npoints(space.get()) == 0) return {};
+  const std::string claim = claims_more_than_the_file(where, space.get(), optim::size_of(dtype), file_bytes);
+  if (!claim.empty()) return claim;
   try {
     const StoredChecksums stored = read_checksums(root, name, dims, optim::size_of(dtype));
     const std::int64_t chunk_bytes = stored.grid.chunk_elements() * std::int64_t(stored.grid.element_bytes);
@@ -272,10 +290,14 @@ std::string verify_datasets(const std::string& file) {
   File f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!f.valid()) return "cannot be opened as HDF5: " + hdf5_error_reason();
   std::vector<unsigned char> piece;
+  std::error_code ec;
+  const std::uintmax_t file_bytes = std::filesystem::file_size(file, ec);
+  if (ec) return "cannot be sized: " + ec.message();
   // Format 1 kept HDF5's Fletcher32 per chunk, checked by reading; format 2 keeps its own sums.
   const bool checksummed = attributes.integers["format_version"] >= 2;
   return for_each_dataset(f.get(), [&](hid_t root, const char* name) {
-    return checksummed ? verify_checksummed_dataset(root, name, piece) : verify_dataset(root, name, piece);
+    return checksummed ? verify_checksummed_dataset(root, name, piece, file_bytes)
+                       : verify_dataset(root, name, piece, file_bytes);
   });
 }
 

@@ -141,6 +141,14 @@ void write_seeds(const std::string& directory) {
     H5Aclose(a);
   });
   edited("foreign-format.h5", [](hid_t g) { H5Adelete(g, "format"); });
+  edited("absurd-claim.h5", [](hid_t g) {  // 2^40 elements, never allocated: refused by its claim
+    const hsize_t dims[2] = {hsize_t(1) << 20, hsize_t(1) << 20};
+    hid_t space = H5Screate_simple(2, dims, nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_LATE);
+    hid_t d = H5Dcreate2(g, "parameters/huge", H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Dclose(d), H5Pclose(dcpl), H5Sclose(space);
+  });
 }
 
 }  // namespace
