@@ -37,6 +37,7 @@ extern "C" void on_abort(int signal) {
 }
 
 }  // namespace
+
 // Optional, as with libFuzzer: a harness may set itself up (or take options of its own) first.
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) __attribute__((weak));
 
