@@ -159,6 +159,8 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         auto memory_dims = dims;
         memory_dims[0] = std::max<hsize_t>(1, hsize_t(contiguous.rows.size()));
         Dataspace memory(check(H5Screate_simple(int(memory_dims.size()), memory_dims.data(), nullptr), where));
+        const std::size_t bytes_per_row = row_bytes(a);
+        const std::int64_t row = std::int64_t(bytes_per_row / optim::size_of(a.dtype));
         std::int64_t at = 0, counted_to = 0;
         for (std::int64_t r = 0; r < most; ++r) {
           const bool has = r < mine;
@@ -171,8 +173,7 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
           // row's terms are added once.
           const auto [run_first, run_rows] = runs[std::size_t(r)];
           const std::int64_t skip = std::clamp<std::int64_t>(counted_to - run_first, 0, run_rows);
-          const std::size_t bytes_per_row = row_bytes(a), row = bytes_per_row / optim::size_of(a.dtype);
-          checks.add_elements(k, (run_first + skip) * std::int64_t(row), (run_rows - skip) * std::int64_t(row),
+          checks.add_elements(k, (run_first + skip) * row, (run_rows - skip) * row,
                               static_cast<const char*>(source) + std::size_t(at + skip) * bytes_per_row);
           counted_to = std::max(counted_to, run_first + run_rows);
           at += run_rows;
@@ -192,8 +193,8 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
     checks.finish();
     for (std::size_t k = 0; k < arrays.size(); ++k)
       if (checks.has_grid(k))
-        write_checksums(file.get(), lcpl.get(), dxpl.get(), arrays[k], grid_of(arrays[k], m_options.chunk_bytes),
-                        checks.saved_sums(k), m_group.rank() == 0);
+        write_checksums(file.get(), lcpl.get(), dxpl.get(), arrays[k], checks.grid(k), checks.saved_sums(k),
+                        m_group.rank() == 0);
     // Root attributes: identification first, "complete" last.
     write_string_attribute(file.get(), "format", format_name);
     write_integer_attribute(file.get(), "format_version", format_version);

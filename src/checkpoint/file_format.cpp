@@ -207,17 +207,11 @@ std::string verify_dataset(hid_t root, const char* name, std::vector<unsigned ch
   const hsize_t budget = hsize_t(64) << 20;
   const hsize_t rows_per_piece = std::max<hsize_t>(1, budget / std::max<hsize_t>(row, 1));
   for (hsize_t first = 0; first < dims[0]; first += rows_per_piece) {
-    std::vector<hsize_t> start(std::size_t(rank), 0), count = dims;
-    start[0] = first;
-    count[0] = std::min(rows_per_piece, dims[0] - first);
-    if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0)
-      return where + ": " + hdf5_error_reason();
-    Dataspace memory(H5Screate_simple(rank, count.data(), nullptr));
-    piece.resize(std::size_t(count[0] * row));
-    if (!memory.valid() ||
-        H5Dread(dataset.get(), native.get(), memory.get(), space.get(), H5P_DEFAULT, piece.data()) < 0)
+    const hsize_t rows = std::min(rows_per_piece, dims[0] - first);
+    piece.resize(std::size_t(rows * row));
+    if (!read_rows(dataset.get(), native.get(), H5P_DEFAULT, dims, std::int64_t(first), std::int64_t(rows), piece.data()))
       return where + " fails its checksum or cannot be read (rows " + std::to_string(first) + " to " +
-             std::to_string(first + count[0]) + "): " + hdf5_error_reason();
+             std::to_string(first + rows) + "): " + hdf5_error_reason();
   }
   return {};
 }

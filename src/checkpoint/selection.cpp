@@ -2,36 +2,18 @@
 
 #include "hdf5_handles.hpp"
 
-#include <string>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <numeric>
+#include <string>
 
 namespace lather::checkpoint::Impl {
 
 std::vector<hsize_t> stored_dims(const TensorShape& shape) {
   if (shape.empty()) return {1};
   return std::vector<hsize_t>(shape.begin(), shape.end());
-}
-
-std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims, std::size_t element, std::size_t target) {
-  std::vector<hsize_t> chunk = dims;
-  for (auto& c : chunk) c = std::max<hsize_t>(c, 1);
-  std::size_t bytes = element;
-  for (auto c : chunk) bytes *= c;
-  // Shrink the leading dimensions first, keeping rows (the unit ranks write) whole if possible.
-  for (std::size_t d = 0; d < chunk.size() && bytes > target; ++d) {
-    const std::size_t others = bytes / chunk[d];
-    const hsize_t fit = std::max<hsize_t>(1, hsize_t(target / std::max<std::size_t>(others, 1)));
-    if (fit < chunk[d]) {
-      chunk[d] = fit;
-      bytes = others * fit;
-    }
-  }
-  return chunk;
 }
 
 void select(hid_t space, const ArraySlice& a, bool writing) {
@@ -162,24 +144,31 @@ void permute_rows(const ArraySlice& a, const std::vector<std::size_t>& order, co
   }
 }
 
+bool read_rows(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>& dims, std::int64_t first,
+               std::int64_t count, void* into) {
+  std::vector<hsize_t> start(dims.size(), 0), extent = dims;
+  start[0] = hsize_t(first);
+  extent[0] = hsize_t(count);
+  Dataspace space(H5Dget_space(dataset));
+  Dataspace memory(H5Screate_simple(int(extent.size()), extent.data(), nullptr));
+  return space.valid() && memory.valid() &&
+         H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr) >= 0 &&
+         H5Dread(dataset, type, memory.get(), space.get(), dxpl, into) >= 0;
+}
+
 void read_rows_in_pieces(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>& dims, std::int64_t first,
                          std::int64_t count, std::size_t row_bytes, char* into, const std::string& where,
                          const std::function<void(std::int64_t, std::int64_t, const char*)>& piece) {
   const std::int64_t per_piece = std::max<std::int64_t>(1, std::int64_t((std::size_t(8) << 20) / std::max<std::size_t>(row_bytes, 1)));
-  Dataspace space(check(H5Dget_space(dataset), where));
   // A second thread checks piece k while piece k + 1 is read: the checksums cost no read time where
   // a core is free. One piece at a time is handed over, so `piece` is never called concurrently
   // with itself; it makes no HDF5 call.
   std::future<void> checking;
   for (std::int64_t at = 0; at < count; at += per_piece) {
     const std::int64_t rows = std::min(per_piece, count - at);
-    std::vector<hsize_t> start(dims.size(), 0), extent = dims, memory_dims = dims;
-    start[0] = hsize_t(first + at);
-    extent[0] = memory_dims[0] = hsize_t(rows);
-    Dataspace memory(check(H5Screate_simple(int(memory_dims.size()), memory_dims.data(), nullptr), where));
-    check(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr), where);
     char* bytes = into + std::size_t(at) * row_bytes;
-    check(H5Dread(dataset, type, memory.get(), space.get(), dxpl, bytes), where + ": read failed (corrupted or truncated?)");
+    if (!read_rows(dataset, type, dxpl, dims, first + at, rows, bytes))
+      LATHER_FAIL(where, ": read failed (corrupted or truncated?): ", hdf5_error_reason());
     if (checking.valid()) checking.get();
     checking = std::async(std::launch::async, [&piece, first, at, rows, bytes] { piece(first + at, rows, bytes); });
   }

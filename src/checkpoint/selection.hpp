@@ -16,8 +16,6 @@ namespace lather::checkpoint::Impl {
 
 /// Stored dimensions: a 0-D array is stored as [1] (chunked datasets need a rank), marked so.
 std::vector<hsize_t> stored_dims(const TensorShape& shape);
-/// Chunks of about `target` bytes: whole trailing dimensions, as many leading rows as fit.
-std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims, std::size_t element, std::size_t target);
 /// This rank's selection in the file's dataspace.
 void select(hid_t space, const ArraySlice& a, bool writing);
 /// Throws, naming the array, when a slice is inconsistent (rows out of range or repeated, ...).
@@ -36,6 +34,10 @@ bool rows_sorted(const ArraySlice& a);
 /// Copies rows between the caller's buffer order and file (sorted) order.
 void permute_rows(const ArraySlice& a, const std::vector<std::size_t>& order, const char* from, char* to,
                   bool to_sorted);
+/// Reads rows [first, first + count) of an open dataset of dimensions `dims` (every other
+/// dimension whole) into `into`; false when HDF5 fails (hdf5_error_reason() says why).
+bool read_rows(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>& dims, std::int64_t first,
+               std::int64_t count, void* into);
 /// Reads rows [first, first + count) of an open dataset (dimensions `dims`) into `into` in pieces of
 /// about 8 MiB, calling `piece(first row, rows, bytes)` for each on a second thread while the next
 /// is read and the piece is still in cache (the checksum terms); throws "<where>: read failed ..."

@@ -4,7 +4,6 @@
 #include "selection.hpp"
 
 #include <algorithm>
-#include <map>
 
 namespace lather::checkpoint::Impl {
 
@@ -143,14 +142,8 @@ std::string read_and_check_rows(hid_t dataset, hid_t type, hid_t dxpl, const std
   std::vector<hsize_t> dims(std::size_t(std::max(rank, 0)), 0);
   if (rank <= 0 || H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr) < 0)
     return "dataset '" + path + "' has an unreadable shape";
-  std::vector<hsize_t> start(dims.size(), 0), count = dims;
-  start[0] = hsize_t(first);
-  count[0] = hsize_t(last - first);
   buffer.resize(std::size_t((last - first) * grid.row_elements) * grid.element_bytes);
-  Dataspace memory(H5Screate_simple(rank, count.data(), nullptr));
-  if (!memory.valid() ||
-      H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0 ||
-      H5Dread(dataset, type, memory.get(), space.get(), dxpl, buffer.data()) < 0)
+  if (!read_rows(dataset, type, dxpl, dims, first, last - first, buffer.data()))
     return "dataset '" + path + "' cannot be read (rows " + std::to_string(first) + " to " + std::to_string(last) +
            "): " + hdf5_error_reason();
   for (std::int64_t c = first_chunk; c < first_chunk + chunks; ++c) {

@@ -70,6 +70,7 @@ class SelectionChecksums {
   /// unchecked).
   void set_stored(std::size_t k, StoredChecksums stored);
   bool has_grid(std::size_t k) const { return m_grid_set[k] != 0; }
+  const ChunkGrid& grid(std::size_t k) const { return m_stored[k].grid; }
   /// Adds the terms of elements [first, first + count) of array k, in `data`.
   void add_elements(std::size_t k, std::int64_t first, std::int64_t count, const void* data);
   /// Adds the terms of rows [first_row, first_row + rows) of array k selected whole, in `data`, as

@@ -216,23 +216,9 @@ TEST(CheckpointIntegrity, FlipsAreFoundInRowsAndBlocksOnEveryRankCount) {
   const std::string file = checkpointer.save(1, arrays, {});
   EXPECT_EQ(checkpointer.verify(file), "");
 
-  auto load = [&](const std::string& path) {
-    std::vector<std::vector<double>> buffers = {std::vector<double>(stack.size()), std::vector<double>(columns_block.size()),
-                                                std::vector<double>(shared.size())};
-    auto into = arrays;
-    for (std::size_t k = 0; k < into.size(); ++k) into[k].data = buffers[k].data();
-    std::string error;
-    try {
-      checkpointer.load(path, into);
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    int failed = error.empty() ? 0 : 1, any = 0, all = 0;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(&failed, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    EXPECT_EQ(any, all) << "ranks disagree on " << path;
-    return std::make_pair(error, buffers == std::vector<std::vector<double>>{stack, columns_block, shared});
-  };
+  // try_load: every rank loads into fresh buffers and they agree on the outcome.
+  const Fixture fixture{dir, file, arrays, {stack, columns_block, shared}};
+  auto load = [&](const std::string& path) { return try_load(fixture, path); };
   const auto [intact_error, intact_same] = load(file);
   EXPECT_EQ(intact_error, "");
   EXPECT_TRUE(intact_same);
