@@ -90,16 +90,10 @@ double GradientAccumulator<ExecutionSpace, Scalar>::reduce(const ExecutionSpace&
   for (std::size_t t = 0; shapes_match && t < m_sums.size(); ++t)
     shapes_match = gradients[t].extent(0) == m_sums[t].extent(0);
   std::string local_error;
-  if (shapes_match) {
-    try {
-      ::lather::Impl::fault_point("accumulate.reduce");
+  if (shapes_match)
+    local_error = ::lather::Impl::local_failure("accumulate.reduce", [&] {
       for (std::size_t t = 0; t < m_sums.size(); ++t) Kokkos::deep_copy(space, gradients[t], m_sums[t]);
-    } catch (const Error& e) {
-      local_error = e.message();
-    } catch (const std::exception& e) {
-      local_error = e.what();
-    }
-  }
+    });
   const std::vector<AgreedValue> agreed = {
       {"accumulated micro-batches", m_accumulated, true, m_micro_batches},
       {"output tensors match the accumulated shapes (1 yes, 0 no)", shapes_match ? 1 : 0, true, 1}};

@@ -107,15 +107,8 @@ ReplicaReport check_replicas(const ExecutionSpace& space, const Group& group,
   // every rank learns it and throws it instead of waiting for the rank that failed.
   std::uint32_t whole = 0;
   std::vector<std::uint32_t> per_tensor;
-  std::string local_error;
-  try {
-    ::lather::Impl::fault_point("replicas.check");
-    per_tensor = tensor_checksums(space, tensors, whole);
-  } catch (const Error& e) {
-    local_error = e.message();
-  } catch (const std::exception& e) {
-    local_error = e.what();
-  }
+  const std::string local_error = ::lather::Impl::local_failure(
+      "replicas.check", [&] { per_tensor = tensor_checksums(space, tensors, whole); });
   Impl::Fnv1a size_hash;
   size_hash.add(tensors.size());
   std::int64_t elements = 0;

@@ -47,15 +47,7 @@ std::string first_error(std::initializer_list<std::string> errors) {
 /// on every shard. `point` is the call's fault-injection point (tests).
 template <class Work>
 void prepare_locally(const char* point, std::string& error, Work&& work) {
-  if (!error.empty()) return;
-  try {
-    ::lather::Impl::fault_point(point);
-    work();
-  } catch (const Error& e) {
-    error = e.message();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  if (error.empty()) error = ::lather::Impl::local_failure(point, std::forward<Work>(work));
 }
 
 /// Per-call agreement on the batch size and argument validity, unless switched off. Without it a

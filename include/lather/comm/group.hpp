@@ -16,6 +16,7 @@
 
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #if LATHER_ENABLE_MPI
@@ -116,15 +117,7 @@ class Group {
   /// Runs `work` and agrees on its outcome: an exception on any rank becomes one on every rank.
   template <class Work>
   void run_agreed(const std::string& context, Work&& work) const {
-    std::string error;
-    try {
-      work();
-    } catch (const Error& e) {
-      error = e.message();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    agree_on_failure(context, error);
+    agree_on_failure(context, ::lather::Impl::local_failure(nullptr, std::forward<Work>(work)));
   }
 
   // ---- Views -----------------------------------------------------------------------------------------

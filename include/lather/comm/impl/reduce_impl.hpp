@@ -393,18 +393,13 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
   double global_weight = double(st.size);
   // This rank's work before the reduction: the caller's, the scan for non-finite values and the
   // buffers. What fails here is agreed below, with the layout, so every rank throws it.
-  std::string local_error = caller_error;
-  if (local_error.empty()) {
-    try {
-      lather::Impl::fault_point(Impl::reduce_fault_point(op));
-      if (st.options.check_finite) local_error = st.first_non_finite(space, gradients);
-      if (local_error.empty()) st.prepare(op, layout);
-    } catch (const Error& e) {
-      local_error = e.message();
-    } catch (const std::exception& e) {
-      local_error = e.what();
-    }
-  }
+  std::string local_error = caller_error, non_finite;
+  if (local_error.empty())
+    local_error = lather::Impl::local_failure(Impl::reduce_fault_point(op), [&] {
+      if (st.options.check_finite) non_finite = st.first_non_finite(space, gradients);
+      if (non_finite.empty()) st.prepare(op, layout);
+    });
+  if (local_error.empty()) local_error = non_finite;
   if (weighted && !weight_valid && local_error.empty())
     local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
   if (st.options.verify_layout || !same_as_before) {
@@ -497,14 +492,9 @@ void GradientReducer<ExecutionSpace, Scalar>::broadcast(const ExecutionSpace& sp
   if (root < 0 || root >= st.size) {
     local_error = lather::Impl::concat("root ", root, " is not a rank of the group of ", st.size);
   } else {
-    try {
-      lather::Impl::fault_point("reduce.broadcast");
+    local_error = lather::Impl::local_failure("reduce.broadcast", [&] {
       State::ensure(st.fusion, std::min<std::int64_t>(st.fusion_elements, layout.largest_bucket), "fusion");
-    } catch (const Error& e) {
-      local_error = e.message();
-    } catch (const std::exception& e) {
-      local_error = e.what();
-    }
+    });
   }
   if (st.options.verify_layout || !same_as_before) {
     // A broadcast always sends the native type, whatever the wire precision of the options.

@@ -5,7 +5,11 @@
 // hook that throws on the rank and at the point it chooses, and checks that every rank of the
 // group reports an error naming the failing rank and that nobody blocks.
 
+#include <lather/core/error.hpp>
+
 #include <atomic>
+#include <exception>
+#include <string>
 
 namespace lather::Impl {
 
@@ -23,6 +27,23 @@ inline void set_fault_hook(FaultHook hook) { fault_hook().store(hook, std::memor
 /// A place where a failure is injected in tests.
 inline void fault_point(const char* point) {
   if (const FaultHook hook = fault_hook().load(std::memory_order_relaxed)) hook(point);
+}
+
+/// This rank's verdict on its local work before a collective: runs `work` after the fault point
+/// `point` (none when null) and returns the message of what either threw, "" when nothing did.
+/// An agreement (comm::Group::agree_on_failure, or a flag in a collective the call makes anyway)
+/// then makes it an error on every rank.
+template <class Work>
+std::string local_failure(const char* point, Work&& work) {
+  try {
+    if (point) fault_point(point);
+    work();
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
 }
 
 }  // namespace lather::Impl

@@ -97,7 +97,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     // (1) Pack, and agree on the gradients' norms: a NaN or Inf anywhere is refused on every rank
     // before any state moves, and so is a failure of the packing on any rank (its count travels
     // with the norms, its message in the agreement below).
-    std::string local_error = run_locally("shampoo.pack", [&] {
+    std::string local_error = ::lather::Impl::local_failure("shampoo.pack", [&] {
       pack_gradients<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_gradients.device(),
                                                               m_parameter_scalars, m_packed, m_packed_t, m_unit_norms);
     });
@@ -165,7 +165,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     };
     std::string share_error;
     if (m_step_plan.distributed)
-      share_error = run_locally("shampoo.distributed_step", graft);
+      share_error = ::lather::Impl::local_failure("shampoo.distributed_step", graft);
     else
       graft();
     phases.end("graft");
@@ -286,20 +286,6 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     long failures = 0;
   };
   AgreedNorms parameter_norms(const ExecutionSpace& space, bool failed);
-  /// Runs `work`, after the fault-injection point `point` (tests) unless null; returns what it
-  /// threw, or "".
-  template <class Work>
-  static std::string run_locally(const char* point, Work&& work) {
-    try {
-      if (point) ::lather::Impl::fault_point(point);
-      work();
-    } catch (const Error& e) {
-      return e.message();
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    return {};
-  }
   /// Collective over the group, then the shards: when `local_error` is not empty on any rank of
   /// either, every rank throws the lowest failing rank's message ("... (on group rank k of n)").
   /// Called by every rank of both groups, or by none.

@@ -163,7 +163,7 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
   // Every rank spreads its share first (allocations and copies that may fail), then all agree on
   // whether that worked, and only then are the shares summed: a rank that failed does not leave
   // the others waiting in the sums (nor the other weight shards in the checkpoint that follows).
-  const std::string local_error = run_locally("shampoo.state_gather", [&] {
+  const std::string local_error = ::lather::Impl::local_failure("shampoo.state_gather", [&] {
     spread(m_state_scalars, 0, m_diagonal, 2, diagonal);
     spread(m_state_scalars, parameters, m_momentum, 0, floats);
     spread(m_state_scalars, 2 * parameters, m_diagonal_momentum, 0, floats);

@@ -154,7 +154,7 @@ template <class ExecutionSpace, class Scalar, class T>
 void ShampooEngine<ExecutionSpace, Scalar, T>::compute_preconditioners(const ExecutionSpace& space, Phases& phases) {
   ::lather::Impl::ScopedRegion region("Lather::Shampoo::inverse_roots");
   const std::string context = ::lather::Impl::concat("Shampoo::step ", m_step);
-  std::string local_error = run_locally("shampoo.root_exchange", [&] {
+  std::string local_error = ::lather::Impl::local_failure("shampoo.root_exchange", [&] {
     m_roots->compute(space, m_plan, m_mine, m_step_plan.slot, *m_statistics, *m_preconditioners, m_metrics);
   });
   if (!local_error.empty()) local_error = context + ": " + local_error;
@@ -178,7 +178,7 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::compute_preconditioners(const Exe
   }
   phases.end("communication");
   // The failure rule reads the shared metrics: the same verdict on every rank of the group.
-  if (agreed.empty()) agreed = run_locally(nullptr, [&] {
+  if (agreed.empty()) agreed = ::lather::Impl::local_failure(nullptr, [&] {
     m_roots->check_failures(m_plan, m_plan.local_statistics, m_metrics, m_step);
   });
   // The other weight shards computed their own roots: one agreement tells them too.
