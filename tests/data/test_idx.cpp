@@ -3,15 +3,15 @@
 #include <lather/core/error.hpp>
 #include <lather/data/idx.hpp>
 
+#include "common/scratch_files.hpp"
+
 #include <gtest/gtest.h>
 #include <zlib.h>
 
-#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -44,24 +44,8 @@ std::string error_of(F&& f) {
   return {};
 }
 
-class IdxFiles : public ::testing::Test {
+class IdxFiles : public lather::testing::ScratchFiles {
  protected:
-  void SetUp() override {
-    static std::atomic<int> counter{0};
-    m_dir = fs::temp_directory_path() /
-            ("lather_test_idx_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(m_dir);
-    fs::create_directories(m_dir);
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(m_dir, ignored);
-  }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const fs::path path = m_dir / name;
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path.string();
-  }
   std::string write_gzip(const std::string& name, const std::string& bytes) const {
     const fs::path path = m_dir / name;
     gzFile file = gzopen(path.c_str(), "wb9");
@@ -70,7 +54,6 @@ class IdxFiles : public ::testing::Test {
     gzclose(file);
     return path.string();
   }
-  fs::path m_dir;
 };
 
 TEST_F(IdxFiles, PlainAndGzipReadTheSameValues) {

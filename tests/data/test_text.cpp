@@ -4,16 +4,16 @@
 #include <lather/core/error.hpp>
 #include <lather/data/text.hpp>
 
+#include "common/scratch_files.hpp"
+
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -57,27 +57,7 @@ std::size_t byte_of(const std::string& utf8, std::size_t k) {
   return pos;
 }
 
-class TextFiles : public ::testing::Test {
- protected:
-  void SetUp() override {
-    static std::atomic<int> counter{0};
-    m_dir = fs::temp_directory_path() /
-            ("lather_test_text_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(m_dir);
-    fs::create_directories(m_dir);
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(m_dir, ignored);
-  }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const fs::path path = m_dir / name;
-    fs::create_directories(path.parent_path());
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path.string();
-  }
-  fs::path m_dir;
-};
+using TextFiles = lather::testing::ScratchFiles;
 
 TEST(Vocabulary, OfTextIsSortedAndUnique) {
   const Vocabulary v = Vocabulary::of_text("hello world\nhello");
