@@ -12,7 +12,10 @@ What is changed in the reference, and only this (see REFERENCE_PATCHES):
   google-research later did. The loop condition (`error_ratio < 1.2`) and the converged test
   read True and 1.0 alike, and the reported final_error_ratio of a loop that runs no iteration
   is 1.0 either way, so no number the optimizer produces depends on the choice.
-The patch is applied to the source text at import time; the installed package is untouched,
+  One-sided Shampoo: 0.0.6 defines PreconditionerType ALL and INPUT only; upstream
+  google-research later added OUTPUT (the last dimension only). Four small patches port
+  upstream's definition; for ALL and INPUT they compute exactly what 0.0.6 computes.
+The patches are applied to the source text at import time; the installed package is untouched,
 and the loader fails loudly if the text it expects is not there exactly once.
 """
 
@@ -33,6 +36,54 @@ REFERENCE_PATCHES = [
         "new": "[0, new_mat_m_0, new_mat_h_0, new_mat_h_0, new_error, 1.0])",
         "why": "while_loop carry for the Newton error ratio was seeded with a bool but the body "
                "yields a float, which JAX rejects; 1.0 behaves identically (1.0 < 1.2 like True)",
+    },
+    # One-sided Shampoo: 0.0.6 knows ALL and INPUT only. Upstream google-research later added
+    # OUTPUT (precondition the last dimension only); these four patches port its definition
+    # (scalable_shampoo/optax/distributed_shampoo.py: should_precondition_dims,
+    # shapes_for_preconditioners, updated_statistics_from_grad over the preconditioned axes,
+    # and the contraction that skips the others). For ALL and INPUT they compute exactly what
+    # 0.0.6 computes: the preconditioned axes are then 0 .. k-1, as 0.0.6's range(k) assumed.
+    {
+        "module": REFERENCE_MODULE,
+        "function": "PreconditionerType",
+        "old": "  INPUT = 2\n",
+        "new": "  INPUT = 2\n  OUTPUT = 3\n",
+        "why": "upstream's OUTPUT member (the last dimension only)",
+    },
+    {
+        "module": REFERENCE_MODULE,
+        "function": "Preconditioner.should_precondition_dims",
+        "old": "      return [True] * (rank - 1) + [False]\n",
+        "new": ("      if self._preconditioner_type == PreconditionerType.OUTPUT:\n"
+                "        return [False] * (rank - 1) + [True]\n"
+                "      return [True] * (rank - 1) + [False]\n"),
+        "why": "upstream's OUTPUT: only the last dimension is preconditioned",
+    },
+    {
+        "module": REFERENCE_MODULE,
+        "function": "Preconditioner.shapes_for_preconditioners",
+        "old": "        preconditioner_shapes.extend([[d, d] for d in t[:-1]])\n",
+        "new": ("        preconditioner_shapes.extend([[d, d] for d, keep in\n"
+                "                                      zip(t, self.should_precondition_dims()) if keep])\n"),
+        "why": "statistics for the preconditioned dimensions, whichever they are",
+    },
+    {
+        "module": REFERENCE_MODULE,
+        "function": "Preconditioner.updated_statistics_from_grad",
+        "old": "      for axis in range(num_preconditioners):\n",
+        "new": ("      for axis in [i for i, keep in enumerate(should_preconditioned_dims) if keep]:\n"),
+        "why": "the Gram matrices along the preconditioned axes (0.0.6 assumed axes 0 .. k-1)",
+    },
+    {
+        "module": REFERENCE_MODULE,
+        "function": "Preconditioner.preconditioned_grad",
+        "old": ("          precond_g = jnp.tensordot(\n"
+                "              precond_g, preconditioners_for_grad[j], axes=[[0], [0]])\n"),
+        "new": ("          precond_g = jnp.tensordot(\n"
+                "              precond_g, preconditioners_for_grad[\n"
+                "                  sum(should_preconditioned_dims[:j])], axes=[[0], [0]])\n"),
+        "why": "the j-th dimension's preconditioner is the k-th of the block, k counting only "
+               "preconditioned dimensions (0.0.6 indexed by j, right for ALL and INPUT only)",
     },
 ]
 

@@ -203,6 +203,47 @@ OPTION_SETS = [
 ]
 
 
+# One-sided Shampoo (the reference's `precondtioner_type`, spelled so).
+OPTION_SETS += [
+    {
+        "name": "one_sided_input",
+        "pmap": False,
+        "description": (
+            "precondtioner_type INPUT: every dimension of a block but the last gets a statistic, "
+            "p = 2 x (rank - 1): 'dense'/'blocked' blocks are preconditioned on the left only "
+            "(p=2), 'conv3' [4,6,5] along 4 and 6 (p=4), 'conv4' [3,3,4,5] -> merged by 8 to "
+            "[3,3,4,5] along 3,3,4 (p=6); 'bias' (rank 1) keeps its one statistic. "
+            "RMSPROP_NORMALIZED grafting, block_size 8 / merge 8, roots every step from step 1."),
+        "options": {
+            "learning_rate": 0.05,
+            "block_size": 8,
+            "merge_small_dims_block_size": 8,
+            "graft_type": "RMSPROP_NORMALIZED",
+            "precondtioner_type": "INPUT",
+        },
+    },
+    {
+        "name": "one_sided_output",
+        "pmap": False,
+        "description": (
+            "precondtioner_type OUTPUT (upstream google-research's, ported onto 0.0.6 by "
+            "scripts/jax_compat.py): only the last dimension of a block gets a statistic, p = 2. "
+            "ADAGRAD grafting, no Nesterov, roots every 2nd step from step 2, block_size 10 / "
+            "merge 16 as in sgd_exponent_override ('conv4' -> [9,4,5], 'dense' 10+2 x 9)."),
+        "options": {
+            "learning_rate": 0.03,
+            "block_size": 10,
+            "merge_small_dims_block_size": 16,
+            "graft_type": "ADAGRAD",
+            "nesterov": False,
+            "preconditioning_compute_steps": 2,
+            "start_preconditioning_step": 2,
+            "precondtioner_type": "OUTPUT",
+        },
+    },
+]
+
+
 def initial_parameters(np):
     """p0[k] = float32(cos(0.23*(k+1) + 0.7*pidx)), in double, rounded once."""
     params = {}
@@ -234,6 +275,8 @@ def build_options(ds, option_set):
     options.update(option_set["options"])
     kwargs = dict(options)
     kwargs["graft_type"] = ds.GraftingType[options["graft_type"]]
+    if "precondtioner_type" in options:
+        kwargs["precondtioner_type"] = ds.PreconditionerType[options["precondtioner_type"]]
     ordered = {"learning_rate": options.pop("learning_rate"),
                "block_size": options.pop("block_size")}
     ordered.update(options)
@@ -272,7 +315,9 @@ def parameter_structure(ds, np, kwargs):
         if not skipped:
             preconditioner = ds.Preconditioner(param, kwargs["block_size"],
                                                kwargs["merge_small_dims_block_size"],
-                                               kwargs["best_effort_shape_interpretation"])
+                                               kwargs["best_effort_shape_interpretation"],
+                                               kwargs.get("precondtioner_type",
+                                                          ds.PreconditionerType.ALL))
             entry["statistic_sizes"] = [int(s[0]) for s in
                                         preconditioner.shapes_for_preconditioners()]
             entry["exponent"] = int(kwargs["exponent_override"] or

@@ -304,6 +304,12 @@ void add_options(CLI::App& app, TrainOptions& o) {
   auto* shampoo = app.add_option("--shampoo", o.shampoo,
                                  "Shampoo option as name=value (repeatable), or use --shampoo-<name> below");
   shampoo->delimiter(',');
+  app.add_option_function<std::string>(
+         "--precondition-side", [&o](const std::string& side) { o.shampoo.push_back("precondtioner_type=" + side); },
+         "Shampoo: precondition every dimension of a block (all), all but the last (input) or the last only "
+         "(output); the reference's precondtioner_type [default all]")
+      ->check(CLI::IsMember({"all", "input", "output"}))
+      ->type_name("SIDE");
   const optim::ShampooOptions defaults = TrainOptions{}.shampoo_options();
   for (const auto& name : optim::option_names()) {
     if (name == "learning_rate") continue;  // --lr

@@ -40,6 +40,34 @@ GraftType parse_graft_type(const std::string& name) {
               "' (expected SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED or SQRT_N)");
 }
 
+std::string to_string(PreconditionerType type) {
+  switch (type) {
+    case PreconditionerType::all: return "ALL";
+    case PreconditionerType::input: return "INPUT";
+    case PreconditionerType::output: return "OUTPUT";
+  }
+  return "ALL";
+}
+
+PreconditionerType parse_preconditioner_type(const std::string& name) {
+  std::string upper = name;
+  std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return std::toupper(c); });
+  for (auto type : {PreconditionerType::all, PreconditionerType::input, PreconditionerType::output})
+    if (upper == to_string(type)) return type;
+  LATHER_FAIL("unknown preconditioner type '", name, "' (expected ALL, INPUT or OUTPUT)");
+}
+
+std::vector<int> preconditioned_dimensions(int rank, PreconditionerType type) {
+  std::vector<int> dims;
+  for (int d = 0; d < rank; ++d) {
+    const bool last = d == rank - 1;
+    if (rank <= 1 || type == PreconditionerType::all || (type == PreconditionerType::input && !last) ||
+        (type == PreconditionerType::output && last))
+      dims.push_back(d);
+  }
+  return dims;
+}
+
 std::string to_string(StepMode mode) {
   switch (mode) {
     case StepMode::automatic: return "auto";
@@ -159,7 +187,7 @@ const std::vector<std::string>& option_names() {
   static const std::vector<std::string> names = {
       "learning_rate", "block_size", "beta1", "beta2", "diagonal_epsilon", "matrix_epsilon", "weight_decay",
       "start_preconditioning_step", "preconditioning_compute_steps", "statistics_compute_steps",
-      "best_effort_shape_interpretation", "graft_type", "nesterov", "exponent_override",
+      "best_effort_shape_interpretation", "graft_type", "nesterov", "exponent_override", "precondtioner_type",
       "shard_optimizer_states", "best_effort_memory_usage_reduction", "inverse_failure_threshold",
       "moving_average_for_momentum", "skip_preconditioning_dim_size_gt", "clip_by_scaled_gradient_norm",
       "relative_matrix_epsilon", "merge_small_dims_block_size", "skip_preconditioning_rank_lt",
@@ -184,7 +212,10 @@ std::string option_help(const std::string& name) {
       {"best_effort_shape_interpretation", "merge small dimensions (up to merge_small_dims_block_size)"},
       {"graft_type", "SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED or SQRT_N"},
       {"nesterov", "Nesterov momentum"},
-      {"exponent_override", "p of the inverse p-th root (0: 2 x rank of the block)"},
+      {"exponent_override", "p of the inverse p-th root (0: 2 x preconditioned dimensions of the block)"},
+      {"precondtioner_type", "ALL, INPUT (all but the last dimension) or OUTPUT (the last only); "
+                             "alias preconditioner_type"},
+      {"preconditioner_type", "alias of precondtioner_type (the reference's spelling)"},
       {"shard_optimizer_states", "each rank keeps only its share of the state (selects the distributed step)"},
       {"best_effort_memory_usage_reduction", "int8 momentum, int16 statistics and preconditioners"},
       {"inverse_failure_threshold", "roots with an error at or above this keep the previous preconditioner"},
@@ -229,6 +260,7 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
   else if (name == "graft_type") out << to_string(o.graft_type);
   else if (name == "nesterov") out << o.nesterov;
   else if (name == "exponent_override") out << o.exponent_override;
+  else if (name == "precondtioner_type" || name == "preconditioner_type") out << to_string(o.preconditioner_type);
   else if (name == "shard_optimizer_states") out << o.shard_optimizer_states;
   else if (name == "best_effort_memory_usage_reduction") out << o.best_effort_memory_usage_reduction;
   else if (name == "inverse_failure_threshold") out << format_double(o.inverse_failure_threshold);
@@ -273,6 +305,8 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
   else if (name == "graft_type") o.graft_type = parse_graft_type(value);
   else if (name == "nesterov") o.nesterov = b();
   else if (name == "exponent_override") o.exponent_override = i();
+  else if (name == "precondtioner_type" || name == "preconditioner_type")
+    o.preconditioner_type = parse_preconditioner_type(value);
   else if (name == "shard_optimizer_states") o.shard_optimizer_states = b();
   else if (name == "best_effort_memory_usage_reduction") o.best_effort_memory_usage_reduction = b();
   else if (name == "inverse_failure_threshold") o.inverse_failure_threshold = d();

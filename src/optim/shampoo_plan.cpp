@@ -55,12 +55,14 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
                      "': its slice and the whole tensor are interpreted differently");
       const std::int64_t begin = split >= 0 ? pp.spec.split_offset : 0;
       const std::int64_t end = split >= 0 ? begin + pp.local_shape[split] : 0;
-      pp.exponent = options.exponent_override > 0 ? options.exponent_override : 2 * pp.partition.rank();
+      pp.dims = preconditioned_dimensions(pp.partition.rank(), options.preconditioner_type);
+      pp.exponent = options.exponent_override > 0 ? options.exponent_override : 2 * int(pp.dims.size());
       pp.first_statistic = plan.num_statistics();
       std::int64_t packed = 0;
       for (const auto& block : pp.partition.blocks()) {
         const int first = plan.num_statistics();
-        for (auto size : block.size) {
+        for (int d : pp.dims) {
+          const auto size = block.size[std::size_t(d)];
           plan.statistic_size.push_back(int(size));
           plan.statistic_exponent.push_back(pp.exponent);
           plan.statistic_owner.push_back(int(p));
@@ -79,7 +81,7 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
         packed += local.elements();
         pp.local_blocks.push_back(local);
         pp.local_block_statistic.push_back(first);
-        for (std::size_t j = 0; j < block.size.size(); ++j) plan.local_statistics.push_back(first + int(j));
+        for (std::size_t j = 0; j < pp.dims.size(); ++j) plan.local_statistics.push_back(first + int(j));
       }
       pp.statistics = plan.num_statistics() - pp.first_statistic;
     }
@@ -102,9 +104,10 @@ double unit_cost(const ParameterPlan& pp, const WorkUnit& unit, const ShampooOpt
   double cost = 40.0 * double(unit.elements);
   if (unit.block < 0) return cost;
   const auto& block = pp.local_blocks[std::size_t(unit.block)];
-  for (auto n : block.size) {
-    cost += 4.0 * double(n) * double(unit.elements);
-    cost += 30.0 * double(n) * double(n) * double(n) / double(options.preconditioning_compute_steps);
+  for (int d : pp.dims) {
+    const double n = double(block.size[std::size_t(d)]);
+    cost += 4.0 * n * double(unit.elements);
+    cost += 30.0 * n * n * n / double(options.preconditioning_compute_steps);
   }
   return cost;
 }
@@ -164,7 +167,9 @@ StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, 
         continue;
       }
       auto it = std::find_if(groups.begin(), groups.end(), [&](const ShapeGroup& g) { return g.size == shape_of(int(u)); });
-      if (it == groups.end()) it = groups.insert(groups.end(), ShapeGroup{shape_of(int(u)), {}, 0});
+      if (it == groups.end())
+        it = groups.insert(groups.end(),
+                           ShapeGroup{shape_of(int(u)), plan.parameters[step.units[u].parameter].dims, {}, 0});
       it->units.push_back(int(u));
     }
     auto& order = step.order[part];
@@ -182,7 +187,7 @@ StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, 
   step.slot.assign(plan.num_statistics(), -1);
   for (auto& group : step.groups) {
     group.first_slot = int(step.stored.size());
-    for (std::size_t j = 0; j < group.size.size(); ++j)
+    for (std::size_t j = 0; j < group.dims.size(); ++j)
       for (int u : group.units) {
         const auto& unit = step.units[u];
         const int s = plan.parameters[unit.parameter].local_block_statistic[std::size_t(unit.block)] + int(j);
@@ -200,7 +205,7 @@ StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, 
       if (unit.block < 0) continue;
       const auto& pp = plan.parameters[unit.parameter];
       const int first = pp.local_block_statistic[std::size_t(unit.block)];
-      for (int j = 0; j < pp.partition.rank(); ++j) step.root_owner[first + j] = step.owner[u];
+      for (std::size_t j = 0; j < pp.dims.size(); ++j) step.root_owner[first + int(j)] = step.owner[u];
     }
   } else {
     std::vector<int> sizes;

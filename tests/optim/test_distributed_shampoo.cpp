@@ -89,6 +89,7 @@ struct Mode {
   optim::StepMode step_mode;
   bool balanced, quantized;
   int shards;
+  optim::PreconditionerType side = optim::PreconditionerType::all;
 };
 
 class DistributedShampoo : public ::testing::TestWithParam<Mode> {};
@@ -113,6 +114,7 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
   o.step_mode = mode.step_mode;
   o.balance_root_work = mode.balanced;
   o.best_effort_memory_usage_reduction = mode.quantized;
+  o.preconditioner_type = mode.side;
   o.root.workspace_bytes = 8 << 10;  // several root chunks and gram batches
   const comm::Mesh mesh(MPI_COMM_WORLD, mode.shards);
   const auto specs = local_specs(mode.shards, mesh.shard());
@@ -161,7 +163,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"distributed_quantized", StepMode::distributed, true, true, 1},
                       Mode{"replicated_shards2", StepMode::replicated, true, false, 2},
                       Mode{"distributed_shards2", StepMode::distributed, true, false, 2},
-                      Mode{"distributed_shards2_quantized", StepMode::distributed, true, true, 2}),
+                      Mode{"distributed_shards2_quantized", StepMode::distributed, true, true, 2},
+                      Mode{"distributed_one_sided_input", StepMode::distributed, true, false, 1,
+                           optim::PreconditionerType::input},
+                      Mode{"replicated_shards2_one_sided_output", StepMode::replicated, true, false, 2,
+                           optim::PreconditionerType::output}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A NaN or Inf in one rank's gradient only (replicas should agree, but nothing may hang when they

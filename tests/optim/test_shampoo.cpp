@@ -15,6 +15,7 @@
 namespace {
 
 using lather::optim::GraftType;
+using lather::optim::PreconditionerType;
 using lather::optim::ParameterSpec;
 using lather::optim::Shampoo;
 using lather::optim::ShampooOptions;
@@ -197,6 +198,43 @@ TEST(Shampoo, StatisticsOfRankOneToFour) {
     }
   }
   EXPECT_EQ(s, shampoo.num_statistics());
+}
+
+// One-sided Shampoo keeps the statistics of the chosen side only, each equal to the model's
+// statistic of that dimension, with p = 2 x (dimensions kept); rank-1 tensors keep theirs.
+TEST(Shampoo, OneSidedKeepsTheStatisticsOfOneSide) {
+  const std::vector<Shape> shapes = {{5}, {4, 3}, {2, 3, 4}};
+  auto r = base_options();
+  r.beta2 = 1.0;
+  r.block_size = 128;
+  r.best_effort_shape_interpretation = false;
+  for (auto side : {PreconditionerType::input, PreconditionerType::output}) {
+    auto options = to_shampoo(r);
+    options.preconditioner_type = side;
+    Shampoo<Space, double> shampoo(Space(), specs_for(shapes), options);
+    lather::test::ReferenceShampoo model(shapes, r);
+    auto params = initial(shapes);
+    const auto g = gradients(params, 0);
+    auto device = to_device<double>(params);
+    shampoo.step(Space(), device, to_device<double>(g));
+    model.step(params, g);
+    int s = 0;
+    const auto metrics = shampoo.metrics();
+    for (std::size_t p = 0; p < shapes.size(); ++p) {
+      const auto dims = lather::optim::preconditioned_dimensions(int(shapes[p].size()), side);
+      const auto all = model.statistics(p);
+      for (int d : dims) {
+        const auto& want = all[std::size_t(d)];
+        const auto got = shampoo.statistic(Space(), s);
+        ASSERT_EQ(got.size(), want.size()) << to_string(side) << " parameter " << p << " dimension " << d;
+        for (std::size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-12 * (1 + std::fabs(want[k])));
+        EXPECT_EQ(metrics[std::size_t(s)].exponent, 2 * int(dims.size()));
+        ++s;
+      }
+    }
+    EXPECT_EQ(s, shampoo.num_statistics()) << to_string(side);
+    EXPECT_EQ(s, side == PreconditionerType::input ? 1 + 1 + 2 : 1 + 1 + 1);
+  }
 }
 
 // Skipped parameters follow the graft in closed form. First step, SGD graft, beta1 = 0.9,

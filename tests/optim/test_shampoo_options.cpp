@@ -77,4 +77,29 @@ TEST(ShampooOptionText, EveryPrintedValueReadsBackExactly) {
   }
 }
 
+// The reference spells the option "precondtioner_type"; both spellings set the same field, the
+// reference's upper-case names and lower case are accepted, anything else is named.
+TEST(ShampooOptionText, PreconditionerTypeUnderBothSpellings) {
+  using lather::optim::PreconditionerType;
+  ShampooOptions o;
+  EXPECT_EQ(option_value(o, "precondtioner_type"), "ALL");
+  set_option(o, "precondtioner_type", "INPUT");
+  EXPECT_EQ(o.preconditioner_type, PreconditionerType::input);
+  set_option(o, "preconditioner_type", "output");
+  EXPECT_EQ(o.preconditioner_type, PreconditionerType::output);
+  EXPECT_EQ(option_value(o, "preconditioner_type"), "OUTPUT");
+  try {
+    set_option(o, "precondtioner_type", "LEFT");
+    FAIL() << "LEFT was accepted";
+  } catch (const lather::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'LEFT'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ALL, INPUT or OUTPUT"), std::string::npos) << e.what();
+  }
+  // Which dimensions get a statistic: rank <= 1 always its one; INPUT all but the last.
+  EXPECT_EQ(lather::optim::preconditioned_dimensions(1, PreconditionerType::output), std::vector<int>{0});
+  EXPECT_EQ(lather::optim::preconditioned_dimensions(3, PreconditionerType::input), (std::vector<int>{0, 1}));
+  EXPECT_EQ(lather::optim::preconditioned_dimensions(3, PreconditionerType::output), std::vector<int>{2});
+  EXPECT_EQ(lather::optim::preconditioned_dimensions(2, PreconditionerType::all), (std::vector<int>{0, 1}));
+}
+
 }  // namespace

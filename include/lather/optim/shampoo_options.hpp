@@ -13,6 +13,19 @@ namespace lather::optim {
 /// The first-order method whose per-tensor step size Shampoo's direction is rescaled to.
 enum class GraftType { sgd, adagrad, rmsprop, rmsprop_normalized, sqrt_n, adagrad_normalized };
 
+/// Which dimensions of a block are preconditioned: the reference's `precondtioner_type`. Blocks
+/// of rank <= 1 are always preconditioned along their one dimension.
+enum class PreconditionerType {
+  all,     ///< every dimension (two-sided Shampoo for matrices)
+  input,   ///< every dimension but the last (the reference treats the last as the output)
+  output,  ///< the last dimension only (upstream google-research's later OUTPUT)
+};
+std::string to_string(PreconditionerType type);
+/// Accepts the reference's names ("ALL", "INPUT", "OUTPUT") and lower case.
+PreconditionerType parse_preconditioner_type(const std::string& name);
+/// The dimensions of a block of rank `rank` that get a statistic, in order.
+std::vector<int> preconditioned_dimensions(int rank, PreconditionerType type);
+
 /// How the ranks of a data-parallel group share a step (Lather's; the reference replicates it).
 enum class StepMode {
   automatic,    ///< distributed when the group has more than one rank
@@ -43,7 +56,10 @@ struct ShampooOptions {
   bool best_effort_shape_interpretation = true;
   GraftType graft_type = GraftType::sgd;
   bool nesterov = true;
-  int exponent_override = 0;  ///< 0: exponent 2 * rank of the block
+  int exponent_override = 0;  ///< 0: exponent 2 * (preconditioned dimensions of the block)
+  /// The reference's `precondtioner_type` (set_option accepts that spelling and
+  /// "preconditioner_type"): one-sided Shampoo keeps statistics for one side only.
+  PreconditionerType preconditioner_type = PreconditionerType::all;
   /// The reference's state sharding: each rank of the data-parallel group keeps only its share of
   /// the state. In Lather it selects the distributed step (step_mode), which shares the work too.
   bool shard_optimizer_states = false;

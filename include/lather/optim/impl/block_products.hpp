@@ -27,7 +27,8 @@ class BlockProducts {
       : m_step(&step) {
     std::int64_t statistics = 0, matrices = 0;
     for (const auto& group : step.groups)
-      for (auto n : group.size) {
+      for (int d : group.dims) {
+        const std::int64_t n = group.size[std::size_t(d)];
         const std::int64_t all = std::int64_t(group.units.size()) * n * n;
         statistics += all;
         matrices = std::max(matrices, all);
@@ -66,9 +67,10 @@ class BlockProducts {
       const int units = int(group.units.size());
       const std::int64_t elements = product(group.size, 0, int(group.size.size()));
       const T* first = packed + m_step->packed_offset[group.units.front()];
-      for (std::size_t j = 0; j < group.size.size(); ++j) {
-        const std::int64_t n = group.size[j], square = n * n;
-        const std::int64_t before = product(group.size, 0, int(j)), after = product(group.size, int(j) + 1, -1);
+      for (std::size_t j = 0; j < group.dims.size(); ++j) {
+        const int d = group.dims[j];
+        const std::int64_t n = group.size[std::size_t(d)], square = n * n;
+        const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
         const int first_slot = group.first_slot + int(j) * units;
         // Dense slots of the padded size: the products are blended in place by the GEMM itself,
         // S = w2 X X^T + w1 S, with no Gram scratch and no blend pass.
@@ -140,22 +142,25 @@ class BlockProducts {
 
   /// direction = the reference's preconditioned_grad of every unit of every group: each block
   /// contracted with its preconditioners in order (tensordot over the leading axis, which brings
-  /// the axes back to their order after rank steps). `input` holds the blocks, `work` is scratch
+  /// the axes back to their order after rank steps). A dimension without a statistic (one-sided)
+  /// is the reference's transpose with no contraction: here, nothing. `input` holds the blocks, `work` is scratch
   /// of the same size; the result lands in `direction`, all at the units' packed offsets.
   void precondition(const ExecutionSpace& space, const T* input, const Store& preconditioners, T* work,
                     T* direction) {
     SlotList<memory_space> list;
     for (const auto& group : m_step->groups) {
       const int units = int(group.units.size()), rank = int(group.size.size());
+      const int contractions = int(group.dims.size());
       const std::int64_t elements = product(group.size, 0, rank);
       const std::int64_t offset = m_step->packed_offset[group.units.front()];
-      // The last contraction writes `direction`: start in it or in `work` by the parity of rank.
+      // The last contraction writes `direction`: start in it or in `work` by their parity.
       const T* x = input + offset;
       T* targets[2] = {direction + offset, work + offset};
-      int target = (rank % 2 == 1) ? 0 : 1;
-      for (int j = 0; j < rank; ++j) {
-        const std::int64_t n = group.size[j];
-        const std::int64_t before = product(group.size, 0, j), after = product(group.size, j + 1, -1);
+      int target = (contractions % 2 == 1) ? 0 : 1;
+      for (int j = 0; j < contractions; ++j) {
+        const int d = group.dims[std::size_t(j)];
+        const std::int64_t n = group.size[std::size_t(d)];
+        const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
         // The preconditioners of this dimension: consecutive slots, used in place when stored
         // densely at the padded size, else copied out contiguously.
         const int first_slot = group.first_slot + j * units;

@@ -24,6 +24,9 @@ struct ParameterPlan {
   TensorShape local_shape;      ///< the interpreted shape of the local tensor
   std::vector<Block> local_blocks;         ///< blocks of the local tensor (local offsets, packed order)
   std::vector<int> local_block_statistic;  ///< global id of the first statistic of each local block
+  /// The dimensions of its blocks that have a statistic (all of them unless one-sided), in order:
+  /// a block's statistics are those of dims[0], dims[1], ...
+  std::vector<int> dims;
   int exponent = 0;
   int first_statistic = 0;  ///< global id of this parameter's first statistic
   int statistics = 0;       ///< statistics of the global parameter (blocks * rank)
@@ -56,10 +59,11 @@ struct WorkUnit {
 };
 
 /// Preconditioned units of one rank with blocks of the same shape: their products go through
-/// one batched call per dimension. The statistics of dimension j of the group's k-th unit sit in
-/// slot first_slot + j * units.size() + k.
+/// one batched call per dimension. The statistic of dimension dims[j] of the group's k-th unit
+/// sits in slot first_slot + j * units.size() + k.
 struct ShapeGroup {
   std::vector<std::int64_t> size;  ///< the blocks' extents
+  std::vector<int> dims;           ///< the dimensions with a statistic (one-sided: not all)
   std::vector<int> units;          ///< indices into StepPlan::units
   int first_slot = 0;
 };
