@@ -1,0 +1,134 @@
+#pragma once
+// SOAP (Vyas et al. 2024, "SOAP: Improving and Stabilizing Shampoo using Adam", arXiv 2409.11321):
+// Adam run in the eigenbasis of Shampoo's Kronecker factors. The algorithm is the authors' as
+// pytorch-optimizer 4.1.0 ships it (tests/data/soap_reference holds its trajectories); Lather adds
+// Shampoo's blocking, so that a large parameter is preconditioned block by block.
+//
+// Per parameter: the shape is merged (merge_small_dims) and partitioned into blocks of at most
+// block_size per dimension; every block is what the reference calls a parameter. For each block
+// dimension of size n a factor GG (n x n) is kept unless the merged dimension exceeds
+// max_precond_dim or the parameter is rank 1 and precondition_1d is off; a dimension without a
+// factor is left in the original basis.
+//   step 1:  GG_i = (1 - shampoo_beta) Gram_i(g); Q_i = eigh(GG_i), columns by descending
+//            eigenvalue. No parameter update (the reference never projects with the gradient
+//            that built the basis).
+//   step t+1 (t >= 1), with the bases of the previous step:
+//            m = beta1 m + (1 - beta1) g                   (m in the original basis)
+//            v = beta2 v + (1 - beta2) (Q^T g)^2           (v in the rotated basis)
+//            u = Q [(Q^T m) / (sqrt(v) + epsilon)]         (every factor's mode product)
+//            u /= rms(u) + epsilon                          (normalize_grads, per parameter)
+//            p -= lr sqrt(1 - beta2^t) / (1 - beta1^t) u    (bias factor only with correct_bias)
+//            p *= 1 - lr weight_decay                       (decoupled, after the update)
+//            GG_i = shampoo_beta GG_i + (1 - shampoo_beta) Gram_i(g)
+//            every precondition_frequency steps (t % frequency == 0): one power iteration with
+//            QR from the previous basis: order the columns of Q_i by descending diag(Q^T GG Q),
+//            permute v along dimension i the same way, Q_i = qr(GG_i Q_i).Q.
+// Keeping m in the original basis (projected afresh with the current bases) makes the update
+// independent of the signs of eigenvectors and QR columns. The eigendecompositions and QR
+// factorizations run in double on the host (LAPACK dsyevd, dgeqrf + dorgqr) on a mirror of the
+// factors; everything else stays in the optimizer's memory space.
+
+#include <lather/optim/optimizer.hpp>
+#include <lather/optim/partition.hpp>
+#include <lather/optim/schedule.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lather::optim {
+
+struct SoapOptions {
+  LearningRateSchedule learning_rate = LearningRateSchedule::constant(3e-3);
+  double beta1 = 0.95;
+  double beta2 = 0.95;
+  double shampoo_beta = -1.0;  ///< decay of the factors; < 0: use beta2 (the reference's None)
+  double epsilon = 1e-8;
+  double weight_decay = 0.01;  ///< decoupled: p *= 1 - lr weight_decay after the update
+  long precondition_frequency = 10;  ///< steps between QR refreshes of the eigenbases
+  /// A merged dimension larger than this gets no factor (the reference's max_precondition_dim,
+  /// Shampoo's skip_preconditioning_dim_size_gt; checked before blocking).
+  long max_precond_dim = 10000;
+  /// Lather's: dimensions larger than this are split into blocks (remainder last), each block
+  /// preconditioned on its own. <= 0: no blocking (the reference).
+  long block_size = 0;
+  /// merge_small_dims limit (the reference's merge_dims, which uses max_precond_dim as the limit);
+  /// <= 0: the shape is used as it is.
+  long merge_small_dims_block_size = 0;
+  bool precondition_1d = false;  ///< rank-1 parameters get a factor too
+  bool normalize_grads = false;  ///< divide the update by its RMS over the parameter (+ epsilon)
+  bool correct_bias = true;
+  void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
+};
+
+/// SOAP; every rank computes everything (replicated).
+template <class ExecutionSpace, class Scalar>
+class Soap final : public Optimizer<ExecutionSpace, Scalar> {
+ public:
+  using typename Optimizer<ExecutionSpace, Scalar>::Tensors;
+  using typename Optimizer<ExecutionSpace, Scalar>::Parameters;
+  using typename Optimizer<ExecutionSpace, Scalar>::memory_space;
+  using Buffer = Kokkos::View<Scalar*, memory_space>;
+
+  /// The state is allocated (zero) on `space`.
+  Soap(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, SoapOptions options);
+  Soap(const ExecutionSpace& space, const Parameters& parameters, SoapOptions options)
+      : Soap(space, parameters.specs(), std::move(options)) {}
+  ~Soap() override;
+
+  std::string name() const override { return "soap"; }
+  long step_count() const override { return m_step; }
+  StateMemoryReport memory_report() const override;
+  /// Per parameter: exp_avg and exp_avg_sq in the packed block layout (block after block, each
+  /// row-major over the block), and the factors and bases (n x n row-major, block by block,
+  /// dimension by dimension); plus the step.
+  std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;
+  void state_restored(const ExecutionSpace&, long step_count) override { m_step = step_count; }
+  std::vector<std::pair<std::string, std::string>> describe() const override;
+
+  /// How parameter p is blocked (its merged shape and blocks), for tests and logs.
+  const BlockPartition& partition(std::size_t parameter) const { return m_partitions.at(parameter); }
+  /// Sizes of the factors of parameter p, block by block (0: that dimension has none).
+  std::vector<std::vector<int>> factor_sizes(std::size_t parameter) const;
+
+ protected:
+  void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;
+
+ public:  // for the device lambdas (CUDA needs them public); not part of the interface
+  /// One block: where it lies in its parameter and in the packed buffers, and its factors.
+  struct BlockInfo {
+    int parameter = 0;
+    Block block;                          ///< offset and size in the merged shape
+    std::int64_t packed = 0;              ///< start in exp_avg / exp_avg_sq / the packed gradient
+    std::vector<std::int64_t> factor;     ///< per dimension: start in m_factors / m_bases, or -1
+  };
+  void pack_gradient(const ExecutionSpace& space, const BlockInfo& b, const FlatTensor<Scalar, memory_space>& g);
+  void apply_update(const ExecutionSpace& space, std::size_t p, const FlatTensor<Scalar, memory_space>& x,
+                    Scalar step_size, Scalar decay);
+  /// Y = X x_d Q^T (forward) or X x_d Q (backward) for every factor of the block, X in `from`,
+  /// result in `from` too (ping-pong through `scratch`).
+  void rotate(const ExecutionSpace& space, const BlockInfo& b, Scalar* from, Scalar* scratch, bool forward);
+  void accumulate_factors(const ExecutionSpace& space, const BlockInfo& b, const Scalar* g, Scalar beta);
+  void refresh_bases(const ExecutionSpace& space, bool first);
+
+ private:
+  SoapOptions m_options;
+  std::vector<BlockPartition> m_partitions;      // per parameter, of the merged shape
+  std::vector<TensorShape> m_merged;             // per parameter
+  std::vector<BlockInfo> m_blocks;               // all parameters, in order
+  std::vector<std::pair<std::size_t, std::size_t>> m_parameter_blocks;  // [first, end) per parameter
+  std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_packed;   // [begin, end) per parameter
+  std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_factors;  // [begin, end) per parameter
+  std::vector<std::pair<std::int64_t, int>> m_factor_list;  // (start, n) of every factor
+  Buffer m_exp_avg, m_exp_avg_sq, m_factors, m_bases;
+  Buffer m_gradient, m_update, m_scratch_a;  // workspace
+  long m_step = 0;
+  std::int64_t m_step_host = 0;
+};
+
+// Compiled into liblather (src/optim/soap.cpp); other spaces: <lather/optim/impl/soap_impl.hpp>.
+extern template class Soap<DefaultExecutionSpace, float>;
+extern template class Soap<DefaultExecutionSpace, double>;
+
+}  // namespace lather::optim
