@@ -1,0 +1,503 @@
+#pragma once
+// The implementation of Muon, for explicit instantiation: src/optim/muon.cpp instantiates it for
+// lather::DefaultExecutionSpace (and the host space on device builds); a program that needs
+// another execution space includes this header. The Newton-Schulz orthogonalization is here too
+// (Impl::newton_schulz), for tests and for other optimizers built on it.
+
+#include <lather/core/error.hpp>
+#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/impl/gemm.hpp>
+#include <lather/core/impl/hash.hpp>
+#include <lather/core/kokkos_compat.hpp>
+#include <lather/optim/muon.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+
+namespace lather::optim::Impl {
+
+template <class Scalar, class MemorySpace>
+using MuonMatrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+/// Scratch of the Newton-Schulz iteration for matrices up to r x c (r <= c): the iterate and
+/// the next one (r c each), the Gram matrix A = X X^T and the polynomial b A + c A A (r r each).
+template <class ExecutionSpace, class Scalar>
+struct NewtonSchulzWorkspace {
+  using memory_space = typename ExecutionSpace::memory_space;
+  Kokkos::View<Scalar*, memory_space> x, y, a, b;
+  Kokkos::View<double, memory_space> sum_of_squares;  // stays on the device: no host round trip
+
+  void reserve(const ExecutionSpace& space, std::int64_t wide_elements, std::int64_t gram_elements) {
+    const auto grow = [&](auto& view, std::int64_t n, const char* what) {
+      if (std::int64_t(view.extent(0)) >= n) return;
+      view = Kokkos::View<Scalar*, memory_space>(
+          Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Muon::newton_schulz::") + what),
+          std::size_t(n));
+    };
+    grow(x, wide_elements, "iterate");
+    grow(y, wide_elements, "next_iterate");
+    grow(a, gram_elements, "gram");
+    grow(b, gram_elements, "polynomial");
+    if (!sum_of_squares.data())
+      sum_of_squares = Kokkos::View<double, memory_space>(Kokkos::view_alloc(space, "Lather::Muon::sum_of_squares"));
+  }
+  std::int64_t bytes() const { return std::int64_t((x.size() + y.size() + a.size() + b.size()) * sizeof(Scalar)); }
+};
+
+/// Orthogonalizes the r x c matrix (r <= c) that the caller wrote to ws.x, as optax's
+/// orthogonalize_via_newton_schulz after its transposition: X /= ||X||_F + eps, then `steps`
+/// times X <- a X + (b A + c A A) X with A = X X^T, three GEMMs per step. Returns the View (in
+/// ws.x or ws.y) that holds the result.
+template <class ExecutionSpace, class Scalar>
+MuonMatrix<Scalar, typename ExecutionSpace::memory_space> orthogonalize_wide(
+    const ExecutionSpace& space, NewtonSchulzWorkspace<ExecutionSpace, Scalar>& ws, std::int64_t r, std::int64_t c,
+    const std::array<double, 3>& coefficients, int steps, double epsilon) {
+  using memory_space = typename ExecutionSpace::memory_space;
+  using Matrix = MuonMatrix<Scalar, memory_space>;
+  LATHER_REQUIRE(r <= c && std::int64_t(ws.x.extent(0)) >= r * c && std::int64_t(ws.a.extent(0)) >= r * r,
+                 "Muon::newton_schulz: workspace too small for ", r, " x ", c);
+  const std::int64_t n = r * c;
+  Scalar* x = ws.x.data();
+  Scalar* y = ws.y.data();
+  {
+    // Frobenius normalisation, the sum accumulated in double (the reference sums in float32: its
+    // relative error, ~1e-7 here, is far below what the comparison allows).
+    const auto sum = ws.sum_of_squares;
+    const Scalar* xc = x;
+    Kokkos::parallel_reduce(
+        "Lather::Muon::frobenius_norm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
+        KOKKOS_LAMBDA(std::int64_t k, double& s) { s += double(xc[k]) * double(xc[k]); }, sum);
+    const Scalar eps = Scalar(epsilon);
+    Kokkos::parallel_for(
+        "Lather::Muon::normalize", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n), KOKKOS_LAMBDA(std::int64_t k) {
+          // As the reference: the norm rounded to Scalar, plus eps, then one division.
+          x[k] = x[k] / (Scalar(::lather::Impl::kmath::sqrt(sum())) + eps);
+        });
+  }
+  const Scalar ca = Scalar(coefficients[0]), cb = Scalar(coefficients[1]), cc = Scalar(coefficients[2]);
+  const Matrix a(ws.a.data(), r, r), b(ws.b.data(), r, r);
+  const auto flat = [](Scalar* p, std::int64_t count) {
+    return Kokkos::View<Scalar*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(p, std::size_t(count));
+  };
+  for (int step = 0; step < steps; ++step) {
+    const Matrix xm(x, r, c), ym(y, r, c);
+    ::lather::Impl::gemm(space, "N", "T", Scalar(1), xm, xm, Scalar(0), a);  // A = X X^T
+    Kokkos::deep_copy(space, flat(b.data(), r * r), flat(a.data(), r * r));
+    ::lather::Impl::gemm(space, "N", "N", cc, a, a, cb, b);                   // B = c A A + b A
+    Kokkos::deep_copy(space, flat(y, n), flat(x, n));
+    ::lather::Impl::gemm(space, "N", "N", Scalar(1), b, xm, ca, ym);          // Y = B X + a X
+    std::swap(x, y);
+  }
+  return Matrix(x, r, c);
+}
+
+/// out := the Newton-Schulz orthogonalization of `in` (m x n, row-major, both in the execution
+/// space's memory; they may be the same View), transposed to m <= n for the iteration and back,
+/// as optax.contrib's orthogonalize_via_newton_schulz (Frobenius preconditioning).
+template <class ExecutionSpace, class Scalar>
+void newton_schulz(const ExecutionSpace& space, const MuonMatrix<const Scalar, typename ExecutionSpace::memory_space>& in,
+                   const MuonMatrix<Scalar, typename ExecutionSpace::memory_space>& out,
+                   const std::array<double, 3>& coefficients, int steps, double epsilon,
+                   NewtonSchulzWorkspace<ExecutionSpace, Scalar>& ws) {
+  const std::int64_t m = std::int64_t(in.extent(0)), n = std::int64_t(in.extent(1));
+  LATHER_REQUIRE(std::int64_t(out.extent(0)) == m && std::int64_t(out.extent(1)) == n,
+                 "Muon::newton_schulz: output is ", out.extent(0), " x ", out.extent(1), ", input ", m, " x ", n);
+  const bool transposed = m > n;
+  const std::int64_t r = std::min(m, n), c = std::max(m, n);
+  ws.reserve(space, r * c, r * r);
+  Scalar* x = ws.x.data();
+  Kokkos::parallel_for(
+      "Lather::Muon::newton_schulz_in", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m * n),
+      KOKKOS_LAMBDA(std::int64_t k) {
+        const std::int64_t i = k / n, j = k % n;
+        x[transposed ? j * m + i : k] = in(i, j);
+      });
+  const auto result = orthogonalize_wide(space, ws, r, c, coefficients, steps, epsilon);
+  Kokkos::parallel_for(
+      "Lather::Muon::newton_schulz_out", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m * n),
+      KOKKOS_LAMBDA(std::int64_t k) {
+        const std::int64_t i = k / n, j = k % n;
+        out(i, j) = transposed ? result(j, i) : result(i, j);
+      });
+}
+
+/// optax.adamw (optax.scale_by_adam, Nesterov optional, then decoupled weight decay and -lr) on
+/// one parameter, element by element; the moments are updated in place.
+template <class ExecutionSpace, class Scalar>
+struct AdamWStep {
+  Scalar b1, b2, one_b1, one_b2, eps, eps_root, wd, lr;
+  Scalar c1, c1_next, c2;  // 1 - b1^t, 1 - b1^(t+1), 1 - b2^t for update t (1-based)
+  bool nesterov;
+  void operator()(const ExecutionSpace& space, Scalar* x, const Scalar* g, Scalar* mu, Scalar* nu,
+                  std::int64_t n) const {
+    const AdamWStep s = *this;
+    Kokkos::parallel_for(
+        "Lather::Muon::adamw", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n), KOKKOS_LAMBDA(std::int64_t k) {
+          const Scalar gk = g[k], xk = x[k];
+          const Scalar m = s.one_b1 * gk + s.b1 * mu[k];
+          const Scalar v = s.one_b2 * (gk * gk) + s.b2 * nu[k];
+          mu[k] = m;
+          nu[k] = v;
+          const Scalar m_hat = s.nesterov ? s.b1 * (m / s.c1_next) + s.one_b1 * (gk / s.c1) : m / s.c1;
+          const Scalar u = m_hat / (::lather::Impl::kmath::sqrt(v / s.c2 + s.eps_root) + s.eps) + s.wd * xk;
+          x[k] = xk - s.lr * u;
+        });
+  }
+};
+
+/// The Muon momentum of one m x n matrix and its bias-corrected (Nesterov) estimate, written
+/// straight into the iterate `wide` in the orientation the iteration needs (transposed when m > n).
+template <class ExecutionSpace, class Scalar>
+void muon_momentum(const ExecutionSpace& space, const Scalar* g, Scalar* mu, Scalar* wide, std::int64_t rows,
+                   std::int64_t cols, Scalar beta, Scalar one_beta, Scalar c, Scalar c_next, bool nesterov) {
+  const bool transposed = rows > cols;
+  Kokkos::parallel_for(
+      "Lather::Muon::momentum", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows * cols),
+      KOKKOS_LAMBDA(std::int64_t k) {
+        const Scalar gk = g[k];
+        const Scalar m = one_beta * gk + beta * mu[k];
+        mu[k] = m;
+        const Scalar hat = nesterov ? beta * (m / c_next) + one_beta * (gk / c) : m / c;
+        wide[transposed ? (k % cols) * rows + k / cols : k] = hat;
+      });
+}
+
+/// x := x - lr (scale O + wd x) for the orthogonalized O (wide orientation, `result`); the new
+/// values also to `copy` when not null (this rank's part of the all-gather).
+template <class ExecutionSpace, class Scalar>
+void muon_update(const ExecutionSpace& space, Scalar* x, Scalar* copy,
+                 const MuonMatrix<Scalar, typename ExecutionSpace::memory_space>& result, std::int64_t rows,
+                 std::int64_t cols, Scalar lr, Scalar scale, Scalar wd) {
+  const bool transposed = rows > cols;
+  Kokkos::parallel_for(
+      "Lather::Muon::update", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows * cols),
+      KOKKOS_LAMBDA(std::int64_t k) {
+        const std::int64_t i = k / cols, j = k % cols;
+        const Scalar ok = transposed ? result(j, i) : result(i, j);
+        const Scalar xk = x[k];
+        // optax: updates = scale O + wd p; p + (-lr) updates, which rounds as p - lr updates.
+        const Scalar updated = xk - lr * (scale * ok + wd * xk);
+        x[k] = updated;
+        if (copy) copy[k] = updated;
+      });
+}
+
+/// flags(r) := buffer(positions(r)): every rank's failure flag after an all-gather, in one place.
+template <class ExecutionSpace, class Scalar>
+void collect_flags(const ExecutionSpace& space, const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& buffer,
+                   const Kokkos::View<int*, typename ExecutionSpace::memory_space>& positions,
+                   const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& flags) {
+  Kokkos::parallel_for(
+      "Lather::Muon::flags", Kokkos::RangePolicy<ExecutionSpace>(space, 0, int(flags.extent(0))),
+      KOKKOS_LAMBDA(int r) { flags(r) = buffer(positions(r)); });
+}
+
+/// What one rank keeps besides the options: momentum of its own matrices, AdamW moments of every
+/// AdamW parameter, the Newton-Schulz scratch and (distributed) the all-gather buffer.
+template <class ExecutionSpace, class Scalar>
+struct MuonState {
+  using memory_space = typename ExecutionSpace::memory_space;
+  using Flat = Kokkos::View<Scalar*, memory_space>;
+  std::vector<Flat> momentum;          // [parameter]: own matrices only
+  std::vector<Flat> adam_mu, adam_nu;  // [parameter]: AdamW parameters only
+  NewtonSchulzWorkspace<ExecutionSpace, Scalar> ws;
+  // Distributed: rank r's segment of `gathered` holds its matrices' new values in parameter
+  // order, then one failure flag (0 or 1); `offset[p]` is where matrix p lies.
+  Flat gathered, state_gathered;
+  std::vector<std::size_t> counts, segment_offset;
+  std::vector<std::int64_t> offset;
+  Kokkos::View<int*, memory_space> flag_positions;
+  Kokkos::View<Scalar*, memory_space> flags;
+  typename Kokkos::View<Scalar*, memory_space>::HostMirror flags_host;
+};
+
+}  // namespace lather::optim::Impl
+
+namespace lather::optim {
+
+template <class ExecutionSpace, class Scalar>
+Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
+                                   MuonOptions options, const comm::Group& group)
+    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters)), m_options(std::move(options)), m_group(group),
+      m_state(std::make_unique<Impl::MuonState<ExecutionSpace, Scalar>>()) {
+  const int ranks = m_group.size(), rank = m_group.rank();
+  auto& st = *m_state;
+  const std::size_t count = this->m_parameters.size();
+  // Options, plan and allocations may fail on one rank only (a rank given other options or
+  // parameters, memory): the ranks agree on it, with the check that they hold the same
+  // parameters and options, before any of them can reach a step's collective.
+  const std::string local_error = ::lather::Impl::local_failure("muon.construct", [&] {
+    m_options.validate();
+    m_plan = plan_muon(this->m_parameters, m_options, ranks);
+    st.momentum.resize(count);
+    st.adam_mu.resize(count);
+    st.adam_nu.resize(count);
+    st.offset.assign(count, -1);
+    st.counts.assign(std::size_t(ranks), 1);  // every segment ends with its flag
+    std::int64_t wide = 0, gram = 0;
+    for (std::size_t p = 0; p < count; ++p) {
+      const auto& plan = m_plan[p];
+      const auto& name = this->m_parameters[p].name;
+      const std::size_t n = std::size_t(element_count(this->m_parameters[p].shape));
+      if (!plan.matrix) {
+        st.adam_mu[p] = typename Impl::MuonState<ExecutionSpace, Scalar>::Flat(
+            Kokkos::view_alloc(space, "Lather::Muon::adam_mu::" + name), n);
+        st.adam_nu[p] = typename Impl::MuonState<ExecutionSpace, Scalar>::Flat(
+            Kokkos::view_alloc(space, "Lather::Muon::adam_nu::" + name), n);
+        continue;
+      }
+      st.counts[std::size_t(plan.owner)] += n;
+      if (plan.owner != rank) continue;
+      st.momentum[p] = typename Impl::MuonState<ExecutionSpace, Scalar>::Flat(
+          Kokkos::view_alloc(space, "Lather::Muon::momentum::" + name), n);
+      const std::int64_t r = std::min(plan.rows, plan.columns);
+      wide = std::max(wide, plan.rows * plan.columns);
+      gram = std::max(gram, r * r);
+    }
+    st.ws.reserve(space, wide, gram);
+    if (ranks == 1) return;
+    st.segment_offset.assign(std::size_t(ranks) + 1, 0);
+    for (int r = 0; r < ranks; ++r) st.segment_offset[r + 1] = st.segment_offset[r] + st.counts[r];
+    std::vector<std::size_t> next(st.segment_offset.begin(), st.segment_offset.end() - 1);
+    for (std::size_t p = 0; p < count; ++p)
+      if (m_plan[p].matrix) {
+        st.offset[p] = std::int64_t(next[m_plan[p].owner]);
+        next[m_plan[p].owner] += std::size_t(m_plan[p].rows * m_plan[p].columns);
+      }
+    st.gathered = typename Impl::MuonState<ExecutionSpace, Scalar>::Flat(
+        Kokkos::view_alloc(space, "Lather::Muon::gathered"), st.segment_offset.back());
+    auto positions = Kokkos::View<int*, Kokkos::HostSpace>("Lather::Muon::flag_positions", std::size_t(ranks));
+    for (int r = 0; r < ranks; ++r) positions(r) = int(st.segment_offset[r + 1] - 1);
+    st.flag_positions = Kokkos::View<int*, memory_space>(
+        Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Muon::flag_positions"), std::size_t(ranks));
+    Kokkos::deep_copy(space, st.flag_positions, positions);
+    st.flags = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(space, "Lather::Muon::flags"), std::size_t(ranks));
+    st.flags_host = Kokkos::create_mirror_view(st.flags);
+    ::lather::Impl::fence(space, "Lather::Muon: flag positions copied");
+  });
+  if (ranks == 1) {
+    if (!local_error.empty()) throw Error(local_error, nullptr, 0);
+    return;
+  }
+  // One all-gather: every rank's hash of the parameters and options, and whether it failed.
+  ::lather::Impl::Fnv1a hash;
+  for (const auto& spec : this->m_parameters) {
+    hash.add(spec.name).add(std::uint64_t(spec.shape.size()));
+    for (auto d : spec.shape) hash.add(std::uint64_t(d));
+  }
+  for (const auto& [key, value] : describe()) hash.add(key).add(value);
+  const std::uint64_t mine[2] = {hash.value(), local_error.empty() ? 0u : 1u};
+  std::vector<std::uint64_t> all(2 * std::size_t(ranks));
+  m_group.allgather(mine, 2, all.data());
+  bool failed = false;
+  int differing = -1;
+  for (int r = 0; r < ranks; ++r) {
+    failed = failed || all[2 * r + 1] != 0;
+    if (differing < 0 && all[2 * r] != all[0]) differing = r;
+  }
+  if (failed) m_group.agree_on_failure("Muon", local_error);
+  LATHER_REQUIRE(differing < 0, "Muon: group rank ", differing, " of ", ranks,
+                 " was given other parameters (names, shapes) or options than rank 0");
+}
+
+template <class ExecutionSpace, class Scalar>
+Muon<ExecutionSpace, Scalar>::~Muon() = default;
+
+template <class ExecutionSpace, class Scalar>
+void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& grads) {
+  ::lather::Impl::ScopedRegion region("Lather::Muon::step");
+  auto& st = *m_state;
+  const auto& o = m_options;
+  const long t = m_step;  // updates done so far; this is update t + 1
+  const Scalar lr = Scalar(o.learning_rate(t));
+  // optax's bias corrections 1 - beta^count, computed as it does: in Scalar from Scalar(beta)
+  // (for beta2 = 0.999 the float32 and the double value differ by 1e-5 relative).
+  const auto correction = [](double beta, long count) { return Scalar(1) - std::pow(Scalar(beta), Scalar(count)); };
+
+  // AdamW parameters: updated on every rank alike.
+  Impl::AdamWStep<ExecutionSpace, Scalar> adamw{Scalar(o.adam_beta1),      Scalar(o.adam_beta2),
+                                                Scalar(1 - o.adam_beta1),  Scalar(1 - o.adam_beta2),
+                                                Scalar(o.adam_epsilon),    Scalar(o.adam_epsilon_root),
+                                                Scalar(o.adam_weight_decay), lr,
+                                                correction(o.adam_beta1, t + 1), correction(o.adam_beta1, t + 2),
+                                                correction(o.adam_beta2, t + 1), o.nesterov};
+  for (std::size_t p = 0; p < values.size(); ++p)
+    if (!m_plan[p].matrix)
+      adamw(space, values[p].data(), grads[p].data(), st.adam_mu[p].data(), st.adam_nu[p].data(),
+            std::int64_t(values[p].extent(0)));
+
+  // Muon matrices: this rank's own (all of them on one rank).
+  const int rank = m_group.rank();
+  const auto own_share = [&] {
+    ::lather::Impl::fault_point("muon.distributed_step");
+    for (std::size_t p = 0; p < values.size(); ++p) {
+      const auto& plan = m_plan[p];
+      if (!plan.matrix || plan.owner != rank) continue;
+      const std::int64_t rows = plan.rows, cols = plan.columns;
+      Impl::muon_momentum(space, grads[p].data(), st.momentum[p].data(), st.ws.x.data(), rows, cols, Scalar(o.beta),
+                          Scalar(1 - o.beta), correction(o.beta, t + 1), correction(o.beta, t + 2), o.nesterov);
+      const auto result = Impl::orthogonalize_wide(space, st.ws, std::min(rows, cols), std::max(rows, cols),
+                                                   o.ns_coefficients, o.ns_steps, o.epsilon);
+      // optax.contrib.scale_by_shape's width scaling sqrt(max(1, fan_out / fan_in)), fan_in the
+      // rows (reduction axis 0), fan_out the product of the other dimensions.
+      const Scalar scale = Scalar(std::sqrt(std::max(1.0, double(cols) / double(rows))));
+      Scalar* copy = st.gathered.data() ? st.gathered.data() + st.offset[p] : nullptr;
+      Impl::muon_update(space, values[p].data(), copy, result, rows, cols, lr, scale, Scalar(o.weight_decay));
+    }
+  };
+  if (!distributed()) {
+    own_share();
+    ++m_step;
+    return;
+  }
+  const std::string local_error = ::lather::Impl::local_failure(nullptr, own_share);
+  gather(space, st.gathered, local_error, "Muon::step " + std::to_string(t));
+  // Every other rank's new matrices into the parameters.
+  for (std::size_t p = 0; p < values.size(); ++p) {
+    if (!m_plan[p].matrix || m_plan[p].owner == rank) continue;
+    const auto first = std::size_t(st.offset[p]);
+    Kokkos::deep_copy(space, values[p], Kokkos::subview(st.gathered, std::make_pair(first, first + values[p].extent(0))));
+  }
+  ++m_step;
+}
+
+template <class ExecutionSpace, class Scalar>
+void Muon<ExecutionSpace, Scalar>::gather(const ExecutionSpace& space,
+                                          const Kokkos::View<Scalar*, memory_space>& buffer,
+                                          const std::string& local_error, const std::string& context) {
+  // The flag closes this rank's segment of `buffer`; after the all-gather every rank reads every
+  // flag, so all agree on a failure without a second collective (the message costs one more,
+  // only when something failed).
+  auto& st = *m_state;
+  const int rank = m_group.rank();
+  const std::size_t first = st.segment_offset[rank], last = st.segment_offset[rank + 1];
+  Kokkos::deep_copy(space, Kokkos::subview(buffer, last - 1), Scalar(local_error.empty() ? 0 : 1));
+  m_group.allgatherv(space, Kokkos::View<const Scalar*, memory_space>(Kokkos::subview(buffer, std::make_pair(first, last))),
+                     buffer, st.counts);
+  Impl::collect_flags(space, buffer, st.flag_positions, st.flags);
+  Kokkos::deep_copy(space, st.flags_host, st.flags);
+  ::lather::Impl::fence(space, "Lather::Muon: failure flags on the host");
+  bool failed = false;
+  for (std::size_t r = 0; r < st.flags_host.extent(0); ++r) failed = failed || st.flags_host(r) != Scalar(0);
+  if (failed) m_group.agree_on_failure(context, local_error);
+}
+
+template <class ExecutionSpace, class Scalar>
+StateMemoryReport Muon<ExecutionSpace, Scalar>::memory_report() const {
+  const auto& st = *m_state;
+  StateMemoryReport r;
+  for (std::size_t p = 0; p < m_plan.size(); ++p)
+    r.local_bytes += std::int64_t((st.momentum[p].size() + st.adam_mu[p].size() + st.adam_nu[p].size()) * sizeof(Scalar));
+  r.workspace_bytes = st.ws.bytes() + std::int64_t((st.gathered.size() + st.state_gathered.size()) * sizeof(Scalar));
+  return r;
+}
+
+template <class ExecutionSpace, class Scalar>
+auto Muon<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> std::vector<StateArray<memory_space>> {
+  auto& st = *m_state;
+  const int rank = m_group.rank();
+  if (distributed()) {
+    // Every matrix's momentum to every rank: each rank packs its own into its segment of a buffer
+    // laid out as the step's all-gather, then one all-gather (with the failure flag).
+    const std::string local_error = ::lather::Impl::local_failure("muon.state_gather", [&] {
+      if (!st.state_gathered.data())
+        st.state_gathered = Kokkos::View<Scalar*, memory_space>(
+            Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Muon::state_gathered"), st.gathered.size());
+      for (std::size_t p = 0; p < m_plan.size(); ++p)
+        if (m_plan[p].matrix && m_plan[p].owner == rank)
+          Kokkos::deep_copy(space, state_view(p), st.momentum[p]);
+    });
+    if (!st.state_gathered.data()) {  // this rank failed to allocate: take part with the step buffer
+      gather(space, st.gathered, local_error, "Muon::state_arrays");
+    } else {
+      gather(space, st.state_gathered, local_error, "Muon::state_arrays");
+    }
+  }
+  std::vector<StateArray<memory_space>> arrays;
+  m_step_host = m_step;
+  StateArray<memory_space> step;
+  step.name = "step";
+  step.dtype = DType::int64;
+  step.writer = rank == 0;
+  step.host_bytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      reinterpret_cast<char*>(&m_step_host), sizeof m_step_host);
+  arrays.push_back(step);
+  for (std::size_t p = 0; p < m_plan.size(); ++p) {
+    const auto& spec = this->m_parameters[p];
+    const auto add = [&](const std::string& slot, const Kokkos::View<Scalar*, memory_space>& view) {
+      StateArray<memory_space> a;
+      a.name = "local/" + spec.name + "/" + slot;
+      a.dtype = dtype_of<Scalar>();
+      a.shape = spec.shape;
+      a.parameter = int(p);
+      a.writer = rank == 0;  // the same on every rank of the group
+      a.device_bytes = as_bytes<memory_space>(view, view.size());
+      arrays.push_back(a);
+    };
+    if (!m_plan[p].matrix) {
+      add("adam_mu", st.adam_mu[p]);
+      add("adam_nu", st.adam_nu[p]);
+    } else {
+      add("momentum", distributed() ? state_view(p) : st.momentum[p]);
+    }
+  }
+  return arrays;
+}
+
+template <class ExecutionSpace, class Scalar>
+auto Muon<ExecutionSpace, Scalar>::state_view(std::size_t p) const -> Kokkos::View<Scalar*, memory_space> {
+  const auto& st = *m_state;
+  const auto first = std::size_t(st.offset[p]);
+  return Kokkos::subview(st.state_gathered,
+                         std::make_pair(first, first + std::size_t(m_plan[p].rows * m_plan[p].columns)));
+}
+
+template <class ExecutionSpace, class Scalar>
+void Muon<ExecutionSpace, Scalar>::state_restored(const ExecutionSpace& space, long step_count) {
+  m_step = step_count;
+  auto& st = *m_state;
+  if (distributed() && st.state_gathered.data()) {
+    // The filled arrays back into this rank's own momentum.
+    for (std::size_t p = 0; p < m_plan.size(); ++p)
+      if (m_plan[p].matrix && m_plan[p].owner == m_group.rank()) Kokkos::deep_copy(space, st.momentum[p], state_view(p));
+    ::lather::Impl::fence(space, "Lather::Muon: state restored");
+  }
+  state_released();
+}
+
+template <class ExecutionSpace, class Scalar>
+void Muon<ExecutionSpace, Scalar>::state_released() {
+  m_state->state_gathered = Kokkos::View<Scalar*, memory_space>();
+}
+
+template <class ExecutionSpace, class Scalar>
+std::vector<std::pair<std::string, std::string>> Muon<ExecutionSpace, Scalar>::describe() const {
+  const auto& o = m_options;
+  const auto text = [](double x) {
+    std::ostringstream out;
+    out.precision(17);
+    out << x;
+    return out.str();
+  };
+  std::string coefficients, adamw;
+  for (double c : o.ns_coefficients) coefficients += (coefficients.empty() ? "" : ",") + text(c);
+  for (const auto& name : o.adamw_parameters) adamw += (adamw.empty() ? "" : ",") + name;
+  return {{"optimizer", "muon"},
+          {"learning_rate", o.learning_rate.describe()},
+          {"beta", text(o.beta)},
+          {"nesterov", o.nesterov ? "true" : "false"},
+          {"ns_steps", std::to_string(o.ns_steps)},
+          {"ns_coefficients", coefficients},
+          {"epsilon", text(o.epsilon)},
+          {"weight_decay", text(o.weight_decay)},
+          {"adam_beta1", text(o.adam_beta1)},
+          {"adam_beta2", text(o.adam_beta2)},
+          {"adam_epsilon", text(o.adam_epsilon)},
+          {"adam_epsilon_root", text(o.adam_epsilon_root)},
+          {"adam_weight_decay", text(o.adam_weight_decay)},
+          {"adamw_parameters", adamw}};
+}
+
+}  // namespace lather::optim

@@ -1,0 +1,87 @@
+#include <lather/optim/impl/muon_impl.hpp>
+
+#include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+namespace lather::optim {
+
+namespace {
+void require_unit_interval(double value, const char* name) {
+  LATHER_REQUIRE(std::isfinite(value) && value >= 0 && value < 1, name, " must be in [0, 1), got ", value);
+}
+void require_non_negative(double value, const char* name) {
+  LATHER_REQUIRE(std::isfinite(value) && value >= 0, name, " must be >= 0, got ", value);
+}
+}  // namespace
+
+void MuonOptions::validate() const {
+  learning_rate.validate();
+  require_unit_interval(beta, "MuonOptions::beta");
+  LATHER_REQUIRE(ns_steps >= 0 && ns_steps <= 100, "MuonOptions::ns_steps must be in [0, 100], got ", ns_steps);
+  for (std::size_t i = 0; i < ns_coefficients.size(); ++i)
+    LATHER_REQUIRE(std::isfinite(ns_coefficients[i]), "MuonOptions::ns_coefficients[", i, "] must be finite, got ",
+                   ns_coefficients[i]);
+  // eps keeps X / (||X|| + eps) finite for a zero momentum; 0 would divide 0 by 0.
+  LATHER_REQUIRE(std::isfinite(epsilon) && epsilon > 0, "MuonOptions::epsilon must be > 0, got ", epsilon);
+  require_non_negative(weight_decay, "MuonOptions::weight_decay");
+  require_unit_interval(adam_beta1, "MuonOptions::adam_beta1");
+  require_unit_interval(adam_beta2, "MuonOptions::adam_beta2");
+  require_non_negative(adam_epsilon, "MuonOptions::adam_epsilon");
+  require_non_negative(adam_epsilon_root, "MuonOptions::adam_epsilon_root");
+  require_non_negative(adam_weight_decay, "MuonOptions::adam_weight_decay");
+  std::set<std::string> seen;
+  for (const auto& name : adamw_parameters)
+    LATHER_REQUIRE(seen.insert(name).second, "MuonOptions::adamw_parameters names '", name, "' twice");
+}
+
+double MuonParameterPlan::cost() const {
+  return matrix ? double(rows) * double(columns) * double(std::min(rows, columns)) : 0.0;
+}
+
+std::vector<MuonParameterPlan> plan_muon(const std::vector<ParameterSpec>& parameters, const MuonOptions& options,
+                                         int ranks) {
+  LATHER_REQUIRE(ranks >= 1, "plan_muon: ranks must be >= 1, got ", ranks);
+  std::set<std::string> forced(options.adamw_parameters.begin(), options.adamw_parameters.end());
+  std::vector<MuonParameterPlan> plan(parameters.size());
+  for (std::size_t p = 0; p < parameters.size(); ++p) {
+    const auto& shape = parameters[p].shape;
+    auto& entry = plan[p];
+    // A split parameter (tensor parallelism) would need its shards' matrices joined first.
+    LATHER_REQUIRE(!parameters[p].split(), "Muon: parameter '", parameters[p].name,
+                   "' is split across weight shards, which Muon does not support");
+    const bool adamw = forced.erase(parameters[p].name) > 0;
+    if (shape.size() < 2 || adamw) continue;
+    entry.matrix = true;
+    entry.rows = shape[0];
+    entry.columns = element_count(shape) / std::max<std::int64_t>(shape[0], 1);
+    if (shape[0] == 0) entry.columns = 0;
+  }
+  LATHER_REQUIRE(forced.empty(), "MuonOptions::adamw_parameters names '", forced.empty() ? "" : *forced.begin(),
+                 "', which is not a parameter");
+  // Greedy longest processing time: the costliest matrix first, to the least loaded rank.
+  std::vector<std::size_t> order(parameters.size());
+  std::iota(order.begin(), order.end(), std::size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return plan[a].cost() > plan[b].cost(); });
+  std::vector<double> load(std::size_t(ranks), 0.0);
+  for (std::size_t p : order) {
+    if (!plan[p].matrix) continue;
+    const auto least = std::min_element(load.begin(), load.end());
+    plan[p].owner = int(least - load.begin());
+    *least += plan[p].cost();
+  }
+  return plan;
+}
+
+template class Muon<DefaultExecutionSpace, float>;
+template class Muon<DefaultExecutionSpace, double>;
+#if LATHER_HOST_SPACE_DIFFERS
+template class Muon<DefaultHostExecutionSpace, float>;
+template class Muon<DefaultHostExecutionSpace, double>;
+#endif
+
+}  // namespace lather::optim
