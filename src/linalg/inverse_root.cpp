@@ -159,6 +159,22 @@ void solve_newton(const ExecutionSpace& space,
   }
 }
 
+/// eigh_inverse_root, with the 1 x 1 case in closed form.
+template <class C>
+EighOutcome eigh_root_any_size(std::vector<C>& matrix, int n, int exponent, const InverseRootOptions& options,
+                               std::vector<C>& root, GemmCount& count, EighWorkspace<C>& workspace) {
+  if (n > 1) return eigh_inverse_root<C>(matrix, n, exponent, options, root, count, workspace);
+  EighOutcome outcome;
+  const double a = double(matrix[0]);
+  outcome.lambda_max = a;
+  outcome.ridge = double(C(options.relative_ridge ? options.ridge_epsilon * std::max(a, 1e-6) : options.ridge_epsilon));
+  root.assign(1, C(std::pow(double(C(a + outcome.ridge)), -1.0 / exponent)));
+  const bool ok = std::isfinite(a) && std::isfinite(double(root[0])) && a + outcome.ridge > 0;
+  outcome.status = ok ? RootStatus::converged : RootStatus::non_finite;
+  outcome.error = ok ? 0.0 : std::numeric_limits<double>::infinity();
+  return outcome;
+}
+
 template <class ExecutionSpace, class S, class C>
 void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
                 const MatrixStack<S, typename ExecutionSpace::memory_space>& roots,
@@ -178,19 +194,7 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
     matrix.resize(std::size_t(n) * n);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) matrix[std::size_t(i) * n + j] = C(host_in(i, j));
-    EighOutcome outcome;
-    if (n == 1) {
-      const double a = double(matrix[0]);
-      outcome.lambda_max = a;
-      outcome.ridge = double(C(options.relative_ridge ? options.ridge_epsilon * std::max(a, 1e-6)
-                                                      : options.ridge_epsilon));
-      root.assign(1, C(std::pow(double(C(a + outcome.ridge)), -1.0 / task.exponent)));
-      const bool ok = std::isfinite(a) && std::isfinite(double(root[0])) && a + outcome.ridge > 0;
-      outcome.status = ok ? RootStatus::converged : RootStatus::non_finite;
-      outcome.error = ok ? 0.0 : std::numeric_limits<double>::infinity();
-    } else {
-      outcome = eigh_inverse_root<C>(matrix, n, task.exponent, options, root, count, workspace);
-    }
+    const EighOutcome outcome = eigh_root_any_size<C>(matrix, n, task.exponent, options, root, count, workspace);
     result.error[t] = outcome.error;
     result.iterations[t] = 0;
     result.lambda_max[t] = outcome.lambda_max;
@@ -267,4 +271,22 @@ template struct InverseRootSolver<DefaultHostExecutionSpace, double>;
 #endif
 
 }  // namespace Impl
+
+template <class C>
+HostRootOutcome eigh_inverse_pth_root_on_host(std::vector<C>& matrix, int n, int p, const InverseRootOptions& options,
+                                              std::vector<C>& root) {
+  options.validate();
+  LATHER_REQUIRE(n >= 1 && matrix.size() >= std::size_t(n) * n, "eigh_inverse_pth_root_on_host: a ", n, " x ", n,
+                 " matrix needs ", std::size_t(n) * n, " values, got ", matrix.size());
+  LATHER_REQUIRE(p >= 1, "eigh_inverse_pth_root_on_host: exponent ", p, ", expected >= 1");
+  thread_local Impl::EighWorkspace<C> workspace;  // one per root thread, kept between roots
+  Impl::GemmCount count;
+  const auto outcome = Impl::eigh_root_any_size<C>(matrix, n, p, options, root, count, workspace);
+  return {outcome.error, outcome.lambda_max, outcome.ridge, outcome.status};
+}
+template HostRootOutcome eigh_inverse_pth_root_on_host<float>(std::vector<float>&, int, int, const InverseRootOptions&,
+                                                              std::vector<float>&);
+template HostRootOutcome eigh_inverse_pth_root_on_host<double>(std::vector<double>&, int, int,
+                                                               const InverseRootOptions&, std::vector<double>&);
+
 }  // namespace lather::linalg

@@ -124,6 +124,9 @@ void ShampooOptions::validate() const {
   LATHER_REQUIRE(!(shard_optimizer_states && step_mode == StepMode::replicated),
                  "ShampooOptions: shard_optimizer_states = true asks for the distributed step, but step_mode is "
                  "replicated");
+  LATHER_REQUIRE(!async_roots || root.method == linalg::RootMethod::eigh,
+                 "ShampooOptions::async_roots needs root_method eigh (the host thread computes eigendecompositions; "
+                 "Newton runs on the execution space), got root_method ", linalg::to_string(root.method));
   root.validate();
 }
 
@@ -193,7 +196,7 @@ const std::vector<std::string>& option_names() {
       "relative_matrix_epsilon", "merge_small_dims_block_size", "skip_preconditioning_rank_lt",
       "decoupled_learning_rate", "decoupled_weight_decay", "generate_training_metrics", "root_method",
       "root_compute_precision", "root_max_iterations", "root_tolerance", "retry_failed_roots_in_double",
-      "max_consecutive_root_failures", "statistics_precision", "balance_root_work", "step_mode"};
+      "max_consecutive_root_failures", "statistics_precision", "balance_root_work", "step_mode", "async_roots", "async_roots_in_background"};
   return names;
 }
 
@@ -237,6 +240,10 @@ std::string option_help(const std::string& name) {
       {"statistics_precision", "float32 or float64 statistics and preconditioners"},
       {"balance_root_work", "replicated step: assign roots to ranks by n^3 cost (else even split by count)"},
       {"step_mode", "auto, replicated or distributed: how the ranks of a group share the step"},
+      {"async_roots", "install the roots of a preconditioning step at the next one, computed meanwhile on a "
+                      "host thread (needs root_method eigh)"},
+      {"async_roots_in_background", "async_roots: compute on a host thread (false: the same stale schedule "
+                                    "in the foreground)"},
   };
   for (const auto& [key, text] : help)
     if (name == key) return text;
@@ -282,6 +289,8 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
   else if (name == "statistics_precision") out << linalg::to_string(o.statistics_precision);
   else if (name == "balance_root_work") out << o.balance_root_work;
   else if (name == "step_mode") out << to_string(o.step_mode);
+  else if (name == "async_roots") out << o.async_roots;
+  else if (name == "async_roots_in_background") out << o.async_roots_in_background;
   else LATHER_FAIL("unknown Shampoo option '", name, "'");
   return out.str();
 }
@@ -328,6 +337,8 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
   else if (name == "statistics_precision") o.statistics_precision = linalg::parse_precision(value);
   else if (name == "balance_root_work") o.balance_root_work = b();
   else if (name == "step_mode") o.step_mode = parse_step_mode(value);
+  else if (name == "async_roots") o.async_roots = b();
+  else if (name == "async_roots_in_background") o.async_roots_in_background = b();
   else LATHER_FAIL("unknown Shampoo option '", name, "'");
 }
 

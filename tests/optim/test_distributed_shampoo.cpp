@@ -90,6 +90,7 @@ struct Mode {
   bool balanced, quantized;
   int shards;
   optim::PreconditionerType side = optim::PreconditionerType::all;
+  bool async_roots = false;
 };
 
 class DistributedShampoo : public ::testing::TestWithParam<Mode> {};
@@ -115,6 +116,10 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
   o.balance_root_work = mode.balanced;
   o.best_effort_memory_usage_reduction = mode.quantized;
   o.preconditioner_type = mode.side;
+  if (mode.async_roots) {
+    o.async_roots = true;
+    o.root.method = linalg::RootMethod::eigh;
+  }
   o.root.workspace_bytes = 8 << 10;  // several root chunks and gram batches
   const comm::Mesh mesh(MPI_COMM_WORLD, mode.shards);
   const auto specs = local_specs(mode.shards, mesh.shard());
@@ -167,7 +172,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"distributed_one_sided_input", StepMode::distributed, true, false, 1,
                            optim::PreconditionerType::input},
                       Mode{"replicated_shards2_one_sided_output", StepMode::replicated, true, false, 2,
-                           optim::PreconditionerType::output}),
+                           optim::PreconditionerType::output},
+                      Mode{"replicated_async_roots", StepMode::replicated, true, false, 1,
+                           optim::PreconditionerType::all, true},
+                      Mode{"distributed_async_roots", StepMode::distributed, true, false, 1,
+                           optim::PreconditionerType::all, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A NaN or Inf in one rank's gradient only (replicas should agree, but nothing may hang when they

@@ -90,6 +90,24 @@ struct InverseRootResult {
 template <class Scalar, class MemorySpace>
 using MatrixStack = Kokkos::View<Scalar***, Kokkos::LayoutRight, MemorySpace>;
 
+/// One root taken on the host by eigendecomposition (LAPACK syevd and BLAS in precision C), with
+/// no Kokkos kernel or fence: a host thread can run it while other work runs on the execution
+/// spaces (Shampoo's asynchronous roots). `matrix`: n x n row-major, destroyed; `root` receives
+/// the n x n root. The error and status are those of the eigh method of inverse_pth_root.
+struct HostRootOutcome {
+  double error = 0;
+  double lambda_max = 0;
+  double ridge = 0;
+  RootStatus status = RootStatus::converged;
+};
+template <class C>
+HostRootOutcome eigh_inverse_pth_root_on_host(std::vector<C>& matrix, int n, int p, const InverseRootOptions& options,
+                                              std::vector<C>& root);
+extern template HostRootOutcome eigh_inverse_pth_root_on_host<float>(std::vector<float>&, int, int,
+                                                                     const InverseRootOptions&, std::vector<float>&);
+extern template HostRootOutcome eigh_inverse_pth_root_on_host<double>(std::vector<double>&, int, int,
+                                                                      const InverseRootOptions&, std::vector<double>&);
+
 namespace Impl {
 /// The compiled solver, instantiated for the default execution spaces and float/double.
 template <class ExecutionSpace, class Scalar>

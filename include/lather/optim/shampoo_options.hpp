@@ -95,6 +95,13 @@ struct ShampooOptions {
   bool balance_root_work = true;
   /// Replicated or distributed step; automatic: distributed on groups of more than one rank.
   StepMode step_mode = StepMode::automatic;
+  /// Anil et al. 2020, section 5: the roots of the statistics at a preconditioning step are
+  /// installed at the next one (one interval of staleness), computed meanwhile on a host thread
+  /// (root_method eigh, which needs no execution space) while the steps run.
+  bool async_roots = false;
+  /// With async_roots: false computes the same stale schedule in the foreground at the step the
+  /// roots are started (for comparison, and where nothing would overlap).
+  bool async_roots_in_background = true;
 
   void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
 };

@@ -18,6 +18,7 @@
 #include <lather/optim/impl/block_products.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/root_exchange.hpp>
+#include <lather/optim/impl/async_roots.hpp>
 #include <lather/optim/impl/root_phase.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
 #include <lather/optim/impl/step_passes.hpp>
@@ -82,6 +83,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     allocate_stores(space);
     allocate_state(space);
     m_roots = std::make_unique<RootPhase<ExecutionSpace, T>>(space, m_options, m_plan.max_size, int(m_mine.size()));
+    if (m_options.async_roots) m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(m_options);
     m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(space, m_plan, m_step_plan,
                                                                     m_options.root.workspace_bytes, quantized());
   }
@@ -320,6 +322,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
 
   std::unique_ptr<Store> m_statistics, m_preconditioners;
   std::unique_ptr<RootPhase<ExecutionSpace, T>> m_roots;
+  std::unique_ptr<AsyncRoots<ExecutionSpace, T>> m_async_roots;  // with async_roots only
   std::unique_ptr<BlockProducts<ExecutionSpace, T>> m_products;
   RootExchange<ExecutionSpace, T> m_exchange;
   std::vector<StatisticMetrics> m_metrics;

@@ -26,7 +26,7 @@ StateMemoryReport ShampooEngine<ExecutionSpace, Scalar, T>::memory_report() cons
   r.quantized_bytes += bytes(m_momentum_codes) + bytes(m_diagonal_momentum_codes) + bytes(m_scales[0]);
   r.workspace_bytes = bytes(m_packed) + bytes(m_packed_t) + bytes(m_work) + bytes(m_direction) + bytes(m_graft) +
                       bytes(m_gathered) + bytes(m_scales[1]) + m_roots->workspace_bytes() +
-                      m_products->workspace_bytes();
+                      m_products->workspace_bytes() + (m_async_roots ? m_async_roots->workspace_bytes() : 0);
   for (const auto& v : m_state_scalars) r.workspace_bytes += bytes(v);
   for (const auto& v : m_state_codes) r.workspace_bytes += bytes(v);
   return r;
@@ -211,6 +211,9 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
 template <class ExecutionSpace, class Scalar, class T>
 void ShampooEngine<ExecutionSpace, Scalar, T>::state_restored(const ExecutionSpace& space, long step_count) {
   m_step = step_count;
+  // Roots in flight belong to the state before the restore; the next preconditioning step starts
+  // new ones (a resumed asynchronous run keeps the checkpoint's preconditioners one interval more).
+  if (m_async_roots) m_async_roots->discard();
   const auto& local = m_plan.local_statistics;
   for (std::size_t k = 0; k < local.size() && k < m_errors_host.size(); ++k) {
     m_metrics[local[k]].error = m_errors_host[k];

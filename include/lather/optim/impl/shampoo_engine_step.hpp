@@ -155,7 +155,16 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::compute_preconditioners(const Exe
   ::lather::Impl::ScopedRegion region("Lather::Shampoo::inverse_roots");
   const std::string context = ::lather::Impl::concat("Shampoo::step ", m_step);
   std::string local_error = ::lather::Impl::local_failure("shampoo.root_exchange", [&] {
-    m_roots->compute(space, m_plan, m_mine, m_step_plan.slot, *m_statistics, *m_preconditioners, m_metrics);
+    if (!m_async_roots) {
+      m_roots->compute(space, m_plan, m_mine, m_step_plan.slot, *m_statistics, *m_preconditioners, m_metrics);
+      return;
+    }
+    // Asynchronous: install the roots of the previous preconditioning step, then start this one's.
+    if (m_async_roots->pending()) {
+      const std::string error = m_async_roots->install(space, m_step_plan.slot, *m_preconditioners, m_metrics);
+      LATHER_REQUIRE(error.empty(), error);
+    }
+    m_async_roots->start(space, m_plan, m_mine, m_step_plan.slot, *m_statistics);
   });
   if (!local_error.empty()) local_error = context + ": " + local_error;
   m_root_gemm_calls = m_roots->gemm_calls();
