@@ -9,7 +9,9 @@
 #include <lather/core/error.hpp>
 #include <lather/core/parameters.hpp>
 #include <lather/optim/first_order.hpp>
+#include <lather/optim/muon.hpp>
 #include <lather/optim/shampoo.hpp>
+#include <lather/optim/soap.hpp>
 
 #include <Kokkos_Random.hpp>
 
@@ -28,6 +30,7 @@ using Mem = Space::memory_space;
 struct StepBenchOptions {
   std::vector<std::string> sets = {"transformer", "cnn"};
   std::vector<std::string> root_methods = {"newton", "eigh"};
+  std::vector<std::string> others = {"soap", "muon"};  // timed beside Adam and Shampoo
   std::string file;
   int windows = 2;
   std::vector<std::string> shampoo;  // name=value overrides of the set's options
@@ -143,6 +146,39 @@ void run_step(const StepBenchOptions& o) {
               {"seconds_per_step_by_phase", breakdown},
               {"gemm_launches_per_step", double(shampoo.gemm_launches()) / steps}});
     }
+    // SOAP with the set's Shampoo blocking (its bases refreshed every preconditioning_compute_steps,
+    // the same window), replicated; Muon, its matrices split over the ranks.
+    for (const auto& other : o.others) {
+      std::unique_ptr<optim::Optimizer<Space, float>> optimizer;
+      if (other == "soap") {
+        optim::SoapOptions soap;
+        soap.block_size = shampoo_options.block_size;
+        soap.merge_small_dims_block_size = shampoo_options.merge_small_dims_block_size;
+        soap.max_precond_dim = shampoo_options.skip_preconditioning_dim_size_gt;
+        soap.precondition_frequency = window;
+        optimizer = std::make_unique<optim::Soap<Space, float>>(space, params, soap);
+      } else if (other == "muon") {
+        // Embeddings take AdamW, as Jordan et al. (and lather-train) do.
+        optim::MuonOptions muon;
+        for (const auto& spec : specs)
+          if (spec.name.rfind("embedding", 0) == 0) muon.adamw_parameters.push_back(spec.name);
+        optimizer = std::make_unique<optim::Muon<Space, float>>(space, params, muon, mesh.world());
+      } else {
+        LATHER_FAIL("--others: unknown optimizer '", other, "' (expected soap or muon)");
+      }
+      const double seconds = time_steps(mesh.world(), *optimizer, params, window, o.windows);
+      const auto largest_state = mesh.world().allreduce(optimizer->memory_report().total(), comm::Combine::max);
+      if (print)
+        emit({{"bench", "step"},
+              {"set", set},
+              {"optimizer", other},
+              {"ranks", mesh.world_size()},
+              {"step_mode", other == "muon" && mesh.world_size() > 1 ? "distributed" : "replicated"},
+              {"seconds_per_step", seconds},
+              {"state_bytes", largest_state},
+              {"ratio_to_adam", seconds / adam_seconds},
+              {"adam_seconds_per_step", adam_seconds}});
+    }
   }
 }
 
@@ -157,6 +193,7 @@ void register_step(CLI::App& app) {
       "bandwidth against a same-run triad. Under mpiexec the ranks share Shampoo's step.");
   add_list_option(*sub, "--set", options->sets, "Parameter sets (transformer, cnn)");
   add_list_option(*sub, "--root-method", options->root_methods, "Inverse-root methods to time (newton, eigh)");
+  add_list_option(*sub, "--others", options->others, "Other optimizers timed beside Adam and Shampoo (soap, muon)");
   sub->add_option("--sets-file", options->file, "The parameter sets file (default: perf/parameter_sets.json)");
   sub->add_option("--windows", options->windows, "Timed windows of preconditioning_compute_steps steps")
       ->check(CLI::PositiveNumber)

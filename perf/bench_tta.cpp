@@ -18,7 +18,7 @@ namespace lather::bench {
 namespace {
 
 struct TtaOptions {
-  std::vector<std::string> optimizers = {"adam", "shampoo"};
+  std::vector<std::string> optimizers = {"adam", "shampoo", "soap", "muon"};
   double target = 0.88;
   long eval_every = 50;
   int epochs = 5;

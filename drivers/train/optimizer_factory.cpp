@@ -1,7 +1,9 @@
 #include "optimizer_factory.hpp"
 
 #include <lather/optim/first_order.hpp>
+#include <lather/optim/muon.hpp>
 #include <lather/optim/shampoo.hpp>
+#include <lather/optim/soap.hpp>
 
 namespace lather::train {
 
@@ -10,6 +12,10 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& spac
                                                                const comm::Mesh& mesh) {
   if (o.optimizer == "shampoo")
     return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), mesh);
+  // SOAP's step is replicated (every rank the same); Muon splits its matrices over the replicas.
+  if (o.optimizer == "soap") return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options());
+  if (o.optimizer == "muon")
+    return std::make_unique<optim::Muon<Space, float>>(space, parameters, o.muon_options(), mesh.data_parallel());
   if (o.optimizer == "sgd") return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.sgd_options());
   if (o.optimizer == "adagrad")
     return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.adagrad_options());

@@ -13,7 +13,9 @@ double default_learning_rate(const std::string& optimizer) {
   if (optimizer == "adam" || optimizer == "adamw") return 2e-3;
   if (optimizer == "adagrad") return 3e-2;
   if (optimizer == "sgd") return 5e-2;
-  LATHER_FAIL("unknown optimizer '", optimizer, "' (expected shampoo, adam, adamw, adagrad or sgd)");
+  if (optimizer == "soap") return 3e-3;
+  if (optimizer == "muon") return 2e-2;
+  LATHER_FAIL("unknown optimizer '", optimizer, "' (expected shampoo, soap, muon, adam, adamw, adagrad or sgd)");
 }
 
 double TrainOptions::learning_rate() const { return lr >= 0 ? lr : default_learning_rate(optimizer); }
@@ -83,6 +85,33 @@ optim::AdamOptions TrainOptions::adam_options() const {
   s.learning_rate = schedule_of(*this, planned_steps(*this));
   s.weight_decay = optimizer == "adamw" && weight_decay == 0 ? 1e-4 : weight_decay;
   s.decoupled_weight_decay = optimizer == "adamw";
+  s.validate();
+  return s;
+}
+
+optim::SoapOptions TrainOptions::soap_options() const {
+  optim::SoapOptions s;
+  // The blocking and skip rules of this run's Shampoo (its defaults and --shampoo-* options).
+  const auto shampoo = shampoo_options();
+  s.block_size = shampoo.block_size;
+  s.merge_small_dims_block_size = shampoo.merge_small_dims_block_size;
+  s.max_precond_dim = shampoo.skip_preconditioning_dim_size_gt;
+  s.beta1 = 0.95;
+  s.beta2 = 0.95;
+  s.precondition_frequency = 10;
+  s.weight_decay = weight_decay;
+  s.learning_rate = schedule_of(*this, planned_steps(*this));
+  s.validate();
+  return s;
+}
+
+optim::MuonOptions TrainOptions::muon_options() const {
+  optim::MuonOptions s;
+  s.learning_rate = schedule_of(*this, planned_steps(*this));
+  s.weight_decay = weight_decay;
+  s.adam_weight_decay = weight_decay;
+  // Jordan et al.: embeddings and the output head are not hidden matrices; AdamW takes them.
+  if (model == "transformer") s.adamw_parameters = {"embedding/tokens", "embedding/positions", "head/kernel"};
   s.validate();
   return s;
 }
@@ -171,7 +200,11 @@ void TrainOptions::validate() const {
                    "' is not a directory (install the Debian package dataset-fashion-mnist or pass --data DIR)");
   }
   // The optimizer's own options, each validated, so that a bad value is refused before any set-up.
+  LATHER_REQUIRE(weight_shards == 1 || (optimizer != "soap" && optimizer != "muon"), "--optimizer ", optimizer,
+                 " does not support --weight-shards ", weight_shards, " (use shampoo or a first-order optimizer)");
   if (optimizer == "shampoo") (void)shampoo_options();
+  else if (optimizer == "soap") (void)soap_options();
+  else if (optimizer == "muon") (void)muon_options();
   else if (optimizer == "sgd") (void)sgd_options();
   else if (optimizer == "adagrad") (void)adagrad_options();
   else (void)adam_options();
@@ -208,6 +241,7 @@ void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
 double default_transformer_learning_rate(const std::string& optimizer) {
   (void)default_learning_rate(optimizer);  // the same names
   if (optimizer == "shampoo") return 3e-3;
+  if (optimizer == "muon") return 2e-2;
   if (optimizer == "sgd") return 0.1;
   if (optimizer == "adagrad") return 3e-2;
   return 3e-3;
@@ -249,8 +283,8 @@ void add_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--batch-size", o.batch_size,
                  "Global batch: samples per optimizer step over all replicas, whatever the rank count")
       ->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "shampoo, adam, adamw, adagrad or sgd")
-      ->check(CLI::IsMember({"shampoo", "adam", "adamw", "adagrad", "sgd"}))
+  app.add_option("--optimizer", o.optimizer, "shampoo, soap, muon, adam, adamw, adagrad or sgd")
+      ->check(CLI::IsMember({"shampoo", "soap", "muon", "adam", "adamw", "adagrad", "sgd"}))
       ->capture_default_str();
   app.add_option("--lr", o.lr,
                  "Learning rate (peak of the schedule); default per optimizer: shampoo 1e-2, adam/adamw 2e-3, "

@@ -4,7 +4,9 @@
 // trains 784-512-256-10 on Fashion-MNIST with Shampoo for 3 epochs.
 
 #include <lather/optim/first_order.hpp>
+#include <lather/optim/muon.hpp>
 #include <lather/optim/shampoo_options.hpp>
+#include <lather/optim/soap.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -65,6 +67,10 @@ struct TrainOptions {
   optim::SgdOptions sgd_options() const;
   optim::AdagradOptions adagrad_options() const;
   optim::AdamOptions adam_options() const;
+  /// SOAP with the Shampoo blocking of this run (block_size, merge and skip sizes of --shampoo-*).
+  optim::SoapOptions soap_options() const;
+  /// Muon for the matrices; AdamW (at the same peak rate) for vectors, embeddings and the output head.
+  optim::MuonOptions muon_options() const;
 };
 
 /// The learning rates found by the sweep documented in docs/reference/driver.md.
