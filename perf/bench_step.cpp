@@ -147,7 +147,7 @@ void run_step(const StepBenchOptions& o) {
               {"gemm_launches_per_step", double(shampoo.gemm_launches()) / steps}});
     }
     // SOAP with the set's Shampoo blocking (its bases refreshed every preconditioning_compute_steps,
-    // the same window), replicated; Muon, its matrices split over the ranks.
+    // the same window), its blocks split over the ranks; Muon, its matrices split over the ranks.
     for (const auto& other : o.others) {
       std::unique_ptr<optim::Optimizer<Space, float>> optimizer;
       if (other == "soap") {
@@ -156,7 +156,7 @@ void run_step(const StepBenchOptions& o) {
         soap.merge_small_dims_block_size = shampoo_options.merge_small_dims_block_size;
         soap.max_precond_dim = shampoo_options.skip_preconditioning_dim_size_gt;
         soap.precondition_frequency = window;
-        optimizer = std::make_unique<optim::Soap<Space, float>>(space, params, soap);
+        optimizer = std::make_unique<optim::Soap<Space, float>>(space, params, soap, mesh.world());
       } else if (other == "muon") {
         // Embeddings take AdamW, as Jordan et al. (and lather-train) do.
         optim::MuonOptions muon;
@@ -173,7 +173,7 @@ void run_step(const StepBenchOptions& o) {
               {"set", set},
               {"optimizer", other},
               {"ranks", mesh.world_size()},
-              {"step_mode", other == "muon" && mesh.world_size() > 1 ? "distributed" : "replicated"},
+              {"step_mode", mesh.world_size() > 1 ? "distributed" : "replicated"},
               {"seconds_per_step", seconds},
               {"state_bytes", largest_state},
               {"ratio_to_adam", seconds / adam_seconds},

@@ -12,8 +12,9 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& spac
                                                                const comm::Mesh& mesh) {
   if (o.optimizer == "shampoo")
     return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), mesh);
-  // SOAP's step is replicated (every rank the same); Muon splits its matrices over the replicas.
-  if (o.optimizer == "soap") return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options());
+  // SOAP splits its blocks, Muon its matrices, over the replicas of the data-parallel group.
+  if (o.optimizer == "soap")
+    return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), mesh.data_parallel());
   if (o.optimizer == "muon")
     return std::make_unique<optim::Muon<Space, float>>(space, parameters, o.muon_options(), mesh.data_parallel());
   if (o.optimizer == "sgd") return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.sgd_options());

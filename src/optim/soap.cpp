@@ -3,6 +3,8 @@
 #include <lather/core/error.hpp>
 #include <lather/core/impl/gemm.hpp>
 
+#include "option_checks.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -21,12 +23,8 @@ void dorgqr_(const int* m, const int* n, const int* k, double* a, const int* lda
 namespace lather::optim {
 
 namespace {
-void require_unit_interval(double value, const char* name) {
-  LATHER_REQUIRE(std::isfinite(value) && value >= 0 && value < 1, name, " must be in [0, 1), got ", value);
-}
-void require_non_negative(double value, const char* name) {
-  LATHER_REQUIRE(std::isfinite(value) && value >= 0, name, " must be >= 0, got ", value);
-}
+using Impl::require_non_negative;
+using Impl::require_unit_interval;
 using HostMatrix = Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 }  // namespace
 
@@ -42,6 +40,19 @@ void SoapOptions::validate() const {
   LATHER_REQUIRE(precondition_frequency >= 1, "SoapOptions::precondition_frequency must be >= 1, got ",
                  precondition_frequency);
   LATHER_REQUIRE(max_precond_dim >= 1, "SoapOptions::max_precond_dim must be >= 1, got ", max_precond_dim);
+}
+
+double soap_block_cost(const std::vector<std::int64_t>& size, const std::vector<bool>& factored,
+                       long precondition_frequency) {
+  double elements = 1;
+  for (auto n : size) elements *= double(n);
+  double cost = 10 * elements;
+  for (std::size_t d = 0; d < size.size(); ++d)
+    if (d < factored.size() && factored[d]) {
+      const double n = double(size[d]);
+      cost += 8 * n * elements + 10 * n * n * n / double(std::max(1L, precondition_frequency));
+    }
+  return cost;
 }
 
 namespace Impl {

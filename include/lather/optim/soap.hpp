@@ -27,7 +27,25 @@
 // independent of the signs of eigenvectors and QR columns. The eigendecompositions and QR
 // factorizations run in double on the host (LAPACK dsyevd, dgeqrf + dorgqr) on a mirror of the
 // factors; everything else stays in the optimizer's memory space.
+//
+// Distributed (a group of more than one rank, every rank holding the same reduced gradients):
+// every block is a unit of work, assigned to one rank by greedy longest-processing-time on
+// block_cost() (ties: the lower block index first, then the lower rank), blocks of parameters
+// without factors (the plain Adam path) included. A rank keeps exp_avg, exp_avg_sq, the factors
+// and the bases of its own blocks only, updates them and its blocks' parameter values, and one
+// all-gather per step brings every rank every other block's new values. The eigh/QR refreshes
+// run on the owner only. normalize_grads sums the squares of the update per block; one small
+// allreduce of these sums (only with normalize_grads) gives every rank the same per-parameter
+// RMS, summed block by block in block order, so the trajectory is the same bits on any number of
+// ranks. A failure in a rank's share (a flag with the all-gather, the allreduce, or an agreement
+// on the first step) is the same lather::Error on every rank; the parameters are then partly
+// updated and must be restored from a checkpoint.
+//
+// Locally, a rank's blocks of one shape and factor layout (a "shape class") are consecutive in its
+// packed buffers, and their factors and bases of one dimension are consecutive matrices: the
+// factor updates and the rotations of a class are one strided-batched GEMM per dimension.
 
+#include <lather/comm/group.hpp>
 #include <lather/optim/optimizer.hpp>
 #include <lather/optim/partition.hpp>
 #include <lather/optim/schedule.hpp>
@@ -62,7 +80,13 @@ struct SoapOptions {
   void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
 };
 
-/// SOAP; every rank computes everything (replicated).
+/// The work of one block per step, in GEMM flop units: per factor of size n, 8 n elements (two
+/// Gram halves, three rotations in, one out, rounded up) + 10 n^3 / precondition_frequency (the
+/// amortised QR refresh); plus 10 per element for the element-wise passes.
+double soap_block_cost(const std::vector<std::int64_t>& size, const std::vector<bool>& factored,
+                       long precondition_frequency);
+
+/// SOAP, its blocks shared by the ranks of a group (see above).
 template <class ExecutionSpace, class Scalar>
 class Soap final : public Optimizer<ExecutionSpace, Scalar> {
  public:
@@ -71,26 +95,42 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   using typename Optimizer<ExecutionSpace, Scalar>::memory_space;
   using Buffer = Kokkos::View<Scalar*, memory_space>;
 
-  /// The state is allocated (zero) on `space`.
-  Soap(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, SoapOptions options);
-  Soap(const ExecutionSpace& space, const Parameters& parameters, SoapOptions options)
-      : Soap(space, parameters.specs(), std::move(options)) {}
+  /// The state is allocated (zero) on `space`. The ranks of `group` hold the same parameters and
+  /// reduced gradients and share the blocks (collective over `group`: the ranks check that they
+  /// agree on the parameters and options).
+  Soap(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, SoapOptions options,
+       const comm::Group& group = comm::Group());
+  Soap(const ExecutionSpace& space, const Parameters& parameters, SoapOptions options,
+       const comm::Group& group = comm::Group())
+      : Soap(space, parameters.specs(), std::move(options), group) {}
   ~Soap() override;
+  Soap(const Soap&) = delete;
+  Soap& operator=(const Soap&) = delete;
 
   std::string name() const override { return "soap"; }
   long step_count() const override { return m_step; }
   StateMemoryReport memory_report() const override;
   /// Per parameter: exp_avg and exp_avg_sq in the packed block layout (block after block, each
   /// row-major over the block), and the factors and bases (n x n row-major, block by block,
-  /// dimension by dimension); plus the step.
+  /// dimension by dimension); plus the step. The same arrays on any number of ranks: each rank's
+  /// share is gathered into full copies (distributed: on every rank, rank 0 the writer), and
+  /// state_restored() takes each rank's share back from them.
   std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;
-  void state_restored(const ExecutionSpace&, long step_count) override { m_step = step_count; }
+  void state_restored(const ExecutionSpace& space, long step_count) override;
+  void state_released() override;
   std::vector<std::pair<std::string, std::string>> describe() const override;
 
   /// How parameter p is blocked (its merged shape and blocks), for tests and logs.
   const BlockPartition& partition(std::size_t parameter) const { return m_partitions.at(parameter); }
   /// Sizes of the factors of parameter p, block by block (0: that dimension has none).
   std::vector<std::vector<int>> factor_sizes(std::size_t parameter) const;
+  bool distributed() const { return m_group.size() > 1; }
+  /// The group rank that owns each block (blocks of all parameters, in order).
+  std::vector<int> block_owners() const;
+  /// The cost (soap_block_cost) of each block, in the same order.
+  std::vector<double> block_costs() const;
+  /// GEMM launches of the last step on this rank (batching: one per class and dimension).
+  long gemm_launches() const { return m_launches; }
 
  protected:
   void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;
@@ -100,17 +140,38 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   struct BlockInfo {
     int parameter = 0;
     Block block;                          ///< offset and size in the merged shape
-    std::int64_t packed = 0;              ///< start in exp_avg / exp_avg_sq / the packed gradient
-    std::vector<std::int64_t> factor;     ///< per dimension: start in m_factors / m_bases, or -1
+    std::int64_t packed = 0;              ///< start in the checkpoint layout (whole parameter set)
+    std::vector<std::int64_t> factor;     ///< per dimension: start in the checkpoint layout, or -1
+    int owner = 0;                        ///< the group rank that computes it
+    int shape_class = 0;                  ///< index in m_classes
+    std::int64_t local = 0;               ///< start in the owner's packed buffers (= its gather segment)
+    std::vector<std::int64_t> local_factor;  ///< per dimension: start in the owner's factors, or -1
+    double cost = 0;
+  };
+  /// Blocks of one owner with the same size and factor layout: consecutive in the owner's packed
+  /// buffers, their factors of one dimension consecutive n x n matrices.
+  struct ShapeClass {
+    int owner = 0;
+    std::vector<std::int64_t> size;
+    std::vector<std::int64_t> factor;  ///< per dimension: start of the class's matrices, or -1
+    std::vector<std::size_t> blocks;   ///< in m_blocks, in order
+    std::int64_t local = 0, elements = 0;  ///< first element; elements per block
   };
   void pack_gradient(const ExecutionSpace& space, const BlockInfo& b, const FlatTensor<Scalar, memory_space>& g);
-  void apply_update(const ExecutionSpace& space, std::size_t p, const FlatTensor<Scalar, memory_space>& x,
-                    Scalar step_size, Scalar decay);
-  /// Y = X x_d Q^T (forward) or X x_d Q (backward) for every factor of the block, X in `from`,
-  /// result in `from` too (ping-pong through `scratch`).
-  void rotate(const ExecutionSpace& space, const BlockInfo& b, Scalar* from, Scalar* scratch, bool forward);
-  void accumulate_factors(const ExecutionSpace& space, const BlockInfo& b, const Scalar* g, Scalar beta);
+  /// Block k's new values into the parameter (and, distributed, into this rank's gather segment).
+  void apply_update(const ExecutionSpace& space, std::size_t k, const FlatTensor<Scalar, memory_space>& x,
+                    Scalar step_size, Scalar decay, Scalar denominator);
+  /// Y = X x_d Q^T (forward) or X x_d Q (backward) for every factor of every block of the class,
+  /// X in `from`, result in `from` too (ping-pong through `scratch`).
+  void rotate(const ExecutionSpace& space, const ShapeClass& c, Scalar* from, Scalar* scratch, bool forward);
+  void accumulate_factors(const ExecutionSpace& space, const ShapeClass& c, const Scalar* g, Scalar beta);
   void refresh_bases(const ExecutionSpace& space, bool first);
+  /// Distributed: the all-gather of every rank's new block values (and failure flag) into the
+  /// parameters; throws the same lather::Error on every rank if any rank's `error` is not empty.
+  /// Between the checkpoint layout (m_full) and the local layouts (see state_arrays()).
+  void copy_state(const ExecutionSpace& space, bool to_full);
+  void gather_values(const ExecutionSpace& space, const Tensors& values, const std::string& error,
+                     const std::string& context);
 
  private:
   SoapOptions m_options;
@@ -120,10 +181,26 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   std::vector<std::pair<std::size_t, std::size_t>> m_parameter_blocks;  // [first, end) per parameter
   std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_packed;   // [begin, end) per parameter
   std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_factors;  // [begin, end) per parameter
-  std::vector<std::pair<std::int64_t, int>> m_factor_list;  // (start, n) of every factor
+  std::int64_t m_packed_total = 0, m_factor_total = 0;  // the checkpoint layout's sizes
+  std::vector<ShapeClass> m_classes;              // every rank's, by owner then first block
+  std::vector<std::size_t> m_own_classes;         // this rank's, in local order
+  std::vector<std::int64_t> m_local_packed, m_local_factors;  // per rank: sizes of its share
+  comm::Group m_group;
+  // This rank's share, in its local layout.
   Buffer m_exp_avg, m_exp_avg_sq, m_factors, m_bases;
   Buffer m_gradient, m_update, m_scratch_a;  // workspace
+  Kokkos::View<double*, memory_space> m_block_sums;  // normalize_grads: sum of u^2 per block
+  // Distributed: the step's all-gather of new values, by rank segment, each closed by a flag.
+  Buffer m_gathered;
+  std::vector<std::size_t> m_counts, m_segment;
+  Kokkos::View<std::size_t*, memory_space> m_flag_positions;
+  Buffer m_flags;
+  typename Buffer::HostMirror m_flags_host;
+  // state_arrays(): the checkpoint layout (exp_avg, exp_avg_sq, factors, bases of all
+  // parameters), and (distributed) the all-gather of every rank's state it is assembled from.
+  Buffer m_full, m_state_gathered;
   long m_step = 0;
+  long m_launches = 0;
   std::int64_t m_step_host = 0;
 };
 

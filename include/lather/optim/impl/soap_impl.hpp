@@ -4,10 +4,13 @@
 // another execution space includes this header and uses the class as usual.
 
 #include <lather/core/error.hpp>
+#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/impl/hash.hpp>
 #include <lather/core/impl/gemm.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/soap.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <sstream>
@@ -41,6 +44,26 @@ struct SoapBlockMap {
   }
 };
 
+template <class BlockInfo>
+SoapBlockMap soap_block_map(const BlockInfo& b, const TensorShape& merged) {
+  SoapBlockMap map;
+  map.rank = int(merged.size());
+  std::int64_t stride = 1;
+  for (int d = map.rank - 1; d >= 0; --d) {
+    map.size[d] = b.block.size[d];
+    map.offset[d] = b.block.offset[d];
+    map.stride[d] = stride;
+    stride *= merged[d];
+  }
+  return map;
+}
+
+inline std::int64_t soap_product(const std::vector<std::int64_t>& size, std::size_t begin, std::size_t end) {
+  std::int64_t n = 1;
+  for (std::size_t e = begin; e < end; ++e) n *= size[e];
+  return n;
+}
+
 inline std::string soap_text(double x) {
   std::ostringstream out;
   out << x;
@@ -50,59 +73,164 @@ inline std::string soap_text(double x) {
 
 template <class ExecutionSpace, class Scalar>
 Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
-                                   SoapOptions options)
-    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters)), m_options(std::move(options)) {
-  m_options.validate();
-  const auto& o = m_options;
-  std::int64_t packed = 0, factors = 0, largest = 1;
-  for (std::size_t p = 0; p < this->m_parameters.size(); ++p) {
-    const auto& shape = this->m_parameters[p].shape;
-    const TensorShape merged = o.merge_small_dims_block_size > 0 ? merge_small_dims(shape, o.merge_small_dims_block_size)
-                                                                 : shape;
-    LATHER_REQUIRE(merged.size() <= std::size_t(Impl::soap_max_rank), "Soap: parameter '", this->m_parameters[p].name,
-                   "' has ", merged.size(), " dimensions after merging; at most ", Impl::soap_max_rank,
-                   " are supported");
-    m_merged.push_back(merged);
-    m_partitions.emplace_back(merged, o.block_size);
-    // The reference's rule: rank-1 parameters only with precondition_1d; a dimension above
-    // max_precond_dim never (checked on the merged shape, before blocking, as Shampoo does).
-    const bool rank_ok = shape.size() >= 2 || (shape.size() == 1 && o.precondition_1d);
-    const std::size_t first = m_blocks.size();
-    const std::int64_t packed_begin = packed, factors_begin = factors;
-    for (const auto& block : m_partitions.back().blocks()) {
-      if (block.elements() == 0) continue;
-      BlockInfo info;
-      info.parameter = int(p);
-      info.block = block;
-      info.packed = packed;
-      packed += block.elements();
-      largest = std::max(largest, block.elements());
-      for (std::size_t d = 0; d < block.size.size(); ++d) {
-        if (rank_ok && merged[d] <= o.max_precond_dim) {
-          info.factor.push_back(factors);
-          m_factor_list.emplace_back(factors, int(block.size[d]));
-          factors += block.size[d] * block.size[d];
-        } else {
-          info.factor.push_back(-1);
+                                   SoapOptions options, const comm::Group& group)
+    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters)), m_options(std::move(options)), m_group(group) {
+  const int ranks = m_group.size(), rank = m_group.rank();
+  const auto setup = [&] {
+    m_options.validate();
+    const auto& o = m_options;
+    std::int64_t packed = 0, factors = 0;
+    for (std::size_t p = 0; p < this->m_parameters.size(); ++p) {
+      const auto& shape = this->m_parameters[p].shape;
+      const TensorShape merged =
+          o.merge_small_dims_block_size > 0 ? merge_small_dims(shape, o.merge_small_dims_block_size) : shape;
+      LATHER_REQUIRE(merged.size() <= std::size_t(Impl::soap_max_rank), "Soap: parameter '",
+                     this->m_parameters[p].name, "' has ", merged.size(), " dimensions after merging; at most ",
+                     Impl::soap_max_rank, " are supported");
+      m_merged.push_back(merged);
+      m_partitions.emplace_back(merged, o.block_size);
+      // The reference's rule: rank-1 parameters only with precondition_1d; a dimension above
+      // max_precond_dim never (checked on the merged shape, before blocking, as Shampoo does).
+      const bool rank_ok = shape.size() >= 2 || (shape.size() == 1 && o.precondition_1d);
+      const std::size_t first = m_blocks.size();
+      const std::int64_t packed_begin = packed, factors_begin = factors;
+      for (const auto& block : m_partitions.back().blocks()) {
+        if (block.elements() == 0) continue;
+        BlockInfo info;
+        info.parameter = int(p);
+        info.block = block;
+        info.packed = packed;
+        packed += block.elements();
+        std::vector<bool> factored;
+        for (std::size_t d = 0; d < block.size.size(); ++d) {
+          factored.push_back(rank_ok && merged[d] <= o.max_precond_dim);
+          info.factor.push_back(factored.back() ? factors : -1);
+          if (factored.back()) factors += block.size[d] * block.size[d];
         }
+        info.cost = soap_block_cost(block.size, factored, o.precondition_frequency);
+        m_blocks.push_back(std::move(info));
       }
-      m_blocks.push_back(std::move(info));
+      m_parameter_blocks.emplace_back(first, m_blocks.size());
+      m_parameter_packed.emplace_back(packed_begin, packed);
+      m_parameter_factors.emplace_back(factors_begin, factors);
     }
-    m_parameter_blocks.emplace_back(first, m_blocks.size());
-    m_parameter_packed.emplace_back(packed_begin, packed);
-    m_parameter_factors.emplace_back(factors_begin, factors);
-  }
-  const auto alloc = [&](const char* what, std::int64_t n) {
-    return Buffer(Kokkos::view_alloc(space, std::string("Lather::soap::") + what), std::size_t(n));
+    m_packed_total = packed;
+    m_factor_total = factors;
+    // Owners: longest processing time first, ties by block index, then the least loaded rank
+    // (ties: the lower rank). Every rank computes the same plan.
+    std::vector<std::size_t> order(m_blocks.size());
+    std::iota(order.begin(), order.end(), std::size_t(0));
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return m_blocks[a].cost > m_blocks[b].cost; });
+    std::vector<double> load(std::size_t(ranks), 0.0);
+    for (std::size_t k : order) {
+      const auto r = std::size_t(std::min_element(load.begin(), load.end()) - load.begin());
+      m_blocks[k].owner = int(r);
+      load[r] += m_blocks[k].cost;
+    }
+    // Shape classes per owner (in block order), then each owner's local layout class by class.
+    for (int r = 0; r < ranks; ++r) {
+      const std::size_t first_class = m_classes.size();
+      for (std::size_t k = 0; k < m_blocks.size(); ++k) {
+        auto& b = m_blocks[k];
+        if (b.owner != r) continue;
+        std::size_t c = first_class;
+        for (; c < m_classes.size(); ++c)
+          if (m_classes[c].size == b.block.size &&
+              std::equal(b.factor.begin(), b.factor.end(), m_classes[c].factor.begin(),
+                         [](std::int64_t x, std::int64_t y) { return (x >= 0) == (y >= 0); }))
+            break;
+        if (c == m_classes.size()) {
+          ShapeClass added;
+          added.owner = r;
+          added.size = b.block.size;
+          added.factor = b.factor;  // the layout only; the starts are set below
+          added.elements = b.block.elements();
+          m_classes.push_back(std::move(added));
+        }
+        m_classes[c].blocks.push_back(k);
+        b.shape_class = int(c);
+      }
+      std::int64_t cursor = 0, factor_cursor = 0;
+      for (std::size_t c = first_class; c < m_classes.size(); ++c) {
+        auto& cls = m_classes[c];
+        const auto count = std::int64_t(cls.blocks.size());
+        cls.local = cursor;
+        cursor += count * cls.elements;
+        for (std::size_t d = 0; d < cls.size.size(); ++d) {
+          if (cls.factor[d] < 0) continue;
+          cls.factor[d] = factor_cursor;
+          factor_cursor += count * cls.size[d] * cls.size[d];
+        }
+        for (std::size_t i = 0; i < cls.blocks.size(); ++i) {
+          auto& b = m_blocks[cls.blocks[i]];
+          b.local = cls.local + std::int64_t(i) * cls.elements;
+          b.local_factor.assign(cls.size.size(), -1);
+          for (std::size_t d = 0; d < cls.size.size(); ++d)
+            if (cls.factor[d] >= 0) b.local_factor[d] = cls.factor[d] + std::int64_t(i) * cls.size[d] * cls.size[d];
+        }
+        if (r == rank) m_own_classes.push_back(c);
+      }
+      m_local_packed.push_back(cursor);
+      m_local_factors.push_back(factor_cursor);
+    }
+    const auto alloc = [&](const char* what, std::int64_t n) {
+      return Buffer(Kokkos::view_alloc(space, std::string("Lather::soap::") + what), std::size_t(n));
+    };
+    // view_alloc without WithoutInitializing zero-fills: moments and factors start at zero.
+    const std::int64_t mine = m_local_packed[std::size_t(rank)], my_factors = m_local_factors[std::size_t(rank)];
+    m_exp_avg = alloc("exp_avg", mine);
+    m_exp_avg_sq = alloc("exp_avg_sq", mine);
+    m_factors = alloc("factors", my_factors);
+    m_bases = alloc("bases", my_factors);
+    m_gradient = alloc("packed_gradient", mine);
+    m_update = alloc("update", mine);
+    m_scratch_a = alloc("scratch_a", std::max<std::int64_t>(mine, 1));
+    if (o.normalize_grads)
+      m_block_sums = Kokkos::View<double*, memory_space>(Kokkos::view_alloc(space, "Lather::soap::block_sums"),
+                                                         m_blocks.size());
+    if (ranks == 1) return;
+    m_counts.clear();
+    m_segment.assign(1, 0);
+    for (int r = 0; r < ranks; ++r) {
+      m_counts.push_back(std::size_t(m_local_packed[std::size_t(r)]) + 1);  // + the failure flag
+      m_segment.push_back(m_segment.back() + m_counts.back());
+    }
+    m_gathered = alloc("gathered", std::int64_t(m_segment.back()));
+    Kokkos::View<std::size_t*, Kokkos::HostSpace> positions("Lather::soap::flag_positions", std::size_t(ranks));
+    for (int r = 0; r < ranks; ++r) positions(r) = m_segment[std::size_t(r) + 1] - 1;
+    m_flag_positions = Kokkos::View<std::size_t*, memory_space>(
+        Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::soap::flag_positions"), std::size_t(ranks));
+    Kokkos::deep_copy(space, m_flag_positions, positions);
+    m_flags = alloc("flags", ranks);
+    m_flags_host = Kokkos::create_mirror_view(m_flags);
+    ::lather::Impl::fence(space, "Lather::soap: flag positions copied");
   };
-  // view_alloc without WithoutInitializing zero-fills: moments and factors start at zero.
-  m_exp_avg = alloc("exp_avg", packed);
-  m_exp_avg_sq = alloc("exp_avg_sq", packed);
-  m_factors = alloc("factors", factors);
-  m_bases = alloc("bases", factors);
-  m_gradient = alloc("packed_gradient", packed);
-  m_update = alloc("update", packed);
-  m_scratch_a = alloc("scratch_a", largest);
+  if (ranks == 1) {
+    setup();
+    return;
+  }
+  // Options, plan and allocations may fail on one rank only: the ranks agree on it, with the
+  // check that they hold the same parameters and options, before any of them reaches a step.
+  const std::string local_error = ::lather::Impl::local_failure("soap.construct", setup);
+  ::lather::Impl::Fnv1a hash;
+  for (const auto& spec : this->m_parameters) {
+    hash.add(spec.name).add(std::uint64_t(spec.shape.size()));
+    for (auto d : spec.shape) hash.add(std::uint64_t(d));
+  }
+  for (const auto& [key, value] : describe()) hash.add(key).add(value);
+  const std::uint64_t mine[2] = {hash.value(), local_error.empty() ? 0u : 1u};
+  std::vector<std::uint64_t> all(2 * std::size_t(ranks));
+  m_group.allgather(mine, 2, all.data());
+  bool failed = false;
+  int differing = -1;
+  for (int r = 0; r < ranks; ++r) {
+    failed = failed || all[2 * r + 1] != 0;
+    if (differing < 0 && all[2 * r] != all[0]) differing = r;
+  }
+  if (failed) m_group.agree_on_failure("Soap", local_error);
+  LATHER_REQUIRE(differing < 0, "Soap: group rank ", differing, " of ", ranks,
+                 " was given other parameters (names, shapes) or options than rank 0");
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -120,27 +248,25 @@ std::vector<std::vector<int>> Soap<ExecutionSpace, Scalar>::factor_sizes(std::si
   return sizes;
 }
 
-namespace Impl {
-template <class BlockInfo>
-SoapBlockMap soap_block_map(const BlockInfo& b, const TensorShape& merged) {
-  SoapBlockMap map;
-  map.rank = int(merged.size());
-  std::int64_t stride = 1;
-  for (int d = map.rank - 1; d >= 0; --d) {
-    map.size[d] = b.block.size[d];
-    map.offset[d] = b.block.offset[d];
-    map.stride[d] = stride;
-    stride *= merged[d];
-  }
-  return map;
+template <class ExecutionSpace, class Scalar>
+std::vector<int> Soap<ExecutionSpace, Scalar>::block_owners() const {
+  std::vector<int> owners;
+  for (const auto& b : m_blocks) owners.push_back(b.owner);
+  return owners;
 }
-}  // namespace Impl
+
+template <class ExecutionSpace, class Scalar>
+std::vector<double> Soap<ExecutionSpace, Scalar>::block_costs() const {
+  std::vector<double> costs;
+  for (const auto& b : m_blocks) costs.push_back(b.cost);
+  return costs;
+}
 
 template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::pack_gradient(const ExecutionSpace& space, const BlockInfo& b,
                                                  const FlatTensor<Scalar, memory_space>& g) {
   const Impl::SoapBlockMap map = Impl::soap_block_map(b, m_merged[b.parameter]);
-  Scalar* out = m_gradient.data() + b.packed;
+  Scalar* out = m_gradient.data() + b.local;
   const Scalar* in = g.data();
   Kokkos::parallel_for(
       "Lather::soap::pack_gradient", Kokkos::RangePolicy<ExecutionSpace>(space, 0, b.block.elements()),
@@ -148,160 +274,24 @@ void Soap<ExecutionSpace, Scalar>::pack_gradient(const ExecutionSpace& space, co
 }
 
 template <class ExecutionSpace, class Scalar>
-void Soap<ExecutionSpace, Scalar>::apply_update(const ExecutionSpace& space, std::size_t p,
+void Soap<ExecutionSpace, Scalar>::apply_update(const ExecutionSpace& space, std::size_t k,
                                                 const FlatTensor<Scalar, memory_space>& x, Scalar step_size,
-                                                Scalar decay) {
-  const auto [begin, end] = m_parameter_packed[p];
-  const Scalar* update = m_update.data();
-  Scalar denominator = 1;
-  if (m_options.normalize_grads && end > begin) {
-    // The reference: u / (sqrt(mean(u^2)) + eps), the mean over the whole parameter.
-    double sum = 0;
-    Kokkos::parallel_reduce(
-        "Lather::soap::update_norm", Kokkos::RangePolicy<ExecutionSpace>(space, begin, end),
-        KOKKOS_LAMBDA(std::int64_t k, double& s) { s += double(update[k]) * double(update[k]); }, sum);
-    denominator = Scalar(std::sqrt(sum / double(end - begin))) + Scalar(m_options.epsilon);
-  }
+                                                Scalar decay, Scalar denominator) {
+  const BlockInfo& b = m_blocks[k];
+  const Impl::SoapBlockMap map = Impl::soap_block_map(b, m_merged[std::size_t(b.parameter)]);
+  const Scalar* u = m_update.data() + b.local;
   Scalar* values = x.data();
-  const auto [first, last] = m_parameter_blocks[p];
-  for (std::size_t k = first; k < last; ++k) {
-    const Impl::SoapBlockMap map = Impl::soap_block_map(m_blocks[k], m_merged[p]);
-    const Scalar* u = update + m_blocks[k].packed;
-    // Two roundings as the reference: p += -step_size u, then p *= 1 - lr weight_decay.
-    Kokkos::parallel_for(
-        "Lather::soap::apply_update", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m_blocks[k].block.elements()),
-        KOKKOS_LAMBDA(std::int64_t e) {
-          const std::int64_t i = map.flat(e);
-          const Scalar moved = values[i] - step_size * (u[e] / denominator);
-          values[i] = moved * decay;
-        });
-  }
-}
-
-template <class ExecutionSpace, class Scalar>
-void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const BlockInfo& b, Scalar* from,
-                                          Scalar* scratch, bool forward) {
-  // Mode-d product of the block viewed as [outer, n, inner]: forward Y[a] = Q^T X[a], backward
-  // Y[a] = Q X[a]. The order of the modes does not matter (they commute); the result ends in
-  // `from`, copied back when an odd number of products left it in `scratch`.
-  const auto& size = b.block.size;
-  Scalar* in = from;
-  Scalar* out = scratch;
-  for (std::size_t d = 0; d < size.size(); ++d) {
-    if (b.factor[d] < 0) continue;
-    const int n = int(size[d]);
-    std::int64_t outer = 1, inner = 1;
-    for (std::size_t e = 0; e < d; ++e) outer *= size[e];
-    for (std::size_t e = d + 1; e < size.size(); ++e) inner *= size[e];
-    const Scalar* q = m_bases.data() + b.factor[d];
-    using ::lather::Impl::gemm_strided_batched;
-    if (inner == 1)  // X is [outer, n]: one product X Q (forward) or X Q^T (backward)
-      gemm_strided_batched(space, 'N', forward ? 'N' : 'T', int(outer), n, n, Scalar(1), in, 0, q, 0, Scalar(0), out, 0,
-                           1);
-    else
-      gemm_strided_batched(space, forward ? 'T' : 'N', 'N', n, int(inner), n, Scalar(1), q, 0, in, n * inner, Scalar(0),
-                           out, n * inner, int(outer));
-    std::swap(in, out);
-  }
-  if (in != from) {
-    const Scalar* result = in;
-    Kokkos::parallel_for(
-        "Lather::soap::copy_rotated", Kokkos::RangePolicy<ExecutionSpace>(space, 0, b.block.elements()),
-        KOKKOS_LAMBDA(std::int64_t e) { from[e] = result[e]; });
-  }
-}
-
-template <class ExecutionSpace, class Scalar>
-void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& space, const BlockInfo& b, const Scalar* g,
-                                                      Scalar beta) {
-  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
-  using Const = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space, Unmanaged>;
-  using Matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space, Unmanaged>;
-  const auto& size = b.block.size;
-  for (std::size_t d = 0; d < size.size(); ++d) {
-    if (b.factor[d] < 0) continue;
-    const int n = int(size[d]);
-    std::int64_t outer = 1, inner = 1;
-    for (std::size_t e = 0; e < d; ++e) outer *= size[e];
-    for (std::size_t e = d + 1; e < size.size(); ++e) inner *= size[e];
-    const Matrix factor(m_factors.data() + b.factor[d], n, n);
-    // GG = beta GG + (1 - beta) sum_a X[a] X[a]^T over the [outer, n, inner] view.
-    using ::lather::Impl::gemm;
-    if (inner == 1) {
-      const Const x(g, outer, n);
-      gemm(space, "T", "N", Scalar(1) - beta, x, x, beta, factor);
-    } else {
-      for (std::int64_t a = 0; a < outer; ++a) {
-        const Const x(g + a * n * inner, n, inner);
-        gemm(space, "N", "T", Scalar(1) - beta, x, x, a == 0 ? beta : Scalar(1), factor);
-      }
-    }
-  }
-}
-
-template <class ExecutionSpace, class Scalar>
-void Soap<ExecutionSpace, Scalar>::refresh_bases(const ExecutionSpace& space, bool first) {
-  if (m_factor_list.empty()) return;
-  ::lather::Impl::ScopedRegion region(first ? "Lather::soap::eigh" : "Lather::soap::power_qr");
-  auto factors = Kokkos::create_mirror_view(m_factors);
-  auto bases = Kokkos::create_mirror_view(m_bases);
-  Kokkos::deep_copy(space, factors, m_factors);
-  Kokkos::deep_copy(space, bases, m_bases);
-  ::lather::Impl::fence(space, "Lather::soap: factors on the host");
-  std::vector<double> f, q;
-  std::vector<int> order;
-  std::vector<int> all_orders;  // every factor's column order, in factor order
-  for (const auto& [start, n] : m_factor_list) {
-    const std::size_t nn = std::size_t(n) * n;
-    f.assign(factors.data() + start, factors.data() + start + nn);
-    q.assign(bases.data() + start, bases.data() + start + nn);
-    if (first) {
-      Impl::soap_eigenbasis(n, f.data(), q.data());
-    } else {
-      Impl::soap_power_qr(n, f.data(), q.data(), order);
-      all_orders.insert(all_orders.end(), order.begin(), order.end());
-    }
-    for (std::size_t k = 0; k < nn; ++k) bases(std::size_t(start) + k) = Scalar(q[k]);
-  }
-  Kokkos::deep_copy(space, m_bases, bases);
-  if (first) return;
-  // The estimated eigenvalues reorder the columns; exp_avg_sq follows along the same dimension.
-  Kokkos::View<int*, memory_space> device_orders("Lather::soap::orders", all_orders.size());
-  {
-    Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(all_orders.data(),
-                                                                                              all_orders.size());
-    Kokkos::deep_copy(space, device_orders, host);
-  }
-  std::int64_t cursor = 0;
-  for (const auto& b : m_blocks) {
-    const auto& size = b.block.size;
-    for (std::size_t d = 0; d < size.size(); ++d) {
-      if (b.factor[d] < 0) continue;
-      const std::int64_t n = size[d];
-      bool identity = true;
-      for (std::int64_t j = 0; j < n; ++j) identity = identity && all_orders[std::size_t(cursor + j)] == j;
-      if (!identity) {
-        std::int64_t inner = 1;
-        for (std::size_t e = d + 1; e < size.size(); ++e) inner *= size[e];
-        Scalar* v = m_exp_avg_sq.data() + b.packed;
-        Scalar* tmp = m_scratch_a.data();
-        const int* perm = device_orders.data() + cursor;
-        const std::int64_t elements = b.block.elements();
-        Kokkos::parallel_for(
-            "Lather::soap::permute_exp_avg_sq", Kokkos::RangePolicy<ExecutionSpace>(space, 0, elements),
-            KOKKOS_LAMBDA(std::int64_t e) {
-              const std::int64_t j = (e / inner) % n, base = e - j * inner;
-              tmp[e] = v[base + std::int64_t(perm[j]) * inner];
-            });
-        Kokkos::parallel_for(
-            "Lather::soap::copy_exp_avg_sq", Kokkos::RangePolicy<ExecutionSpace>(space, 0, elements),
-            KOKKOS_LAMBDA(std::int64_t e) { v[e] = tmp[e]; });
-      }
-      cursor += n;
-    }
-  }
-  // device_orders is freed here: keep it alive until the kernels ran.
-  ::lather::Impl::fence(space, "Lather::soap: permutations done");
+  // Distributed, the new values also go to this rank's segment of the all-gather.
+  Scalar* copy = distributed() ? m_gathered.data() + m_segment[std::size_t(m_group.rank())] + b.local : nullptr;
+  // Two roundings as the reference: p += -step_size u, then p *= 1 - lr weight_decay.
+  Kokkos::parallel_for(
+      "Lather::soap::apply_update", Kokkos::RangePolicy<ExecutionSpace>(space, 0, b.block.elements()),
+      KOKKOS_LAMBDA(std::int64_t e) {
+        const std::int64_t i = map.flat(e);
+        const Scalar moved = values[i] - step_size * (u[e] / denominator);
+        values[i] = moved * decay;
+        if (copy) copy[e] = values[i];
+      });
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -310,12 +300,32 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   ::lather::Impl::ScopedRegion region("Lather::soap::step");
   const auto& o = m_options;
   const long t = m_step;
+  const int rank = m_group.rank();
+  const std::string context = "Soap::step " + std::to_string(t);
   const Scalar shampoo_beta = Scalar(o.shampoo_beta < 0 ? o.beta2 : o.shampoo_beta);
-  for (const auto& b : m_blocks) pack_gradient(space, b, gradients[b.parameter]);
+  m_launches = 0;
+  // One rank: exceptions propagate as they are. Distributed: this rank's verdict, agreed on below.
+  const auto local = [&](auto&& work) -> std::string {
+    if (!distributed()) {
+      work();
+      return {};
+    }
+    return ::lather::Impl::local_failure(nullptr, work);
+  };
+  const auto own_gradients = [&] {
+    ::lather::Impl::fault_point("soap.distributed_step");
+    for (const auto& b : m_blocks)
+      if (b.owner == rank) pack_gradient(space, b, gradients[std::size_t(b.parameter)]);
+  };
   if (t == 0) {
     // The reference's first step only builds the factors and their eigenbases.
-    for (const auto& b : m_blocks) accumulate_factors(space, b, m_gradient.data() + b.packed, shampoo_beta);
-    refresh_bases(space, true);
+    const std::string error = local([&] {
+      own_gradients();
+      for (std::size_t c : m_own_classes)
+        accumulate_factors(space, m_classes[c], m_gradient.data() + m_classes[c].local, shampoo_beta);
+      refresh_bases(space, true);
+    });
+    if (distributed()) m_group.agree_on_failure(context, error);
     ++m_step;
     return;
   }
@@ -324,73 +334,122 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   if (o.correct_bias)  // the reference counts the steps after the first: t here
     step_size *= std::sqrt(1.0 - std::pow(o.beta2, double(t))) / (1.0 - std::pow(o.beta1, double(t)));
   const Scalar b1 = Scalar(o.beta1), b2 = Scalar(o.beta2), eps = Scalar(o.epsilon);
-  for (const auto& b : m_blocks) {
-    const std::int64_t n = b.block.elements();
-    Scalar* g = m_gradient.data() + b.packed;
-    Scalar* m = m_exp_avg.data() + b.packed;
-    Scalar* v = m_exp_avg_sq.data() + b.packed;
-    Scalar* u = m_update.data() + b.packed;
-    Scalar* projected = m_scratch_a.data();
+  // Phase 1: the update of this rank's blocks, element-wise passes over its whole share (every
+  // class is consecutive in it), the rotations class by class.
+  std::string error = local([&] {
+    own_gradients();
+    const std::int64_t n = m_local_packed[std::size_t(rank)];
+    Scalar* g = m_gradient.data();
+    Scalar* m = m_exp_avg.data();
+    Scalar* v = m_exp_avg_sq.data();
+    Scalar* u = m_update.data();
+    Scalar* scratch = m_scratch_a.data();
+    const auto rotate_all = [&](bool forward) {
+      for (std::size_t c : m_own_classes)
+        rotate(space, m_classes[c], u + m_classes[c].local, scratch + m_classes[c].local, forward);
+    };
     // m in the original basis; v of the gradient rotated into the current eigenbasis.
     Kokkos::parallel_for(
         "Lather::soap::copy_gradient", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
         KOKKOS_LAMBDA(std::int64_t e) { u[e] = g[e]; });
-    rotate(space, b, u, projected, true);
+    rotate_all(true);
     Kokkos::parallel_for(
         "Lather::soap::moments", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n), KOKKOS_LAMBDA(std::int64_t e) {
           m[e] = b1 * m[e] + (Scalar(1) - b1) * g[e];
           v[e] = b2 * v[e] + (Scalar(1) - b2) * u[e] * u[e];
           u[e] = m[e];
         });
-    rotate(space, b, u, projected, true);
+    rotate_all(true);
     Kokkos::parallel_for(
         "Lather::soap::adam_direction", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
         KOKKOS_LAMBDA(std::int64_t e) { u[e] = u[e] / (::lather::Impl::kmath::sqrt(v[e]) + eps); });
-    rotate(space, b, u, projected, false);
+    rotate_all(false);
+    if (!o.normalize_grads) return;
+    // Sums of u^2 block by block: the same bits whichever rank computes a block.
+    Kokkos::deep_copy(space, m_block_sums, 0.0);
+    for (std::size_t k = 0; k < m_blocks.size(); ++k) {
+      if (m_blocks[k].owner != rank) continue;
+      const Scalar* ub = u + m_blocks[k].local;
+      Kokkos::parallel_reduce(
+          "Lather::soap::update_norm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m_blocks[k].block.elements()),
+          KOKKOS_LAMBDA(std::int64_t e, double& s) { s += double(ub[e]) * double(ub[e]); },
+          Kokkos::subview(m_block_sums, k));
+    }
+  });
+  // normalize_grads: the RMS of each whole parameter's update (the reference: u / (sqrt(mean(u^2))
+  // + eps)), from every rank's block sums (one allreduce, which carries the failure flag too).
+  std::vector<Scalar> denominator(values.size(), Scalar(1));
+  if (o.normalize_grads) {
+    std::vector<double> sums(m_blocks.size() + 1, 0.0);
+    if (error.empty()) {
+      Kokkos::deep_copy(space, Kokkos::View<double*, Kokkos::HostSpace>(sums.data(), m_blocks.size()), m_block_sums);
+      ::lather::Impl::fence(space, "Lather::soap: block sums on the host");
+    }
+    sums.back() = error.empty() ? 0.0 : 1.0;
+    if (distributed()) {
+      m_group.allreduce(sums.data(), sums.size(), comm::Combine::sum);  // x + 0 + ... = x exactly
+      if (sums.back() != 0.0) m_group.agree_on_failure(context, error);
+    }
+    for (std::size_t p = 0; p < values.size(); ++p) {
+      const auto [first, last] = m_parameter_blocks[p];
+      const auto [begin, end] = m_parameter_packed[p];
+      if (end == begin) continue;
+      double sum = 0;
+      for (std::size_t k = first; k < last; ++k) sum += sums[k];
+      denominator[p] = Scalar(std::sqrt(sum / double(end - begin))) + eps;
+    }
   }
-  const Scalar decay = Scalar(1.0 - o.weight_decay * lr);
-  for (std::size_t p = 0; p < values.size(); ++p) apply_update(space, p, values[p], Scalar(step_size), decay);
-  for (const auto& b : m_blocks) accumulate_factors(space, b, m_gradient.data() + b.packed, shampoo_beta);
-  if (t % o.precondition_frequency == 0) refresh_bases(space, false);
+  // Phase 2: the new values of this rank's blocks, its factors, and (every
+  // precondition_frequency steps) its bases.
+  if (error.empty())
+    error = local([&] {
+      const Scalar decay = Scalar(1.0 - o.weight_decay * lr);
+      for (std::size_t k = 0; k < m_blocks.size(); ++k)
+        if (m_blocks[k].owner == rank) {
+          const auto p = std::size_t(m_blocks[k].parameter);
+          apply_update(space, k, values[p], Scalar(step_size), decay, denominator[p]);
+        }
+      for (std::size_t c : m_own_classes)
+        accumulate_factors(space, m_classes[c], m_gradient.data() + m_classes[c].local, shampoo_beta);
+      if (t % o.precondition_frequency == 0) refresh_bases(space, false);
+    });
+  if (distributed()) gather_values(space, values, error, context);
   ++m_step;
 }
 
 template <class ExecutionSpace, class Scalar>
-StateMemoryReport Soap<ExecutionSpace, Scalar>::memory_report() const {
-  StateMemoryReport r;
-  const auto bytes = [](const Buffer& b) { return std::int64_t(b.size() * sizeof(Scalar)); };
-  r.local_bytes = bytes(m_exp_avg) + bytes(m_exp_avg_sq);
-  r.stack_bytes = bytes(m_factors) + bytes(m_bases);
-  r.workspace_bytes = bytes(m_gradient) + bytes(m_update) + bytes(m_scratch_a);
-  return r;
-}
-
-template <class ExecutionSpace, class Scalar>
-auto Soap<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace&) -> std::vector<StateArray<memory_space>> {
-  std::vector<StateArray<memory_space>> arrays;
-  m_step_host = m_step;
-  StateArray<memory_space> step;
-  step.name = "step";
-  step.dtype = DType::int64;
-  step.host_bytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-      reinterpret_cast<char*>(&m_step_host), sizeof m_step_host);
-  arrays.push_back(step);
-  const auto add = [&](std::size_t p, const char* what, const Buffer& buffer, std::pair<std::int64_t, std::int64_t> range) {
-    if (range.second == range.first) return;
-    StateArray<memory_space> a;
-    a.name = "soap/" + this->m_parameters[p].name + "/" + what;
-    a.dtype = dtype_of<Scalar>();
-    a.shape = {range.second - range.first};
-    a.device_bytes = as_bytes<memory_space>(Kokkos::subview(buffer, range), std::size_t(range.second - range.first));
-    arrays.push_back(a);
-  };
-  for (std::size_t p = 0; p < this->m_parameters.size(); ++p) {
-    add(p, "exp_avg", m_exp_avg, m_parameter_packed[p]);
-    add(p, "exp_avg_sq", m_exp_avg_sq, m_parameter_packed[p]);
-    add(p, "factors", m_factors, m_parameter_factors[p]);
-    add(p, "bases", m_bases, m_parameter_factors[p]);
+void Soap<ExecutionSpace, Scalar>::gather_values(const ExecutionSpace& space, const Tensors& values,
+                                                 const std::string& error, const std::string& context) {
+  // The flag closes this rank's segment; after the all-gather every rank reads every flag, so all
+  // agree on a failure without another collective (the message costs one more, on failure only).
+  const auto rank = std::size_t(m_group.rank());
+  const std::size_t first = m_segment[rank], last = m_segment[rank + 1];
+  Kokkos::deep_copy(space, Kokkos::subview(m_gathered, last - 1), Scalar(error.empty() ? 0 : 1));
+  m_group.allgatherv(space, Kokkos::View<const Scalar*, memory_space>(Kokkos::subview(m_gathered, std::make_pair(first, last))),
+                     m_gathered, m_counts);
+  {
+    const auto positions = m_flag_positions;
+    const auto flags = m_flags;
+    const Scalar* gathered = m_gathered.data();
+    Kokkos::parallel_for(
+        "Lather::soap::collect_flags", Kokkos::RangePolicy<ExecutionSpace>(space, 0, positions.extent(0)),
+        KOKKOS_LAMBDA(std::size_t r) { flags(r) = gathered[positions(r)]; });
   }
-  return arrays;
+  Kokkos::deep_copy(space, m_flags_host, m_flags);
+  ::lather::Impl::fence(space, "Lather::soap: failure flags on the host");
+  bool failed = false;
+  for (std::size_t r = 0; r < m_flags_host.extent(0); ++r) failed = failed || m_flags_host(r) != Scalar(0);
+  if (failed) m_group.agree_on_failure(context, error);
+  // Every other rank's blocks into the parameters.
+  for (const auto& b : m_blocks) {
+    if (std::size_t(b.owner) == rank) continue;
+    const Impl::SoapBlockMap map = Impl::soap_block_map(b, m_merged[std::size_t(b.parameter)]);
+    const Scalar* in = m_gathered.data() + m_segment[std::size_t(b.owner)] + b.local;
+    Scalar* out = values[std::size_t(b.parameter)].data();
+    Kokkos::parallel_for(
+        "Lather::soap::unpack_values", Kokkos::RangePolicy<ExecutionSpace>(space, 0, b.block.elements()),
+        KOKKOS_LAMBDA(std::int64_t e) { out[map.flat(e)] = in[e]; });
+  }
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -415,3 +474,6 @@ std::vector<std::pair<std::string, std::string>> Soap<ExecutionSpace, Scalar>::d
 }
 
 }  // namespace lather::optim
+
+#include <lather/optim/impl/soap_products.hpp>
+#include <lather/optim/impl/soap_state.hpp>

@@ -1,0 +1,156 @@
+#pragma once
+// Part of the implementation of Soap (included by <lather/optim/impl/soap_impl.hpp> only): the
+// per-class batched products (rotations into and out of the eigenbases, factor updates) and the
+// eigh/QR refresh of this rank's bases.
+
+#include <lather/optim/impl/soap_impl.hpp>
+
+namespace lather::optim {
+
+template <class ExecutionSpace, class Scalar>
+void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const ShapeClass& c, Scalar* from,
+                                          Scalar* scratch, bool forward) {
+  // Mode-d product of each block viewed as [outer, n, inner]: forward Y[a] = Q^T X[a], backward
+  // Y[a] = Q X[a]. The order of the modes does not matter (they commute); the result ends in
+  // `from`, copied back when an odd number of products left it in `scratch`. The blocks of the
+  // class lie `elements` apart and their bases n^2 apart: one batched product per dimension
+  // (outer and inner both > 1: one per block or one per slice a, whichever is fewer).
+  using ::lather::Impl::gemm_strided_batched;
+  const auto& size = c.size;
+  const std::int64_t count = std::int64_t(c.blocks.size()), elements = c.elements;
+  Scalar* in = from;
+  Scalar* out = scratch;
+  for (std::size_t d = 0; d < size.size(); ++d) {
+    if (c.factor[d] < 0) continue;
+    const int n = int(size[d]);
+    const std::int64_t nn = std::int64_t(n) * n;
+    const std::int64_t outer = Impl::soap_product(size, 0, d), inner = Impl::soap_product(size, d + 1, size.size());
+    const Scalar* q = m_bases.data() + c.factor[d];
+    const char tq = forward ? 'T' : 'N';
+    if (inner == 1) {  // X is [outer, n]: X Q (forward) or X Q^T (backward)
+      m_launches += gemm_strided_batched(space, 'N', forward ? 'N' : 'T', int(outer), n, n, Scalar(1), in, elements, q,
+                                         nn, Scalar(0), out, elements, int(count));
+    } else if (outer == 1) {
+      m_launches += gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q, nn, in, elements, Scalar(0),
+                                         out, elements, int(count));
+    } else if (count <= outer) {
+      for (std::int64_t i = 0; i < count; ++i)
+        m_launches += gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q + i * nn, 0,
+                                           in + i * elements, n * inner, Scalar(0), out + i * elements, n * inner,
+                                           int(outer));
+    } else {
+      for (std::int64_t a = 0; a < outer; ++a)
+        m_launches += gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q, nn, in + a * n * inner,
+                                           elements, Scalar(0), out + a * n * inner, elements, int(count));
+    }
+    std::swap(in, out);
+  }
+  if (in != from) {
+    const Scalar* result = in;
+    Kokkos::parallel_for(
+        "Lather::soap::copy_rotated", Kokkos::RangePolicy<ExecutionSpace>(space, 0, count * elements),
+        KOKKOS_LAMBDA(std::int64_t e) { from[e] = result[e]; });
+  }
+}
+
+template <class ExecutionSpace, class Scalar>
+void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& space, const ShapeClass& c,
+                                                      const Scalar* g, Scalar beta) {
+  // GG = beta GG + (1 - beta) sum_a X[a] X[a]^T over each block's [outer, n, inner] view, every
+  // block of the class in one batched product (per slice a when inner > 1 and outer > 1).
+  using ::lather::Impl::gemm_strided_batched;
+  const auto& size = c.size;
+  const std::int64_t count = std::int64_t(c.blocks.size()), elements = c.elements;
+  for (std::size_t d = 0; d < size.size(); ++d) {
+    if (c.factor[d] < 0) continue;
+    const int n = int(size[d]);
+    const std::int64_t nn = std::int64_t(n) * n;
+    const std::int64_t outer = Impl::soap_product(size, 0, d), inner = Impl::soap_product(size, d + 1, size.size());
+    Scalar* factor = m_factors.data() + c.factor[d];
+    if (inner == 1) {
+      m_launches += gemm_strided_batched(space, 'T', 'N', n, n, int(outer), Scalar(1) - beta, g, elements, g, elements,
+                                         beta, factor, nn, int(count));
+    } else {
+      for (std::int64_t a = 0; a < outer; ++a) {
+        const Scalar* x = g + a * n * inner;
+        m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(inner), Scalar(1) - beta, x, elements, x, elements,
+                                           a == 0 ? beta : Scalar(1), factor, nn, int(count));
+      }
+    }
+  }
+}
+
+template <class ExecutionSpace, class Scalar>
+void Soap<ExecutionSpace, Scalar>::refresh_bases(const ExecutionSpace& space, bool first) {
+  ::lather::Impl::fault_point("soap.refresh");
+  if (m_factors.size() == 0) return;
+  ::lather::Impl::ScopedRegion region(first ? "Lather::soap::eigh" : "Lather::soap::power_qr");
+  auto factors = Kokkos::create_mirror_view(m_factors);
+  auto bases = Kokkos::create_mirror_view(m_bases);
+  Kokkos::deep_copy(space, factors, m_factors);
+  Kokkos::deep_copy(space, bases, m_bases);
+  ::lather::Impl::fence(space, "Lather::soap: factors on the host");
+  // This rank's factors, class by class, dimension by dimension, block by block.
+  std::vector<double> f, q;
+  std::vector<int> order;
+  std::vector<int> all_orders;  // every factor's column order, in that order
+  for (std::size_t ci : m_own_classes) {
+    const auto& c = m_classes[ci];
+    for (std::size_t d = 0; d < c.size.size(); ++d) {
+      if (c.factor[d] < 0) continue;
+      const int n = int(c.size[d]);
+      const std::size_t nn = std::size_t(n) * n;
+      for (std::size_t i = 0; i < c.blocks.size(); ++i) {
+        const std::size_t start = std::size_t(c.factor[d]) + i * nn;
+        f.assign(factors.data() + start, factors.data() + start + nn);
+        q.assign(bases.data() + start, bases.data() + start + nn);
+        if (first) {
+          Impl::soap_eigenbasis(n, f.data(), q.data());
+        } else {
+          Impl::soap_power_qr(n, f.data(), q.data(), order);
+          all_orders.insert(all_orders.end(), order.begin(), order.end());
+        }
+        for (std::size_t k = 0; k < nn; ++k) bases(start + k) = Scalar(q[k]);
+      }
+    }
+  }
+  Kokkos::deep_copy(space, m_bases, bases);
+  if (first) return;
+  // The estimated eigenvalues reorder the columns; exp_avg_sq follows along the same dimension.
+  Kokkos::View<int*, memory_space> device_orders("Lather::soap::orders", all_orders.size());
+  {
+    Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(all_orders.data(),
+                                                                                              all_orders.size());
+    Kokkos::deep_copy(space, device_orders, host);
+  }
+  std::int64_t cursor = 0;
+  for (std::size_t ci : m_own_classes) {
+    const auto& c = m_classes[ci];
+    for (std::size_t d = 0; d < c.size.size(); ++d) {
+      if (c.factor[d] < 0) continue;
+      const std::int64_t n = c.size[d], inner = Impl::soap_product(c.size, d + 1, c.size.size());
+      for (std::size_t i = 0; i < c.blocks.size(); ++i, cursor += n) {
+        bool identity = true;
+        for (std::int64_t j = 0; j < n; ++j) identity = identity && all_orders[std::size_t(cursor + j)] == j;
+        if (identity) continue;
+        Scalar* v = m_exp_avg_sq.data() + m_blocks[c.blocks[i]].local;
+        Scalar* tmp = m_scratch_a.data();
+        const int* perm = device_orders.data() + cursor;
+        const std::int64_t elements = c.elements;
+        Kokkos::parallel_for(
+            "Lather::soap::permute_exp_avg_sq", Kokkos::RangePolicy<ExecutionSpace>(space, 0, elements),
+            KOKKOS_LAMBDA(std::int64_t e) {
+              const std::int64_t j = (e / inner) % n, base = e - j * inner;
+              tmp[e] = v[base + std::int64_t(perm[j]) * inner];
+            });
+        Kokkos::parallel_for(
+            "Lather::soap::copy_exp_avg_sq", Kokkos::RangePolicy<ExecutionSpace>(space, 0, elements),
+            KOKKOS_LAMBDA(std::int64_t e) { v[e] = tmp[e]; });
+      }
+    }
+  }
+  // device_orders is freed here: keep it alive until the kernels ran.
+  ::lather::Impl::fence(space, "Lather::soap: permutations done");
+}
+
+}  // namespace lather::optim
