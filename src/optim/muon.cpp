@@ -3,6 +3,8 @@
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
+#include "option_checks.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -10,14 +12,8 @@
 
 namespace lather::optim {
 
-namespace {
-void require_unit_interval(double value, const char* name) {
-  LATHER_REQUIRE(std::isfinite(value) && value >= 0 && value < 1, name, " must be in [0, 1), got ", value);
-}
-void require_non_negative(double value, const char* name) {
-  LATHER_REQUIRE(std::isfinite(value) && value >= 0, name, " must be >= 0, got ", value);
-}
-}  // namespace
+using Impl::require_non_negative;
+using Impl::require_unit_interval;
 
 void MuonOptions::validate() const {
   learning_rate.validate();
