@@ -414,6 +414,28 @@ void shampoo_case(const std::string& point, optim::StepMode mode, int failing, i
   }
 }
 
+/// Asynchronous roots: the failure happens on the root thread started at step 0 and is reported
+/// by the step that installs its roots (step 2), on every rank; a rebuilt optimizer then steps.
+void shampoo_async_roots_case(int failing) {
+  const comm::Mesh mesh(MPI_COMM_WORLD, 1);
+  auto options = shampoo_options(optim::StepMode::replicated);
+  options.async_roots = true;
+  options.root.method = linalg::RootMethod::eigh;
+  optim::Shampoo<Exec, double> shampoo(Exec(), shampoo_specs(), options, mesh);
+  const auto params = model_tensors(0);
+  const auto call = [&] {
+    for (int step = 0; step < 3; ++step) shampoo.step(Exec(), params, model_tensors(1 + step));
+  };
+  if (expect_failure_everywhere("shampoo.async_roots", failing, call, false, Where{failing, world_size()}) !=
+      world_size())
+    return;
+  optim::Shampoo<Exec, double> rebuilt(Exec(), shampoo_specs(), options, mesh);
+  const auto reference = model_tensors(0);
+  for (int step = 0; step < 3; ++step) rebuilt.step(Exec(), reference, model_tensors(1 + step));
+  const auto report = comm::check_replicas(Exec(), mesh, reference);
+  EXPECT_TRUE(report.consistent()) << report.describe();
+}
+
 // ---- nn: the activations of the tensor-parallel models ------------------------------------------
 
 /// Mlp split over all ranks: the next evaluation equals a fresh model's.
@@ -560,6 +582,7 @@ std::vector<FaultCase> fault_cases() {
                    [](int f) { shampoo_case("shampoo.root_exchange", StepMode::distributed, f); }});
   cases.push_back({"shampoo.distributed_step", "shampoo_distributed_step",
                    [](int f) { shampoo_case("shampoo.distributed_step", StepMode::distributed, f); }});
+  cases.push_back({"shampoo.async_roots", "shampoo_async_roots", shampoo_async_roots_case});
   cases.push_back({"shampoo.state_gather", "shampoo_state_gather_replicated",
                    [](int f) { shampoo_case("shampoo.state_gather", StepMode::replicated, f); }});
   cases.push_back({"shampoo.state_gather", "shampoo_state_gather_distributed",
