@@ -34,8 +34,9 @@ std::vector<ParameterSpec> specs() {
           {"scale", {}},       {"square", {8, 8}}, {"tall", {30, 4}}};
 }
 
-SoapOptions options(bool normalize = true) {
+SoapOptions options(bool normalize = true, bool quantized = false) {
   SoapOptions o;
+  o.best_effort_memory_usage_reduction = quantized;
   o.learning_rate = LearningRateSchedule::constant(0.01);
   o.precondition_frequency = 2;
   o.block_size = 8;
@@ -96,9 +97,10 @@ void expect_same(const Problem& got, const Problem& want, const std::string& whe
 
 /// A fresh optimizer on `group` with the parameters of `from`, restored from `saved`.
 std::unique_ptr<Soap<Space, float>> restore(const comm::Group& group, const std::vector<std::vector<char>>& saved,
-                                            Problem& into, const Problem& from, long step) {
+                                            Problem& into, const Problem& from, long step,
+                                            const SoapOptions& o = options()) {
   for (std::size_t p = 0; p < from.s.size(); ++p) into.set(p, from.host(p));
-  auto soap = std::make_unique<Soap<Space, float>>(Space(), into.s, options(), group);
+  auto soap = std::make_unique<Soap<Space, float>>(Space(), into.s, o, group);
   const auto arrays = soap->state_arrays(Space());
   EXPECT_EQ(arrays.size(), saved.size());
   for (std::size_t i = 0; i < arrays.size() && i < saved.size(); ++i) {
@@ -146,6 +148,48 @@ TEST(DistributedSoap, EqualsOneRankAndRestoresOnOtherRankCounts) {
     EXPECT_EQ(soap->step_count(), 7);
     resumed.run(*soap, 7, 5);
     expect_same(resumed, alone, "restored on " + std::to_string(g.size()) + " ranks and 5 more steps");
+  }
+}
+
+// The same with best_effort_memory_usage_reduction: the owner of a block quantizes its state
+// with the same kernels on the same numbers, so the int8/int16 codes and scales, the gathered
+// checkpoint arrays and the trajectory are the single rank's bit for bit.
+TEST(DistributedSoap, QuantizedEqualsOneRankAndRestoresOnOtherRankCounts) {
+  const comm::Group world(MPI_COMM_WORLD);
+  const SoapOptions o = options(true, true);
+  Problem alone, shared;
+  Soap<Space, float> single(Space(), alone.s, o);
+  Soap<Space, float> distributed(Space(), shared.s, o, world);
+  alone.run(single, 0, 7);
+  shared.run(distributed, 0, 7);
+  expect_same(shared, alone, "after 7 quantized steps");
+  const auto want = single.state_arrays(Space());
+  const auto got = distributed.state_arrays(Space());
+  ASSERT_EQ(got.size(), want.size());
+  std::vector<std::vector<char>> saved;
+  bool codes = false;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].name, want[i].name);
+    EXPECT_EQ(got[i].dtype, want[i].dtype) << got[i].name;
+    codes = codes || got[i].dtype == DType::int8;
+    saved.push_back(host_bytes(got[i]));
+    EXPECT_EQ(saved.back(), host_bytes(want[i])) << got[i].name;
+  }
+  EXPECT_TRUE(codes);
+  distributed.state_released();
+  // The ranks' quantized state adds up to the single rank's.
+  std::int64_t mine[2] = {distributed.memory_report().local_bytes, distributed.memory_report().quantized_bytes};
+  world.allreduce(mine, 2, comm::Combine::sum);
+  EXPECT_EQ(mine[0], single.memory_report().local_bytes);
+  EXPECT_EQ(mine[1], single.memory_report().quantized_bytes);
+  alone.run(single, 7, 5);
+  const comm::Group half = world.split(world.rank() % 2, world.rank());
+  const comm::Group solo;
+  for (const comm::Group* group : {&solo, &half, &world}) {
+    Problem resumed;
+    auto soap = restore(*group, saved, resumed, shared, 7, o);
+    resumed.run(*soap, 7, 5);
+    expect_same(resumed, alone, "quantized, restored on " + std::to_string(group->size()) + " ranks and 5 more steps");
   }
 }
 

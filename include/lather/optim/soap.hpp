@@ -44,6 +44,14 @@
 // Locally, a rank's blocks of one shape and factor layout (a "shape class") are consecutive in its
 // packed buffers, and their factors and bases of one dimension are consecutive matrices: the
 // factor updates and the rotations of a class are one strided-batched GEMM per dimension.
+//
+// best_effort_memory_usage_reduction (Shampoo's option, the JAX reference's meaning): the
+// factors are kept as int16 off-diagonal codes with per-column scales and the diagonal apart in
+// float (quantize_symmetric_matrices), the bases as int16 codes with per-column scales (each
+// column of an orthogonal matrix has norm 1), exp_avg of blocks of rank > 1 as int8 codes with
+// per-column scales (each block viewed as [size[0], elements / size[0]]); exp_avg_sq (a second
+// moment) stays in float. A step dequantizes what it reads into workspace, computes as the float
+// path does, and quantizes back what it writes (soap_quantized.hpp).
 
 #include <lather/comm/group.hpp>
 #include <lather/optim/optimizer.hpp>
@@ -77,6 +85,8 @@ struct SoapOptions {
   bool precondition_1d = false;  ///< rank-1 parameters get a factor too
   bool normalize_grads = false;  ///< divide the update by its RMS over the parameter (+ epsilon)
   bool correct_bias = true;
+  /// int8 exp_avg (blocks of rank > 1), int16 factors and bases (see above).
+  bool best_effort_memory_usage_reduction = false;
   void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
 };
 
@@ -85,6 +95,10 @@ struct SoapOptions {
 /// amortised QR refresh); plus 10 per element for the element-wise passes.
 double soap_block_cost(const std::vector<std::int64_t>& size, const std::vector<bool>& factored,
                        long precondition_frequency);
+
+namespace Impl {
+struct SoapStateKind;
+}
 
 /// SOAP, its blocks shared by the ranks of a group (see above).
 template <class ExecutionSpace, class Scalar>
@@ -112,7 +126,10 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   StateMemoryReport memory_report() const override;
   /// Per parameter: exp_avg and exp_avg_sq in the packed block layout (block after block, each
   /// row-major over the block), and the factors and bases (n x n row-major, block by block,
-  /// dimension by dimension); plus the step. The same arrays on any number of ranks: each rank's
+  /// dimension by dimension); plus the step. Quantized: exp_avg/codes (int8) + exp_avg/scales
+  /// (block by block, column by column) for parameters of rank > 1 after merging, else exp_avg;
+  /// exp_avg_sq; factors/codes (int16, n x n), factors/diagonal and factors/scales (n per
+  /// matrix); bases/codes (int16) and bases/scales. The same arrays on any number of ranks: each rank's
   /// share is gathered into full copies (distributed: on every rank, rank 0 the writer), and
   /// state_restored() takes each rank's share back from them.
   std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;
@@ -147,6 +164,11 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
     std::int64_t local = 0;               ///< start in the owner's packed buffers (= its gather segment)
     std::vector<std::int64_t> local_factor;  ///< per dimension: start in the owner's factors, or -1
     double cost = 0;
+    // best_effort_memory_usage_reduction: where the block's quantized state lies.
+    std::int64_t avg_local = 0;           ///< in the owner's exp_avg codes (rank > 1) or floats
+    std::int64_t avg_columns = 0;         ///< scales of exp_avg: columns (0: kept in float)
+    std::int64_t avg_scales = 0, local_avg_scales = 0;  ///< start of its scales: checkpoint, owner
+    std::vector<std::int64_t> diagonal, local_diagonal;  ///< per dimension: n values per matrix, or -1
   };
   /// Blocks of one owner with the same size and factor layout: consecutive in the owner's packed
   /// buffers, their factors of one dimension consecutive n x n matrices.
@@ -156,6 +178,10 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
     std::vector<std::int64_t> factor;  ///< per dimension: start of the class's matrices, or -1
     std::vector<std::size_t> blocks;   ///< in m_blocks, in order
     std::int64_t local = 0, elements = 0;  ///< first element; elements per block
+    // best_effort_memory_usage_reduction (own classes): starts in the owner's quantized buffers.
+    std::int64_t avg = 0, avg_scales = 0, columns = 0;  ///< columns 0: exp_avg kept in float
+    std::vector<std::int64_t> diagonal;  ///< per dimension: start of the diagonals/scales, or -1
+    std::vector<std::int64_t> sizes;     ///< per dimension: start of `count` copies of n in m_q_index
   };
   void pack_gradient(const ExecutionSpace& space, const BlockInfo& b, const FlatTensor<Scalar, memory_space>& g);
   /// Block k's new values into the parameter (and, distributed, into this rank's gather segment).
@@ -172,6 +198,27 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   void copy_state(const ExecutionSpace& space, bool to_full);
   void gather_values(const ExecutionSpace& space, const Tensors& values, const std::string& error,
                      const std::string& context);
+  // best_effort_memory_usage_reduction (soap_quantized.hpp).
+  bool quantized() const { return m_options.best_effort_memory_usage_reduction; }
+  /// The layout of the quantized state, after the float layout is planned.
+  void plan_quantized(const ExecutionSpace& space);
+  /// The factors (bases = false) or bases of this rank, dequantized into m_matrix_work / quantized
+  /// from it.
+  void load_matrices(const ExecutionSpace& space, bool bases);
+  void store_matrices(const ExecutionSpace& space, bool bases);
+  /// exp_avg of this rank into m_avg_work / back from it.
+  void load_exp_avg(const ExecutionSpace& space);
+  void store_exp_avg(const ExecutionSpace& space);
+  Scalar* factor_data() { return quantized() ? m_matrix_work.data() : m_factors.data(); }
+  const Scalar* basis_data() const { return quantized() ? m_matrix_work.data() : m_bases.data(); }
+  StateMemoryReport quantized_memory_report() const;
+  /// The arrays of the quantized state: name, dtype, this rank's buffer, every rank's count.
+  std::vector<Impl::SoapStateKind> quantized_kinds();
+  /// Where block k's elements of kind `kind` lie: (owner's local start, checkpoint start, count).
+  template <class F>
+  void for_each_piece(std::size_t k, int kind, F&& f) const;
+  std::vector<StateArray<memory_space>> quantized_state_arrays(const ExecutionSpace& space);
+  void copy_quantized_state(const ExecutionSpace& space, bool to_full);
 
  private:
   SoapOptions m_options;
@@ -199,6 +246,18 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   // state_arrays(): the checkpoint layout (exp_avg, exp_avg_sq, factors, bases of all
   // parameters), and (distributed) the all-gather of every rank's state it is assembled from.
   Buffer m_full, m_state_gathered;
+  // best_effort_memory_usage_reduction: this rank's quantized state (m_exp_avg keeps the float
+  // exp_avg of rank-1 blocks only), the workspace it is dequantized into, and index lists.
+  Kokkos::View<std::int8_t*, memory_space> m_avg_codes;
+  Kokkos::View<std::int16_t*, memory_space> m_factor_codes, m_basis_codes;
+  Buffer m_avg_scales, m_factor_diagonal, m_factor_scales, m_basis_scales;
+  Buffer m_avg_work, m_matrix_work;
+  Kokkos::View<int*, memory_space> m_q_index;  // 0, 1, ..., then per class and dimension count n's
+  // Per rank: elements of exp_avg codes, float exp_avg, exp_avg scales, diagonals (= scales).
+  std::vector<std::int64_t> m_local_avg_codes, m_local_avg_floats, m_local_avg_scales, m_local_diagonal;
+  std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_columns, m_parameter_diagonal;
+  std::int64_t m_column_total = 0, m_diagonal_total = 0;
+  Kokkos::View<char*, memory_space> m_q_full, m_q_gathered;  // state_arrays(), in bytes
   long m_step = 0;
   long m_launches = 0;
   std::int64_t m_step_host = 0;

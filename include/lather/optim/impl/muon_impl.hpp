@@ -7,8 +7,8 @@
 #include <lather/core/error.hpp>
 #include <lather/core/impl/fault_injection.hpp>
 #include <lather/core/impl/gemm.hpp>
-#include <lather/core/impl/hash.hpp>
 #include <lather/core/kokkos_compat.hpp>
+#include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/muon.hpp>
 
 #include <algorithm>
@@ -281,25 +281,7 @@ Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<Para
     if (!local_error.empty()) throw Error(local_error, nullptr, 0);
     return;
   }
-  // One all-gather: every rank's hash of the parameters and options, and whether it failed.
-  ::lather::Impl::Fnv1a hash;
-  for (const auto& spec : this->m_parameters) {
-    hash.add(spec.name).add(std::uint64_t(spec.shape.size()));
-    for (auto d : spec.shape) hash.add(std::uint64_t(d));
-  }
-  for (const auto& [key, value] : describe()) hash.add(key).add(value);
-  const std::uint64_t mine[2] = {hash.value(), local_error.empty() ? 0u : 1u};
-  std::vector<std::uint64_t> all(2 * std::size_t(ranks));
-  m_group.allgather(mine, 2, all.data());
-  bool failed = false;
-  int differing = -1;
-  for (int r = 0; r < ranks; ++r) {
-    failed = failed || all[2 * r + 1] != 0;
-    if (differing < 0 && all[2 * r] != all[0]) differing = r;
-  }
-  if (failed) m_group.agree_on_failure("Muon", local_error);
-  LATHER_REQUIRE(differing < 0, "Muon: group rank ", differing, " of ", ranks,
-                 " was given other parameters (names, shapes) or options than rank 0");
+  Impl::agree_on_construction(m_group, "Muon", this->m_parameters, describe(), local_error);
 }
 
 template <class ExecutionSpace, class Scalar>

@@ -5,9 +5,9 @@
 
 #include <lather/core/error.hpp>
 #include <lather/core/impl/fault_injection.hpp>
-#include <lather/core/impl/hash.hpp>
 #include <lather/core/impl/gemm.hpp>
 #include <lather/core/kokkos_compat.hpp>
+#include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/soap.hpp>
 
 #include <algorithm>
@@ -179,10 +179,14 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
     };
     // view_alloc without WithoutInitializing zero-fills: moments and factors start at zero.
     const std::int64_t mine = m_local_packed[std::size_t(rank)], my_factors = m_local_factors[std::size_t(rank)];
-    m_exp_avg = alloc("exp_avg", mine);
     m_exp_avg_sq = alloc("exp_avg_sq", mine);
-    m_factors = alloc("factors", my_factors);
-    m_bases = alloc("bases", my_factors);
+    if (quantized()) {
+      plan_quantized(space);  // m_exp_avg: the float exp_avg of rank-1 blocks only
+    } else {
+      m_exp_avg = alloc("exp_avg", mine);
+      m_factors = alloc("factors", my_factors);
+      m_bases = alloc("bases", my_factors);
+    }
     m_gradient = alloc("packed_gradient", mine);
     m_update = alloc("update", mine);
     m_scratch_a = alloc("scratch_a", std::max<std::int64_t>(mine, 1));
@@ -213,24 +217,7 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
   // Options, plan and allocations may fail on one rank only: the ranks agree on it, with the
   // check that they hold the same parameters and options, before any of them reaches a step.
   const std::string local_error = ::lather::Impl::local_failure("soap.construct", setup);
-  ::lather::Impl::Fnv1a hash;
-  for (const auto& spec : this->m_parameters) {
-    hash.add(spec.name).add(std::uint64_t(spec.shape.size()));
-    for (auto d : spec.shape) hash.add(std::uint64_t(d));
-  }
-  for (const auto& [key, value] : describe()) hash.add(key).add(value);
-  const std::uint64_t mine[2] = {hash.value(), local_error.empty() ? 0u : 1u};
-  std::vector<std::uint64_t> all(2 * std::size_t(ranks));
-  m_group.allgather(mine, 2, all.data());
-  bool failed = false;
-  int differing = -1;
-  for (int r = 0; r < ranks; ++r) {
-    failed = failed || all[2 * r + 1] != 0;
-    if (differing < 0 && all[2 * r] != all[0]) differing = r;
-  }
-  if (failed) m_group.agree_on_failure("Soap", local_error);
-  LATHER_REQUIRE(differing < 0, "Soap: group rank ", differing, " of ", ranks,
-                 " was given other parameters (names, shapes) or options than rank 0");
+  Impl::agree_on_construction(m_group, "Soap", this->m_parameters, describe(), local_error);
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -321,8 +308,10 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
     // The reference's first step only builds the factors and their eigenbases.
     const std::string error = local([&] {
       own_gradients();
+      if (quantized()) load_matrices(space, false);
       for (std::size_t c : m_own_classes)
         accumulate_factors(space, m_classes[c], m_gradient.data() + m_classes[c].local, shampoo_beta);
+      if (quantized()) store_matrices(space, false);
       refresh_bases(space, true);
     });
     if (distributed()) m_group.agree_on_failure(context, error);
@@ -340,7 +329,11 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
     own_gradients();
     const std::int64_t n = m_local_packed[std::size_t(rank)];
     Scalar* g = m_gradient.data();
-    Scalar* m = m_exp_avg.data();
+    if (quantized()) {  // exp_avg and the bases dequantized into workspace
+      load_exp_avg(space);
+      load_matrices(space, true);
+    }
+    Scalar* m = quantized() ? m_avg_work.data() : m_exp_avg.data();
     Scalar* v = m_exp_avg_sq.data();
     Scalar* u = m_update.data();
     Scalar* scratch = m_scratch_a.data();
@@ -359,6 +352,7 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
           v[e] = b2 * v[e] + (Scalar(1) - b2) * u[e] * u[e];
           u[e] = m[e];
         });
+    if (quantized()) store_exp_avg(space);
     rotate_all(true);
     Kokkos::parallel_for(
         "Lather::soap::adam_direction", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
@@ -409,8 +403,10 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
           const auto p = std::size_t(m_blocks[k].parameter);
           apply_update(space, k, values[p], Scalar(step_size), decay, denominator[p]);
         }
+      if (quantized()) load_matrices(space, false);
       for (std::size_t c : m_own_classes)
         accumulate_factors(space, m_classes[c], m_gradient.data() + m_classes[c].local, shampoo_beta);
+      if (quantized()) store_matrices(space, false);  // the factors stay in m_matrix_work
       if (t % o.precondition_frequency == 0) refresh_bases(space, false);
     });
   if (distributed()) gather_values(space, values, error, context);
@@ -470,10 +466,12 @@ std::vector<std::pair<std::string, std::string>> Soap<ExecutionSpace, Scalar>::d
           {"merge_small_dims_block_size", std::to_string(o.merge_small_dims_block_size)},
           {"precondition_1d", flag(o.precondition_1d)},
           {"normalize_grads", flag(o.normalize_grads)},
-          {"correct_bias", flag(o.correct_bias)}};
+          {"correct_bias", flag(o.correct_bias)},
+          {"best_effort_memory_usage_reduction", flag(o.best_effort_memory_usage_reduction)}};
 }
 
 }  // namespace lather::optim
 
 #include <lather/optim/impl/soap_products.hpp>
 #include <lather/optim/impl/soap_state.hpp>
+#include <lather/optim/impl/soap_quantized.hpp>

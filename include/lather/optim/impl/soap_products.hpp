@@ -25,7 +25,7 @@ void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const Sha
     const int n = int(size[d]);
     const std::int64_t nn = std::int64_t(n) * n;
     const std::int64_t outer = Impl::soap_product(size, 0, d), inner = Impl::soap_product(size, d + 1, size.size());
-    const Scalar* q = m_bases.data() + c.factor[d];
+    const Scalar* q = basis_data() + c.factor[d];
     const char tq = forward ? 'T' : 'N';
     if (inner == 1) {  // X is [outer, n]: X Q (forward) or X Q^T (backward)
       m_launches += gemm_strided_batched(space, 'N', forward ? 'N' : 'T', int(outer), n, n, Scalar(1), in, elements, q,
@@ -66,7 +66,7 @@ void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& spac
     const int n = int(size[d]);
     const std::int64_t nn = std::int64_t(n) * n;
     const std::int64_t outer = Impl::soap_product(size, 0, d), inner = Impl::soap_product(size, d + 1, size.size());
-    Scalar* factor = m_factors.data() + c.factor[d];
+    Scalar* factor = factor_data() + c.factor[d];
     if (inner == 1) {
       m_launches += gemm_strided_batched(space, 'T', 'N', n, n, int(outer), Scalar(1) - beta, g, elements, g, elements,
                                          beta, factor, nn, int(count));
@@ -83,12 +83,23 @@ void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& spac
 template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::refresh_bases(const ExecutionSpace& space, bool first) {
   ::lather::Impl::fault_point("soap.refresh");
-  if (m_factors.size() == 0) return;
+  if (m_local_factors[std::size_t(m_group.rank())] == 0) return;
   ::lather::Impl::ScopedRegion region(first ? "Lather::soap::eigh" : "Lather::soap::power_qr");
-  auto factors = Kokkos::create_mirror_view(m_factors);
-  auto bases = Kokkos::create_mirror_view(m_bases);
-  Kokkos::deep_copy(space, factors, m_factors);
-  Kokkos::deep_copy(space, bases, m_bases);
+  // Quantized: m_matrix_work holds the factors (dequantized, updated); the old bases are
+  // dequantized into it after the factors' copy, and the new ones quantized from it.
+  typename Buffer::HostMirror factors, bases;
+  if (quantized()) {
+    factors = Kokkos::create_mirror(m_matrix_work);  // a copy even where the mirror would alias
+    Kokkos::deep_copy(space, factors, m_matrix_work);
+    if (!first) load_matrices(space, true);
+    bases = Kokkos::create_mirror(m_matrix_work);
+    Kokkos::deep_copy(space, bases, m_matrix_work);
+  } else {
+    factors = Kokkos::create_mirror_view(m_factors);
+    bases = Kokkos::create_mirror_view(m_bases);
+    Kokkos::deep_copy(space, factors, m_factors);
+    Kokkos::deep_copy(space, bases, m_bases);
+  }
   ::lather::Impl::fence(space, "Lather::soap: factors on the host");
   // This rank's factors, class by class, dimension by dimension, block by block.
   std::vector<double> f, q;
@@ -114,7 +125,13 @@ void Soap<ExecutionSpace, Scalar>::refresh_bases(const ExecutionSpace& space, bo
       }
     }
   }
-  Kokkos::deep_copy(space, m_bases, bases);
+  if (quantized()) {
+    Kokkos::deep_copy(space, m_matrix_work, bases);
+    store_matrices(space, true);
+    ::lather::Impl::fence(space, "Lather::soap: bases quantized");  // `bases` is freed on return
+  } else {
+    Kokkos::deep_copy(space, m_bases, bases);
+  }
   if (first) return;
   // The estimated eigenvalues reorder the columns; exp_avg_sq follows along the same dimension.
   Kokkos::View<int*, memory_space> device_orders("Lather::soap::orders", all_orders.size());

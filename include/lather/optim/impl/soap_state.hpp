@@ -9,6 +9,7 @@ namespace lather::optim {
 
 template <class ExecutionSpace, class Scalar>
 StateMemoryReport Soap<ExecutionSpace, Scalar>::memory_report() const {
+  if (quantized()) return quantized_memory_report();
   StateMemoryReport r;
   const auto bytes = [](const auto& b) { return std::int64_t(b.size() * sizeof(typename std::decay_t<decltype(b)>::value_type)); };
   r.local_bytes = bytes(m_exp_avg) + bytes(m_exp_avg_sq);
@@ -62,6 +63,7 @@ void Soap<ExecutionSpace, Scalar>::copy_state(const ExecutionSpace& space, bool 
 
 template <class ExecutionSpace, class Scalar>
 auto Soap<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> std::vector<StateArray<memory_space>> {
+  if (quantized()) return quantized_state_arrays(space);
   const int rank = m_group.rank();
   const std::int64_t P = m_packed_total, F = m_factor_total;
   const auto prepare = [&] {
@@ -133,6 +135,7 @@ void Soap<ExecutionSpace, Scalar>::state_restored(const ExecutionSpace& space, l
   m_step = step_count;
   // The arrays of the last state_arrays() were filled: this rank's share back from them.
   if (m_full.data()) copy_state(space, false);
+  if (m_q_full.data()) copy_quantized_state(space, false);
   state_released();
 }
 
@@ -140,6 +143,8 @@ template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::state_released() {
   m_full = Buffer();
   m_state_gathered = Buffer();
+  m_q_full = {};
+  m_q_gathered = {};
 }
 
 }  // namespace lather::optim
