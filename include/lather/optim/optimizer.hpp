@@ -62,6 +62,20 @@ struct StateArray {
   std::int64_t local_elements() const;
 };
 
+/// The step count as a state array: the int64 `step_host` (which the caller sets to its step
+/// count and keeps alive while the array is read), a scalar named "step", written by `writer`
+/// (the same on every rank that holds it: a checkpoint writes one copy).
+template <class MemorySpace>
+StateArray<MemorySpace> step_array(std::int64_t& step_host, bool writer = true) {
+  StateArray<MemorySpace> step;
+  step.name = "step";
+  step.dtype = DType::int64;
+  step.writer = writer;
+  step.host_bytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      reinterpret_cast<char*>(&step_host), sizeof step_host);
+  return step;
+}
+
 /// Every optimizer is built on an execution space instance (where it allocates and initialises
 /// its state) and takes the instance again in every call that launches work, as Kokkos Kernels
 /// does; it never fences globally.

@@ -190,12 +190,7 @@ template <class ExecutionSpace, class Scalar>
 auto FirstOrder<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace&) -> std::vector<StateArray<memory_space>> {
   std::vector<StateArray<memory_space>> arrays;
   m_step_host = m_step;
-  StateArray<memory_space> step;
-  step.name = "step";
-  step.dtype = DType::int64;
-  step.host_bytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-      reinterpret_cast<char*>(&m_step_host), sizeof m_step_host);
-  arrays.push_back(step);
+  arrays.push_back(step_array<memory_space>(m_step_host));
   for (std::size_t s = 0; s < m_state.size(); ++s)
     for (std::size_t p = 0; p < m_state[s].size(); ++p) {
       StateArray<memory_space> a;

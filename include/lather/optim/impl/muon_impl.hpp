@@ -399,13 +399,7 @@ auto Muon<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> 
   }
   std::vector<StateArray<memory_space>> arrays;
   m_step_host = m_step;
-  StateArray<memory_space> step;
-  step.name = "step";
-  step.dtype = DType::int64;
-  step.writer = rank == 0;
-  step.host_bytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-      reinterpret_cast<char*>(&m_step_host), sizeof m_step_host);
-  arrays.push_back(step);
+  arrays.push_back(step_array<memory_space>(m_step_host, rank == 0));
   for (std::size_t p = 0; p < m_plan.size(); ++p) {
     const auto& spec = this->m_parameters[p];
     const auto add = [&](const std::string& slot, const Kokkos::View<Scalar*, memory_space>& view) {

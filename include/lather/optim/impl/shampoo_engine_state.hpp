@@ -77,7 +77,7 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
   const std::int64_t n = m_plan.num_statistics();
   statistics_symmetric(space);
   m_step_host = m_step;
-  arrays.push_back(host_array("step", DType::int64, {}, &m_step_host, 1));
+  arrays.push_back(step_array<memory_space>(m_step_host, rank == 0));
   if (n > 0) {
     // The stacks: the statistics this rank stores, by global row. Replicated stacks are written
     // by rank 0 alone; distributed, each rank writes its own rows.

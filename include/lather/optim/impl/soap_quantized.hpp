@@ -388,13 +388,7 @@ auto Soap<ExecutionSpace, Scalar>::quantized_state_arrays(const ExecutionSpace& 
   copy_quantized_state(space, true);
   std::vector<StateArray<memory_space>> arrays;
   m_step_host = m_step;
-  StateArray<memory_space> step;
-  step.name = "step";
-  step.dtype = DType::int64;
-  step.writer = rank == 0;
-  step.host_bytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-      reinterpret_cast<char*>(&m_step_host), sizeof m_step_host);
-  arrays.push_back(step);
+  arrays.push_back(step_array<memory_space>(m_step_host, rank == 0));
   std::int64_t base = 0;
   std::vector<std::int64_t> bases;
   for (const auto& kind : kinds) {

@@ -103,13 +103,7 @@ auto Soap<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> 
   copy_state(space, true);
   std::vector<StateArray<memory_space>> arrays;
   m_step_host = m_step;
-  StateArray<memory_space> step;
-  step.name = "step";
-  step.dtype = DType::int64;
-  step.writer = rank == 0;  // the same on every rank of the group
-  step.host_bytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-      reinterpret_cast<char*>(&m_step_host), sizeof m_step_host);
-  arrays.push_back(step);
+  arrays.push_back(step_array<memory_space>(m_step_host, rank == 0));
   const auto add = [&](std::size_t p, const char* what, std::int64_t base, std::pair<std::int64_t, std::int64_t> range) {
     if (range.second == range.first) return;
     StateArray<memory_space> a;
