@@ -2,6 +2,7 @@
 // quantized, Adam) written by one rank per copy and read back by every rank, and distributed
 // arrays written by one distribution of rows/blocks and read back by another.
 #include "checkpoint_test_support.hpp"
+#include "common/state_bytes.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -38,17 +39,7 @@ void remove_directory(const std::string& dir) {
 
 template <class Scalar>
 std::vector<std::vector<char>> state_bytes(optim::Optimizer<Space, Scalar>& optimizer) {
-  std::vector<std::vector<char>> out;
-  for (const auto& a : optimizer.state_arrays(Space())) {
-    std::vector<char> bytes(a.device_bytes.size() + a.host_bytes.size());
-    if (a.host_bytes.size()) {
-      std::memcpy(bytes.data(), a.host_bytes.data(), bytes.size());
-    } else {
-      Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(bytes.data(), bytes.size());
-      Kokkos::deep_copy(host, a.device_bytes);
-    }
-    out.push_back(bytes);
-  }
+  auto out = test::state_bytes(optimizer.state_arrays(Space()));
   optimizer.state_released();
   return out;
 }

@@ -7,6 +7,8 @@
 #include <lather/core/impl/fault_injection.hpp>
 #include <lather/optim/muon.hpp>
 
+#include "common/state_bytes.hpp"
+
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -63,14 +65,8 @@ void run(Muon<Space, float>& muon, const ParameterList<float, Mem>& params, int 
   }
 }
 
-std::vector<char> host_bytes(const StateArray<Mem>& a) {
-  std::vector<char> bytes(a.host_bytes.data() ? a.host_bytes.size() : a.device_bytes.size());
-  if (a.host_bytes.data())
-    std::copy_n(a.host_bytes.data(), bytes.size(), bytes.data());
-  else
-    Kokkos::deep_copy(Kokkos::View<char*, Kokkos::HostSpace>(bytes.data(), bytes.size()), a.device_bytes);
-  return bytes;
-}
+using test::fill_state;
+using test::state_bytes;
 
 TEST(DistributedMuon, EqualsOneRankAndRestores) {
   const comm::Group world(MPI_COMM_WORLD);
@@ -91,8 +87,8 @@ TEST(DistributedMuon, EqualsOneRankAndRestores) {
   for (std::size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].name, want[i].name);
     EXPECT_EQ(got[i].writer, world.rank() == 0) << got[i].name;
-    saved.push_back(host_bytes(got[i]));
-    EXPECT_EQ(saved.back(), host_bytes(want[i])) << got[i].name;
+    saved.push_back(state_bytes(got[i]));
+    EXPECT_EQ(saved.back(), state_bytes(want[i])) << got[i].name;
   }
   distributed.state_released();
 
@@ -100,15 +96,7 @@ TEST(DistributedMuon, EqualsOneRankAndRestores) {
   auto restored_params = initial_parameters();
   for (std::size_t p = 0; p < alone.size(); ++p) restored_params.set_value(Space(), p, shared.host_value(Space(), p));
   Muon<Space, float> restored(Space(), restored_params, options(), world);
-  const auto arrays = restored.state_arrays(Space());
-  ASSERT_EQ(arrays.size(), saved.size());
-  for (std::size_t i = 0; i < arrays.size(); ++i) {
-    if (arrays[i].host_bytes.data())
-      std::copy_n(saved[i].data(), saved[i].size(), arrays[i].host_bytes.data());
-    else
-      Kokkos::deep_copy(arrays[i].device_bytes,
-                        Kokkos::View<const char*, Kokkos::HostSpace>(saved[i].data(), saved[i].size()));
-  }
+  fill_state(restored.state_arrays(Space()), saved);
   restored.state_restored(Space(), 7);
   run(single, alone, 7, 5);
   run(restored, restored_params, 7, 5);

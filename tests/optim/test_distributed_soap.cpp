@@ -10,6 +10,8 @@
 #include <lather/core/impl/fault_injection.hpp>
 #include <lather/optim/soap.hpp>
 
+#include "common/state_bytes.hpp"
+
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -82,14 +84,8 @@ struct Problem {
   }
 };
 
-std::vector<char> host_bytes(const StateArray<Mem>& a) {
-  std::vector<char> bytes(a.host_bytes.data() ? a.host_bytes.size() : a.device_bytes.size());
-  if (a.host_bytes.data())
-    std::copy_n(a.host_bytes.data(), bytes.size(), bytes.data());
-  else
-    Kokkos::deep_copy(Kokkos::View<char*, Kokkos::HostSpace>(bytes.data(), bytes.size()), a.device_bytes);
-  return bytes;
-}
+using test::fill_state;
+using test::state_bytes;
 
 void expect_same(const Problem& got, const Problem& want, const std::string& when) {
   for (std::size_t p = 0; p < want.s.size(); ++p) EXPECT_EQ(got.host(p), want.host(p)) << want.s[p].name << " " << when;
@@ -101,14 +97,7 @@ std::unique_ptr<Soap<Space, float>> restore(const comm::Group& group, const std:
                                             const SoapOptions& o = options()) {
   for (std::size_t p = 0; p < from.s.size(); ++p) into.set(p, from.host(p));
   auto soap = std::make_unique<Soap<Space, float>>(Space(), into.s, o, group);
-  const auto arrays = soap->state_arrays(Space());
-  EXPECT_EQ(arrays.size(), saved.size());
-  for (std::size_t i = 0; i < arrays.size() && i < saved.size(); ++i) {
-    if (arrays[i].host_bytes.data())
-      std::copy_n(saved[i].data(), saved[i].size(), arrays[i].host_bytes.data());
-    else
-      Kokkos::deep_copy(arrays[i].device_bytes, Kokkos::View<const char*, Kokkos::HostSpace>(saved[i].data(), saved[i].size()));
-  }
+  fill_state(soap->state_arrays(Space()), saved);
   soap->state_restored(Space(), step);
   return soap;
 }
@@ -131,8 +120,8 @@ TEST(DistributedSoap, EqualsOneRankAndRestoresOnOtherRankCounts) {
   for (std::size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].name, want[i].name);
     EXPECT_EQ(got[i].writer, world.rank() == 0) << got[i].name;
-    saved.push_back(host_bytes(got[i]));
-    EXPECT_EQ(saved.back(), host_bytes(want[i])) << got[i].name;
+    saved.push_back(state_bytes(got[i]));
+    EXPECT_EQ(saved.back(), state_bytes(want[i])) << got[i].name;
   }
   distributed.state_released();
 
@@ -172,8 +161,8 @@ TEST(DistributedSoap, QuantizedEqualsOneRankAndRestoresOnOtherRankCounts) {
     EXPECT_EQ(got[i].name, want[i].name);
     EXPECT_EQ(got[i].dtype, want[i].dtype) << got[i].name;
     codes = codes || got[i].dtype == DType::int8;
-    saved.push_back(host_bytes(got[i]));
-    EXPECT_EQ(saved.back(), host_bytes(want[i])) << got[i].name;
+    saved.push_back(state_bytes(got[i]));
+    EXPECT_EQ(saved.back(), state_bytes(want[i])) << got[i].name;
   }
   EXPECT_TRUE(codes);
   distributed.state_released();

@@ -5,6 +5,8 @@
 #include <lather/optim/impl/muon_impl.hpp>
 #include <lather/optim/muon.hpp>
 
+#include "common/state_bytes.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -279,15 +281,7 @@ TEST(Muon, CheckpointRoundTrip) {
   Muon<Space, float> first(Space(), a, options);
   run(first, a, 0, 3);
   // Save: the arrays' bytes on the host.
-  std::vector<std::vector<char>> saved;
-  for (const auto& array : first.state_arrays(Space())) {
-    std::vector<char> bytes(array.host_bytes.data() ? array.host_bytes.size() : array.device_bytes.size());
-    if (array.host_bytes.data())
-      std::copy_n(array.host_bytes.data(), bytes.size(), bytes.data());
-    else
-      Kokkos::deep_copy(Kokkos::View<char*, Kokkos::HostSpace>(bytes.data(), bytes.size()), array.device_bytes);
-    saved.push_back(bytes);
-  }
+  const auto saved = lather::test::state_bytes(first.state_arrays(Space()));
   first.state_released();
   // Restore into a fresh optimizer with the same parameter values, then both go on alike.
   Muon<Space, float> second(Space(), b, options);
@@ -295,12 +289,7 @@ TEST(Muon, CheckpointRoundTrip) {
   const auto arrays = second.state_arrays(Space());
   ASSERT_EQ(arrays.size(), saved.size());
   EXPECT_EQ(arrays.size(), 1u + 2u + 1u + 1u);  // step, bias mu/nu, w and conv momentum
-  for (std::size_t i = 0; i < arrays.size(); ++i) {
-    if (arrays[i].host_bytes.data())
-      std::copy_n(saved[i].data(), saved[i].size(), arrays[i].host_bytes.data());
-    else
-      Kokkos::deep_copy(arrays[i].device_bytes, Kokkos::View<const char*, Kokkos::HostSpace>(saved[i].data(), saved[i].size()));
-  }
+  lather::test::fill_state(arrays, saved);
   second.state_restored(Space(), 3);
   EXPECT_EQ(second.step_count(), 3);
   run(first, a, 3, 4);
