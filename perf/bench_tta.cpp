@@ -29,6 +29,7 @@ struct TtaOptions {
   std::string text = "/usr/share/datasets/shakespeare";
   double target_loss = 1.8;  ///< transformer: validation nats/char
   long max_steps = 0;        ///< transformer: give up after this many steps (0: lather-train's default)
+  unsigned seed = 0;         ///< lather-train --seed: initial weights and data order
 };
 
 void run_tta(const TtaOptions& o) {
@@ -54,6 +55,7 @@ void run_tta(const TtaOptions& o) {
       t.target_accuracy = o.target;
     }
     t.optimizer = name;
+    t.seed = o.seed;
     t.eval_every = o.eval_every;
     t.quiet = true;
     if (name == "shampoo") t.shampoo.insert(t.shampoo.end(), o.shampoo.begin(), o.shampoo.end());
@@ -92,6 +94,7 @@ void run_tta(const TtaOptions& o) {
             {"schedule", t.schedule},
             {"batch_size", t.batch_size},
             {"ranks", ranks},
+            {"seed", o.seed},
             {"eval_every", o.eval_every},
             {"final_test_accuracy", result.test_accuracy},
             {"final_validation_loss", transformer ? result.test_loss : -1.0},
@@ -128,6 +131,8 @@ void register_tta(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub->add_option("--max-steps", options->max_steps, "transformer: give up after this many steps (0: lather-train's run)")
+      ->capture_default_str();
+  sub->add_option("--seed", options->seed, "Seed of the initial weights and the data order (lather-train --seed)")
       ->capture_default_str();
   add_list_option(*sub, "--shampoo", options->shampoo,
                   "Shampoo options over lather-train's defaults, name=value (e.g. preconditioning_compute_steps=50)");

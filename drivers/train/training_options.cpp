@@ -9,7 +9,7 @@
 namespace lather::train {
 
 double default_learning_rate(const std::string& optimizer) {
-  if (optimizer == "shampoo") return 5e-3;
+  if (optimizer == "shampoo") return 4e-3;
   if (optimizer == "adam" || optimizer == "adamw") return 2e-3;
   if (optimizer == "adagrad") return 3e-2;
   if (optimizer == "sgd") return 5e-2;
@@ -287,7 +287,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
       ->check(CLI::IsMember({"shampoo", "soap", "muon", "adam", "adamw", "adagrad", "sgd"}))
       ->capture_default_str();
   app.add_option("--lr", o.lr,
-                 "Learning rate (peak of the schedule); default per optimizer: shampoo 5e-3, soap 1e-3, muon 1e-2, "
+                 "Learning rate (peak of the schedule); default per optimizer: shampoo 4e-3, soap 1e-3, muon 1e-2, "
                  "adam/adamw 2e-3, adagrad 3e-2, sgd 5e-2 (transformer: see docs/reference/driver.md)");
   app.add_option("--schedule", o.schedule, "Learning-rate schedule: constant, warmup, cosine, linear or rsqrt")
       ->check(CLI::IsMember({"constant", "warmup", "cosine", "linear", "rsqrt"}))
