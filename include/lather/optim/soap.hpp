@@ -98,6 +98,8 @@ double soap_block_cost(const std::vector<std::int64_t>& size, const std::vector<
 
 namespace Impl {
 struct SoapStateKind;
+/// Per block, what one array of the checkpoint state holds (impl/soap_state.hpp).
+enum class SoapStatePiece { avg_codes, avg_floats, avg_scales, packed, matrix, diagonal };
 }
 
 /// SOAP, its blocks shared by the ranks of a group (see above).
@@ -194,8 +196,6 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   void refresh_bases(const ExecutionSpace& space, bool first);
   /// Distributed: the all-gather of every rank's new block values (and failure flag) into the
   /// parameters; throws the same lather::Error on every rank if any rank's `error` is not empty.
-  /// Between the checkpoint layout (m_full) and the local layouts (see state_arrays()).
-  void copy_state(const ExecutionSpace& space, bool to_full);
   void gather_values(const ExecutionSpace& space, const Tensors& values, const std::string& error,
                      const std::string& context);
   // best_effort_memory_usage_reduction (soap_quantized.hpp).
@@ -212,13 +212,14 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   Scalar* factor_data() { return quantized() ? m_matrix_work.data() : m_factors.data(); }
   const Scalar* basis_data() const { return quantized() ? m_matrix_work.data() : m_bases.data(); }
   StateMemoryReport quantized_memory_report() const;
-  /// The arrays of the quantized state: name, dtype, this rank's buffer, every rank's count.
-  std::vector<Impl::SoapStateKind> quantized_kinds();
-  /// Where block k's elements of kind `kind` lie: (owner's local start, checkpoint start, count).
+  // The checkpoint state (soap_state.hpp), float or quantized.
+  /// The arrays of the state: name, pieces, dtype, this rank's buffer, every rank's count.
+  std::vector<Impl::SoapStateKind> state_kinds();
+  /// Where block k's elements of one kind lie: f(owner's local start, checkpoint start, count).
   template <class F>
-  void for_each_piece(std::size_t k, int kind, F&& f) const;
-  std::vector<StateArray<memory_space>> quantized_state_arrays(const ExecutionSpace& space);
-  void copy_quantized_state(const ExecutionSpace& space, bool to_full);
+  void for_each_piece(std::size_t k, Impl::SoapStatePiece piece, F&& f) const;
+  /// Between the checkpoint layout (m_state_full) and the local layouts (see state_arrays()).
+  void copy_state(const ExecutionSpace& space, bool to_full);
 
  private:
   SoapOptions m_options;
@@ -243,9 +244,6 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   Kokkos::View<std::size_t*, memory_space> m_flag_positions;
   Buffer m_flags;
   typename Buffer::HostMirror m_flags_host;
-  // state_arrays(): the checkpoint layout (exp_avg, exp_avg_sq, factors, bases of all
-  // parameters), and (distributed) the all-gather of every rank's state it is assembled from.
-  Buffer m_full, m_state_gathered;
   // best_effort_memory_usage_reduction: this rank's quantized state (m_exp_avg keeps the float
   // exp_avg of rank-1 blocks only), the workspace it is dequantized into, and index lists.
   Kokkos::View<std::int8_t*, memory_space> m_avg_codes;
@@ -257,7 +255,9 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   std::vector<std::int64_t> m_local_avg_codes, m_local_avg_floats, m_local_avg_scales, m_local_diagonal;
   std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_columns, m_parameter_diagonal;
   std::int64_t m_column_total = 0, m_diagonal_total = 0;
-  Kokkos::View<char*, memory_space> m_q_full, m_q_gathered;  // state_arrays(), in bytes
+  // state_arrays(), in bytes: the checkpoint layout (state_kinds() of all parameters), and
+  // (distributed) the all-gather of every rank's state it is assembled from.
+  Kokkos::View<char*, memory_space> m_state_full, m_state_gathered;
   long m_step = 0;
   long m_launches = 0;
   std::int64_t m_step_host = 0;
