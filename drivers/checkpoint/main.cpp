@@ -1,6 +1,7 @@
 // lather-checkpoint: what users run on a checkpoint file or directory.
 //   lather-checkpoint verify PATH...   every dataset's checksum; exit 0 when all are intact, 1 if not
-//   lather-checkpoint info FILE        step, ranks, shards, optimizer options, version, the arrays
+//   lather-checkpoint info PATH        step, ranks, shards, optimizer options, version, the arrays of
+//                                      a file, or of the checkpoint --resume takes from a directory
 // Runs on one process: it reads files with HDF5's serial driver and needs no mpiexec.
 #include <lather/checkpoint/checkpoint.hpp>
 #include <lather/comm/mpi_session.hpp>
@@ -49,7 +50,29 @@ int verify(const std::vector<std::string>& paths) {
   return checked > 0 && damaged == 0 ? 0 : 1;
 }
 
-int info(const std::string& file) {
+/// The checkpoint --resume would take from a directory: the newest intact one (every checksum
+/// verified), after naming the newer ones it skips; "" when none is intact.
+std::string newest_intact(const std::string& directory) {
+  auto files = files_of(directory);
+  std::reverse(files.begin(), files.end());  // checkpoint-<zero-padded step>.h5: newest first
+  for (const auto& file : files) {
+    const std::string reason = lather::checkpoint::verify_checkpoint(file);
+    if (reason.empty()) return file;
+    std::printf("skipped:         %s: %s\n", file.c_str(), reason.c_str());
+  }
+  return {};
+}
+
+int info(const std::string& path) {
+  std::string file = path;
+  if (fs::is_directory(path)) {
+    file = newest_intact(path);
+    if (file.empty()) {
+      std::fprintf(stderr, "lather-checkpoint: no intact checkpoint file (*.h5) in %s\n", path.c_str());
+      return 1;
+    }
+    std::printf("newest intact checkpoint of %s (the one --resume takes)\n", path.c_str());
+  }
   const auto summary = lather::checkpoint::describe_checkpoint(file);
   const auto& a = summary.attributes;
   const auto integer = [&](const char* name) {
@@ -101,8 +124,10 @@ int main(int argc, char** argv) try {
   auto* verify_command = app.add_subcommand(
       "verify", "Read every dataset so that every checksum is checked; exit 0 when every file is intact, 1 if not");
   verify_command->add_option("paths", paths, "Checkpoint files or directories (their *.h5 files)")->required();
-  auto* info_command = app.add_subcommand("info", "Step, ranks, shards, optimizer options, version and arrays");
-  info_command->add_option("file", file, "A checkpoint file")->required();
+  auto* info_command = app.add_subcommand(
+      "info", "Step, ranks, shards, optimizer options, version and arrays of a checkpoint file, or of a directory's "
+              "newest intact one (the one --resume takes)");
+  info_command->add_option("path", file, "A checkpoint file or directory")->required();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
