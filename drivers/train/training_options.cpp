@@ -91,8 +91,10 @@ optim::AdamOptions TrainOptions::adam_options() const {
 
 optim::SoapOptions TrainOptions::soap_options() const {
   optim::SoapOptions s;
-  // The blocking and skip rules of this run's Shampoo (its defaults and --shampoo-* options).
+  // The blocking and skip rules of this run's Shampoo (its defaults and --shampoo-* options), and
+  // its best_effort_memory_usage_reduction: SOAP's quantized state.
   const auto shampoo = shampoo_options();
+  s.best_effort_memory_usage_reduction = shampoo.best_effort_memory_usage_reduction;
   s.block_size = shampoo.block_size;
   s.merge_small_dims_block_size = shampoo.merge_small_dims_block_size;
   s.max_precond_dim = shampoo.skip_preconditioning_dim_size_gt;

@@ -145,6 +145,19 @@ TEST(Training, AdasumTrains) {
   }
 }
 
+// --optimizer soap takes the run's Shampoo blocking and best_effort_memory_usage_reduction (its
+// quantized state), from --shampoo name=value as from the defaults.
+TEST(Training, SoapTakesTheRunsShampooBlockingAndQuantization) {
+  TrainOptions o = small_run("soap");
+  EXPECT_FALSE(o.soap_options().best_effort_memory_usage_reduction);
+  EXPECT_EQ(o.soap_options().block_size, o.shampoo_options().block_size);
+  o.shampoo = {"block_size=32", "best_effort_memory_usage_reduction=true", "skip_preconditioning_dim_size_gt=512"};
+  const auto soap = o.soap_options();
+  EXPECT_EQ(soap.block_size, 32);
+  EXPECT_TRUE(soap.best_effort_memory_usage_reduction);
+  EXPECT_EQ(soap.max_precond_dim, 512);
+}
+
 TEST(Training, BadOptionsAreClearErrors) {
   const auto expect_error = [](TrainOptions o, const std::string& fragment) {
     try {
