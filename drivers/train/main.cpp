@@ -42,6 +42,17 @@ int main(int argc, char** argv) try {
       if (rank == 0) app.exit(e);
     } catch (const CLI::CallForVersion& e) {
       if (rank == 0) app.exit(e);
+    } catch (const CLI::ConfigError& e) {
+      // CLI11 says "INI was not able to parse KEY" for a key that names no option.
+      const std::string what = e.what(), prefix = "INI was not able to parse ";
+      if (rank == 0) {
+        if (what.rfind(prefix, 0) == 0)
+          std::fprintf(stderr, "lather-train: --config: unknown key '%s' (keys are the long option names, see --help)\n",
+                       what.substr(prefix.size()).c_str());
+        else
+          std::fprintf(stderr, "lather-train: --config: %s (see --help)\n", what.c_str());
+      }
+      code = 2;
     } catch (const CLI::ParseError& e) {
       // One line, exit code 2, as users of command-line tools expect.
       if (rank == 0) std::fprintf(stderr, "lather-train: %s (see --help)\n", e.what());

@@ -251,6 +251,8 @@ double default_transformer_learning_rate(const std::string& optimizer) {
 
 void add_options(CLI::App& app, TrainOptions& o) {
   app.set_config("--config", "", "Read options from a TOML/INI file (keys are the long option names)");
+  // A misspelt key is an error naming it, not a default silently kept (CLI11 ignores extras).
+  app.allow_config_extras(CLI::config_extras_mode::error);
   app.add_option("--model", o.model,
                  "mlp: a multilayer perceptron on Fashion-MNIST (--data); transformer: a character-level GPT-style "
                  "decoder on a text (--text), attention heads split over --weight-shards")
