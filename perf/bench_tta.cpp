@@ -49,6 +49,9 @@ void run_tta(const TtaOptions& o) {
       t.target_loss = o.target_loss;
       if (o.max_steps > 0) t.max_steps = o.max_steps;
       t.lr = train::default_transformer_learning_rate(name);
+      // apply_model_defaults() chose Shampoo's block size for lather-train's default optimizer;
+      // the optimizers that take no Shampoo options refuse it.
+      if (name != "shampoo" && name != "soap") t.shampoo.clear();
     } else {
       t.data = o.data;
       t.epochs = o.epochs;

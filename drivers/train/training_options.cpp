@@ -201,6 +201,22 @@ void TrainOptions::validate() const {
     LATHER_REQUIRE(std::filesystem::is_directory(data, error), "--data '", data,
                    "' is not a directory (install the Debian package dataset-fashion-mnist or pass --data DIR)");
   }
+  // Shampoo's options change Shampoo only, and SOAP takes its blocking and quantization from
+  // them: given to another optimizer, one would silently change nothing, so it is refused.
+  if (optimizer != "shampoo") {
+    static const std::vector<std::string> soap_takes = {"block_size", "merge_small_dims_block_size",
+                                                        "skip_preconditioning_dim_size_gt",
+                                                        "best_effort_memory_usage_reduction"};
+    for (const auto& pair : shampoo) {
+      const std::string name = pair.substr(0, pair.find('='));
+      if (optimizer == "soap" && std::find(soap_takes.begin(), soap_takes.end(), name) != soap_takes.end()) continue;
+      LATHER_FAIL("the Shampoo option '", name, "' (--shampoo, --shampoo-*, --precondition-side, --async-roots) ",
+                  "has no effect with --optimizer ", optimizer,
+                  optimizer == "soap" ? "; soap takes block_size, merge_small_dims_block_size, "
+                                        "skip_preconditioning_dim_size_gt and best_effort_memory_usage_reduction"
+                                      : "");
+    }
+  }
   // The optimizer's own options, each validated, so that a bad value is refused before any set-up.
   LATHER_REQUIRE(weight_shards == 1 || (optimizer != "soap" && optimizer != "muon"), "--optimizer ", optimizer,
                  " does not support --weight-shards ", weight_shards, " (use shampoo or a first-order optimizer)");
@@ -227,11 +243,11 @@ void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
   // dividing this shard count's slices of d_model and 4 d_model (the vocabulary is padded to
   // 128). 128 on one shard, where larger blocks precondition better at the same step time; a
   // checkpoint then continues only on layouts with the same block size (give
-  // --shampoo-block-size to move between them). Options given win.
+  // --shampoo-block-size to move between them). Options given win; SOAP takes the same blocks.
   const bool block_given = std::any_of(o.shampoo.begin(), o.shampoo.end(), [](const std::string& pair) {
     return pair.rfind("block_size=", 0) == 0;
   });
-  if (!block_given && o.weight_shards >= 1) {
+  if (!block_given && (o.optimizer == "shampoo" || o.optimizer == "soap") && o.weight_shards >= 1) {
     // In 64 bits: the options are not validated yet (validate() bounds them), and 128 times a
     // large shard count does not fit an int.
     int block = 128;

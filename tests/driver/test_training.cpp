@@ -176,6 +176,14 @@ TEST(Training, BadOptionsAreClearErrors) {
   o = small_run("shampoo");
   o.shampoo = {"graft_type=ADAM"};
   expect_error(o, "unknown graft type 'ADAM'");
+  // Shampoo's options would change nothing for another optimizer, and SOAP takes only its blocking
+  // and quantization from them.
+  o = small_run("adam");
+  o.shampoo = {"async_roots=true"};
+  expect_error(o, "the Shampoo option 'async_roots'");
+  o = small_run("soap");
+  o.shampoo.push_back("precondtioner_type=input");
+  expect_error(o, "has no effect with --optimizer soap; soap takes block_size");
   o = small_run("adam");
   o.checkpoint_every = 5;
   expect_error(o, "--checkpoint-every needs --checkpoint-dir");
