@@ -206,6 +206,10 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   /// from it.
   void load_matrices(const ExecutionSpace& space, bool bases);
   void store_matrices(const ExecutionSpace& space, bool bases);
+  /// f(class, blocks in it, dimension, n) for every factored dimension of this rank's classes:
+  /// one batch of `blocks` n x n factors (and bases) each.
+  template <class F>
+  void for_each_own_matrices(F&& f) const;
   /// exp_avg of this rank into m_avg_work / back from it.
   void load_exp_avg(const ExecutionSpace& space);
   void store_exp_avg(const ExecutionSpace& space);

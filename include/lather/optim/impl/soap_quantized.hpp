@@ -190,29 +190,33 @@ void Soap<ExecutionSpace, Scalar>::store_exp_avg(const ExecutionSpace& space) {
 }
 
 template <class ExecutionSpace, class Scalar>
+template <class F>
+void Soap<ExecutionSpace, Scalar>::for_each_own_matrices(F&& f) const {
+  for (std::size_t ci : m_own_classes) {
+    const auto& c = m_classes[ci];
+    for (std::size_t d = 0; d < c.size.size(); ++d)
+      if (c.factor[d] >= 0) f(c, std::int64_t(c.blocks.size()), d, c.size[d]);
+  }
+}
+
+template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::load_matrices(const ExecutionSpace& space, bool bases) {
   using Codes = Kokkos::View<const std::int16_t***, Kokkos::LayoutRight, memory_space>;
   using Rows = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
   using Index = Kokkos::View<const int*, memory_space>;
-  for (std::size_t ci : m_own_classes) {
-    const auto& c = m_classes[ci];
-    const auto count = std::int64_t(c.blocks.size());
-    for (std::size_t d = 0; d < c.size.size(); ++d) {
-      if (c.factor[d] < 0) continue;
-      const std::int64_t n = c.size[d];
-      Scalar* work = m_matrix_work.data() + c.factor[d];
-      if (bases) {
-        Impl::soap_dequantize_columns(space, m_basis_codes.data() + c.factor[d], m_basis_scales.data() + c.diagonal[d],
-                                      count, n, n, work);
-        continue;
-      }
-      const Index slots(m_q_index.data(), std::size_t(count)), sizes(m_q_index.data() + c.sizes[d], std::size_t(count));
-      Impl::dequantize_symmetric_matrices<ExecutionSpace, Impl::SoapMatrices<Scalar>, Scalar>(
-          space, Codes(m_factor_codes.data() + c.factor[d], count, n, n),
-          Rows(m_factor_diagonal.data() + c.diagonal[d], count, n), Rows(m_factor_scales.data() + c.diagonal[d], count, n),
-          slots, sizes, Impl::SoapMatrices<Scalar>{work, n});
+  for_each_own_matrices([&](const ShapeClass& c, std::int64_t count, std::size_t d, std::int64_t n) {
+    Scalar* work = m_matrix_work.data() + c.factor[d];
+    if (bases) {
+      Impl::soap_dequantize_columns(space, m_basis_codes.data() + c.factor[d], m_basis_scales.data() + c.diagonal[d],
+                                    count, n, n, work);
+      return;
     }
-  }
+    const Index slots(m_q_index.data(), std::size_t(count)), sizes(m_q_index.data() + c.sizes[d], std::size_t(count));
+    Impl::dequantize_symmetric_matrices<ExecutionSpace, Impl::SoapMatrices<Scalar>, Scalar>(
+        space, Codes(m_factor_codes.data() + c.factor[d], count, n, n),
+        Rows(m_factor_diagonal.data() + c.diagonal[d], count, n), Rows(m_factor_scales.data() + c.diagonal[d], count, n),
+        slots, sizes, Impl::SoapMatrices<Scalar>{work, n});
+  });
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -220,25 +224,19 @@ void Soap<ExecutionSpace, Scalar>::store_matrices(const ExecutionSpace& space, b
   using Codes = Kokkos::View<std::int16_t***, Kokkos::LayoutRight, memory_space>;
   using Rows = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
   using Index = Kokkos::View<const int*, memory_space>;
-  for (std::size_t ci : m_own_classes) {
-    const auto& c = m_classes[ci];
-    const auto count = std::int64_t(c.blocks.size());
-    for (std::size_t d = 0; d < c.size.size(); ++d) {
-      if (c.factor[d] < 0) continue;
-      const std::int64_t n = c.size[d];
-      const Scalar* work = m_matrix_work.data() + c.factor[d];
-      if (bases) {
-        Impl::soap_quantize_columns(space, work, count, n, n, m_basis_codes.data() + c.factor[d],
-                                    m_basis_scales.data() + c.diagonal[d]);
-        continue;
-      }
-      const Index slots(m_q_index.data(), std::size_t(count)), sizes(m_q_index.data() + c.sizes[d], std::size_t(count));
-      Impl::quantize_symmetric_matrices<ExecutionSpace, Impl::SoapMatrices<const Scalar>, Scalar>(
-          space, Impl::SoapMatrices<const Scalar>{work, n}, slots, sizes,
-          Codes(m_factor_codes.data() + c.factor[d], count, n, n), Rows(m_factor_diagonal.data() + c.diagonal[d], count, n),
-          Rows(m_factor_scales.data() + c.diagonal[d], count, n));
+  for_each_own_matrices([&](const ShapeClass& c, std::int64_t count, std::size_t d, std::int64_t n) {
+    const Scalar* work = m_matrix_work.data() + c.factor[d];
+    if (bases) {
+      Impl::soap_quantize_columns(space, work, count, n, n, m_basis_codes.data() + c.factor[d],
+                                  m_basis_scales.data() + c.diagonal[d]);
+      return;
     }
-  }
+    const Index slots(m_q_index.data(), std::size_t(count)), sizes(m_q_index.data() + c.sizes[d], std::size_t(count));
+    Impl::quantize_symmetric_matrices<ExecutionSpace, Impl::SoapMatrices<const Scalar>, Scalar>(
+        space, Impl::SoapMatrices<const Scalar>{work, n}, slots, sizes,
+        Codes(m_factor_codes.data() + c.factor[d], count, n, n), Rows(m_factor_diagonal.data() + c.diagonal[d], count, n),
+        Rows(m_factor_scales.data() + c.diagonal[d], count, n));
+  });
 }
 
 template <class ExecutionSpace, class Scalar>
