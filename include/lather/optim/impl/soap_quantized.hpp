@@ -155,6 +155,7 @@ void Soap<ExecutionSpace, Scalar>::plan_quantized(const ExecutionSpace& space) {
 
 template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::load_exp_avg(const ExecutionSpace& space) {
+  using Flat = Kokkos::View<Scalar*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   for (std::size_t ci : m_own_classes) {
     const auto& c = m_classes[ci];
     const auto count = std::int64_t(c.blocks.size());
@@ -163,16 +164,16 @@ void Soap<ExecutionSpace, Scalar>::load_exp_avg(const ExecutionSpace& space) {
       Impl::soap_dequantize_columns(space, m_avg_codes.data() + c.avg, m_avg_scales.data() + c.avg_scales, count,
                                     c.size[0], c.columns, work);
     } else {
-      const Scalar* in = m_exp_avg.data() + c.avg;
-      Kokkos::parallel_for(
-          "Lather::soap::load_exp_avg", Kokkos::RangePolicy<ExecutionSpace>(space, 0, count * c.elements),
-          KOKKOS_LAMBDA(std::int64_t e) { work[e] = in[e]; });
+      const auto n = std::size_t(count * c.elements);
+      Kokkos::deep_copy(space, Flat(work, n), Flat(m_exp_avg.data() + c.avg, n));
     }
   }
 }
 
 template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::store_exp_avg(const ExecutionSpace& space) {
+  using Flat = Kokkos::View<Scalar*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using Source = Kokkos::View<const Scalar*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   for (std::size_t ci : m_own_classes) {
     const auto& c = m_classes[ci];
     const auto count = std::int64_t(c.blocks.size());
@@ -181,10 +182,8 @@ void Soap<ExecutionSpace, Scalar>::store_exp_avg(const ExecutionSpace& space) {
       Impl::soap_quantize_columns(space, work, count, c.size[0], c.columns, m_avg_codes.data() + c.avg,
                                   m_avg_scales.data() + c.avg_scales);
     } else {
-      Scalar* out = m_exp_avg.data() + c.avg;
-      Kokkos::parallel_for(
-          "Lather::soap::store_exp_avg", Kokkos::RangePolicy<ExecutionSpace>(space, 0, count * c.elements),
-          KOKKOS_LAMBDA(std::int64_t e) { out[e] = work[e]; });
+      const auto n = std::size_t(count * c.elements);
+      Kokkos::deep_copy(space, Flat(m_exp_avg.data() + c.avg, n), Source(work, n));
     }
   }
 }
