@@ -20,19 +20,29 @@ class BlockProducts {
   using Store = MatrixStore<ExecutionSpace, T>;
   using Flat = Kokkos::View<T*, memory_space>;
 
-  /// Scratch for Gram matrices within `workspace_bytes` (at least one of the largest), and for
-  /// the preconditioners of the largest group dimension that must be copied out of the store.
+  /// Scratch for Gram matrices within `workspace_bytes` (at least one of the largest), for the
+  /// preconditioners of the largest group that must be copied out of the store, and for the
+  /// intermediate contractions.
   BlockProducts(const ExecutionSpace& space, const ShampooPlan& plan, const StepPlan& step, std::size_t workspace_bytes,
                 bool quantized)
       : m_step(&step) {
-    std::int64_t statistics = 0, matrices = 0;
-    for (const auto& group : step.groups)
+    std::int64_t statistics = 0, matrices = 0, work = 0;
+    for (const auto& group : step.groups) {
+      std::int64_t group_matrices = 0;
       for (int d : group.dims) {
         const std::int64_t n = group.size[std::size_t(d)];
         const std::int64_t all = std::int64_t(group.units.size()) * n * n;
         statistics += all;
-        matrices = std::max(matrices, all);
+        group_matrices += all;
       }
+      matrices = std::max(matrices, group_matrices);
+      const std::int64_t elements = product(group.size, 0, int(group.size.size()));
+      // Host: two blocks to alternate between; device: every block of the groups, which come
+      // first in the packed order.
+      work = ::lather::Impl::runs_on_host<ExecutionSpace>
+                 ? std::max(work, 2 * elements)
+                 : std::max(work, step.packed_offset[group.units.front()] + std::int64_t(group.units.size()) * elements);
+    }
     const std::int64_t m = plan.max_size;
     const std::int64_t budget = std::int64_t(workspace_bytes / sizeof(T)) / (quantized ? 2 : 1);
     m_gram_capacity = std::max(m * m, std::min(statistics, budget));
@@ -43,10 +53,11 @@ class BlockProducts {
     m_grams = scratch("grams", m_gram_capacity);
     if (quantized) m_gram_scratch = scratch("gram_scratch", m_gram_capacity);
     m_matrices = scratch("preconditioner_matrices", matrices);
+    m_work = scratch("preconditioning_work", work);
   }
 
   std::int64_t workspace_bytes() const {
-    return std::int64_t((m_grams.span() + m_gram_scratch.span() + m_matrices.span()) * sizeof(T));
+    return std::int64_t((m_grams.span() + m_gram_scratch.span() + m_matrices.span() + m_work.span()) * sizeof(T));
   }
   /// GEMM launches since construction.
   long launches() const { return m_launches; }
@@ -143,56 +154,81 @@ class BlockProducts {
   /// direction = the reference's preconditioned_grad of every unit of every group: each block
   /// contracted with its preconditioners in order (tensordot over the leading axis, which brings
   /// the axes back to their order after rank steps). A dimension without a statistic (one-sided)
-  /// is the reference's transpose with no contraction: here, nothing. `input` holds the blocks, `work` is scratch
-  /// of the same size; the result lands in `direction`, all at the units' packed offsets.
-  void precondition(const ExecutionSpace& space, const T* input, const Store& preconditioners, T* work,
-                    T* direction) {
+  /// is the reference's transpose with no contraction: here, nothing. `input` holds the blocks;
+  /// the result lands in `direction`, both at the units' packed offsets.
+  void precondition(const ExecutionSpace& space, const T* input, const Store& preconditioners, T* direction) {
     SlotList<memory_space> list;
     for (const auto& group : m_step->groups) {
-      const int units = int(group.units.size()), rank = int(group.size.size());
-      const int contractions = int(group.dims.size());
-      const std::int64_t elements = product(group.size, 0, rank);
+      const int units = int(group.units.size()), contractions = int(group.dims.size());
+      const std::int64_t elements = product(group.size, 0, int(group.size.size()));
       const std::int64_t offset = m_step->packed_offset[group.units.front()];
-      // The last contraction writes `direction`: start in it or in `work` by their parity.
-      const T* x = input + offset;
-      T* targets[2] = {direction + offset, work + offset};
-      int target = (contractions % 2 == 1) ? 0 : 1;
+      // The preconditioners of each dimension: consecutive slots, used in place when stored
+      // densely at the padded size, else copied out contiguously, one dimension after another.
+      std::vector<const T*> p(static_cast<std::size_t>(contractions), nullptr);
+      std::vector<std::int64_t> stride_p(static_cast<std::size_t>(contractions), 0);
+      std::int64_t copied = 0;
       for (int j = 0; j < contractions; ++j) {
-        const int d = group.dims[std::size_t(j)];
-        const std::int64_t n = group.size[std::size_t(d)];
-        const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
-        // The preconditioners of this dimension: consecutive slots, used in place when stored
-        // densely at the padded size, else copied out contiguously.
+        const std::int64_t n = group.size[std::size_t(group.dims[std::size_t(j)])];
         const int first_slot = group.first_slot + j * units;
-        const T* p = preconditioners.contiguous(first_slot, int(n));
-        std::int64_t stride_p = n * n;
-        if (p) {
-          stride_p = std::int64_t(preconditioners.max_size()) * preconditioners.max_size();
-        } else {
-          list.clear();
-          for (int k = 0; k < units; ++k) list.add(first_slot + k, int(n), k * n * n, int(n));
-          list.upload(space);
-          preconditioners.read(space, list, m_matrices);
-          p = m_matrices.data();
+        p[std::size_t(j)] = preconditioners.contiguous(first_slot, int(n));
+        stride_p[std::size_t(j)] = std::int64_t(preconditioners.max_size()) * preconditioners.max_size();
+        if (p[std::size_t(j)]) continue;
+        list.clear();
+        for (int k = 0; k < units; ++k) list.add(first_slot + k, int(n), copied + k * n * n, int(n));
+        list.upload(space);
+        preconditioners.read(space, list, m_matrices);
+        p[std::size_t(j)] = m_matrices.data() + copied;
+        stride_p[std::size_t(j)] = n * n;
+        copied += units * n * n;
+      }
+      if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
+        // One block at a time through a block-sized scratch that stays in cache (the host makes
+        // one GEMM per block either way), instead of a pass over a work buffer the size of all.
+        for (int k = 0; k < units; ++k) {
+          const T* x = input + offset + k * elements;
+          for (int j = 0; j < contractions; ++j) {
+            T* y = j == contractions - 1 ? direction + offset + k * elements : m_work.data() + (j % 2) * elements;
+            contract(space, group, j, p[std::size_t(j)] + k * stride_p[std::size_t(j)], 0, x, y, elements, 1);
+            x = y;
+          }
         }
-        T* y = targets[target];
-        if (before == 1)  // P^T X with X [n, after]
-          m_launches += lather::Impl::gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p, x, elements,
-                                             T(0), y, elements, units);
-        else if (after == 1)  // X P with X [before, n]
-          m_launches += lather::Impl::gemm_strided_batched(space, 'N', 'N', int(before), int(n), int(n), T(1), x, elements, p, stride_p,
-                                             T(0), y, elements, units);
-        else
-          for (std::int64_t a = 0; a < before; ++a)
-            m_launches += lather::Impl::gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p,
-                                               x + a * n * after, elements, T(0), y + a * n * after, elements, units);
-        x = y;
-        target = 1 - target;
+      } else {
+        // One strided-batched GEMM per dimension over all the group's blocks; the last
+        // contraction writes `direction`: start in it or in the work buffer by their parity.
+        const T* x = input + offset;
+        T* targets[2] = {direction + offset, m_work.data() + offset};
+        int target = (contractions % 2 == 1) ? 0 : 1;
+        for (int j = 0; j < contractions; ++j) {
+          contract(space, group, j, p[std::size_t(j)], stride_p[std::size_t(j)], x, targets[target], elements, units);
+          x = targets[target];
+          target = 1 - target;
+        }
       }
     }
   }
 
  private:
+  /// y_k = the contraction of block x_k (`elements` apart) with preconditioner p_k (`stride_p`
+  /// apart) along the group's j-th preconditioned dimension, for `count` blocks.
+  template <class Group>
+  void contract(const ExecutionSpace& space, const Group& group, int j, const T* p, std::int64_t stride_p, const T* x,
+                T* y, std::int64_t elements, int count) {
+    using lather::Impl::gemm_strided_batched;
+    const int d = group.dims[std::size_t(j)];
+    const std::int64_t n = group.size[std::size_t(d)];
+    const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
+    if (before == 1)  // P^T X with X [n, after]
+      m_launches += gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p, x, elements,
+                                         T(0), y, elements, count);
+    else if (after == 1)  // X P with X [before, n]
+      m_launches += gemm_strided_batched(space, 'N', 'N', int(before), int(n), int(n), T(1), x, elements, p, stride_p,
+                                         T(0), y, elements, count);
+    else
+      for (std::int64_t a = 0; a < before; ++a)
+        m_launches += gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p,
+                                           x + a * n * after, elements, T(0), y + a * n * after, elements, count);
+  }
+
   /// The product of size[begin, end) (end < 0: to the last).
   static std::int64_t product(const std::vector<std::int64_t>& size, int begin, int end) {
     std::int64_t out = 1;
@@ -202,7 +238,7 @@ class BlockProducts {
 
   const StepPlan* m_step;
   std::int64_t m_gram_capacity = 1;
-  Flat m_grams, m_gram_scratch, m_matrices;
+  Flat m_grams, m_gram_scratch, m_matrices, m_work;
   long m_launches = 0;
   bool m_upper_only = false;
 };

@@ -152,7 +152,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     }
     {
       ::lather::Impl::ScopedRegion precondition("Lather::Shampoo::precondition");
-      m_products->precondition(space, blocks, *m_preconditioners, m_work.data(), m_direction.data());
+      m_products->precondition(space, blocks, *m_preconditioners, m_direction.data());
       phases.end("precondition");
     }
 
@@ -162,8 +162,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     const auto c = step_scalars(t);
     set_gradient_scales(space, gradient_norm2);
     const auto graft = [&] {
-      graft_and_norms<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, c, m_parameter_scalars, m_packed,
-                                                               m_direction, m_diagonal, m_graft, m_unit_norms);
+      graft_and_norms<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, c, m_parameter_scalars,
+                                                               m_direction, m_diagonal, m_packed, m_unit_norms);
     };
     std::string share_error;
     if (m_step_plan.distributed)
@@ -336,10 +336,11 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   typename V1<Sums2>::HostMirror m_unit_norms_host;
 
   // Packed per-element buffers over this rank's units, and the per-element state.
-  V1<Scalar> m_packed, m_graft, m_diagonal, m_momentum, m_diagonal_momentum;
+  V1<Scalar> m_packed;  // this rank's gradient values in packed order; after the graft pass, the graft
+  V1<Scalar> m_diagonal, m_momentum, m_diagonal_momentum;
   V1<Scalar> m_gathered;          // distributed: every part's new values, part by part
   std::int64_t m_own_offset = 0;  // where this rank's part starts in it
-  V1<T> m_packed_t, m_work, m_direction;
+  V1<T> m_packed_t, m_direction;
   V1<std::int8_t> m_momentum_codes, m_diagonal_momentum_codes;
   /// int8 momentum: the column scales [momentum columns | diagonal momentum columns], current and
   /// being computed.

@@ -24,7 +24,7 @@ StateMemoryReport ShampooEngine<ExecutionSpace, Scalar, T>::memory_report() cons
     (store->quantized() ? r.quantized_bytes : r.stack_bytes) += store->bytes();
   r.local_bytes = bytes(m_diagonal) + bytes(m_momentum) + bytes(m_diagonal_momentum);
   r.quantized_bytes += bytes(m_momentum_codes) + bytes(m_diagonal_momentum_codes) + bytes(m_scales[0]);
-  r.workspace_bytes = bytes(m_packed) + bytes(m_packed_t) + bytes(m_work) + bytes(m_direction) + bytes(m_graft) +
+  r.workspace_bytes = bytes(m_packed) + bytes(m_packed_t) + bytes(m_direction) +
                       bytes(m_gathered) + bytes(m_scales[1]) + m_roots->workspace_bytes() +
                       m_products->workspace_bytes() + (m_async_roots ? m_async_roots->workspace_bytes() : 0);
   for (const auto& v : m_state_scalars) r.workspace_bytes += bytes(v);

@@ -70,9 +70,7 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
   scratch(m_packed, "packed_gradients", elements);
   if (!std::is_same<T, Scalar>::value) scratch(m_packed_t, "packed_blocks", preconditioned);
   // Preconditioned units come first in the packed order: the products' buffers cover them only.
-  scratch(m_work, "preconditioning_work", std::max<std::int64_t>(1, preconditioned));
   scratch(m_direction, "preconditioned_direction", std::max<std::int64_t>(1, preconditioned));
-  scratch(m_graft, "graft", elements);
   if (graft_has_diagonal_statistics(m_options.graft_type)) alloc(m_diagonal, "diagonal_statistics", elements);
   alloc(m_momentum, "momentum", floats);
   alloc(m_diagonal_momentum, "diagonal_momentum", floats);
@@ -135,7 +133,7 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::update_element(const StepScalars<
     -> UpdateElement<Scalar, T, memory_space> {
   UpdateElement<Scalar, T, memory_space> e;
   e.c = c;
-  e.graft = m_graft;
+  e.graft = m_packed;  // the graft pass left the graft there
   e.direction = m_direction;
   e.momentum = m_momentum;
   e.diagonal_momentum = m_diagonal_momentum;

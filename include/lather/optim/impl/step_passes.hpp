@@ -1,8 +1,8 @@
 #pragma once
 // The element-wise passes of a Shampoo step over a UnitTable, one kernel each:
 //   pack     gradient -> packed buffer(s), and each unit's squared gradient norm;
-//   graft    the graft direction and new diagonal statistics, and each unit's squared norms of
-//            the graft and of the preconditioned direction;
+//   graft    the graft direction (over the packed gradient) and new diagonal statistics, and
+//            each unit's squared norms of the graft and of the preconditioned direction;
 //   update   momentum, Nesterov, weight decay and the new parameter values, term by term as the
 //            reference's _transform_grad; int8 momentum is dequantized and requantized inline
 //            (its column scales from a preceding column_maxima pass of the same arithmetic);
@@ -55,13 +55,13 @@ void pack_gradients(const ExecutionSpace& space, const UnitTable<MemorySpace>& t
       });
 }
 
-/// graft(i) = the graft direction of packed gradient i (before multipliers) and the graft's
-/// diagonal statistics updated in place; norms(k) = {squared norm of the graft, squared norm of
-/// the preconditioned direction (preconditioned units)}.
+/// The graft direction (before multipliers) replaces the packed gradient in `graft` (nothing
+/// reads the gradient after this pass, and one buffer fewer keeps a step's working set in cache),
+/// and the graft's diagonal statistics are updated in place; norms(k) = {squared norm of the
+/// graft, squared norm of the preconditioned direction (preconditioned units)}.
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
 void graft_and_norms(const ExecutionSpace& space, const UnitTable<MemorySpace>& table, const StepScalars<Scalar>& c,
                      const Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace>& per_parameter,
-                     const Kokkos::View<const Scalar*, MemorySpace>& packed,
                      const Kokkos::View<const T*, MemorySpace>& direction, const Kokkos::View<Scalar*, MemorySpace>& diagonal,
                      const Kokkos::View<Scalar*, MemorySpace>& graft, const Norms<MemorySpace>& norms) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
@@ -82,30 +82,27 @@ void graft_and_norms(const ExecutionSpace& space, const UnitTable<MemorySpace>& 
         const Scalar d1 = (kind == 1 || kind == 5) ? Scalar(1) : w1, d2 = (kind == 1 || kind == 5) ? Scalar(1) : w2;
         const Sums2 total = reduce_unit_runs<ExecutionSpace>(
             member, table, k, [&](std::int64_t i, std::int64_t, std::int64_t n, Sums2& s) {
-              const Scalar* KOKKOS_RESTRICT g = packed.data() + i;
-              Scalar* KOKKOS_RESTRICT out = graft.data() + i;
+              Scalar* KOKKOS_RESTRICT x = graft.data() + i;  // the gradient in, the graft out
               if ((kind >= 1 && kind <= 3) || kind == 5) {
                 Scalar* KOKKOS_RESTRICT diag = diagonal.data() + i;
                 if (scale == Scalar(1)) {
                   for (std::int64_t e = 0; e < n; ++e) {
-                    const Scalar sg = g[e];
+                    const Scalar sg = x[e];
                     const Scalar d = d1 * diag[e] + d2 * sg * sg;
                     diag[e] = d;
-                    out[e] = sg / (kmath::sqrt(d) + eps);
+                    x[e] = sg / (kmath::sqrt(d) + eps);
                   }
                 } else {
                   for (std::int64_t e = 0; e < n; ++e) {
-                    const Scalar sg = g[e] * scale;
+                    const Scalar sg = x[e] * scale;
                     const Scalar d = d1 * diag[e] + d2 * sg * sg;
                     diag[e] = d;
-                    out[e] = sg / (kmath::sqrt(d) + eps);
+                    x[e] = sg / (kmath::sqrt(d) + eps);
                   }
                 }
               } else if (kind == 4) {
                 for (std::int64_t e = 0; e < n; ++e)
-                  out[e] = g[e] > Scalar(0) ? Scalar(1) : (g[e] < Scalar(0) ? Scalar(-1) : Scalar(0));
-              } else {
-                for (std::int64_t e = 0; e < n; ++e) out[e] = g[e];
+                  x[e] = x[e] > Scalar(0) ? Scalar(1) : (x[e] < Scalar(0) ? Scalar(-1) : Scalar(0));
               }
               s.a += sum_of_squares(graft.data() + i, n);
               if (preconditioned) s.b += sum_of_squares(direction.data() + i, n);
