@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 
@@ -69,6 +70,23 @@ TYPED_TEST(Reduce, SumAndMeanEqualTheReferenceForEveryFusionSize) {
         }
       }
     }
+  }
+}
+
+// Every rank ends with the same bits, whichever rank summed an element (on two ranks each sums
+// half of every piece and sends it back): odd lengths, a single element, more than one piece.
+TYPED_TEST(Reduce, MeanLeavesTheSameBitsOnEveryRank) {
+  using T = TypeParam;
+  const int rank = world_rank();
+  const std::vector<std::int64_t> sizes = {1, 3, 300001};
+  GradientReducer<Exec, T> reducer(MPI_COMM_WORLD);
+  const auto tensors = make_contiguous_inputs<T>(rank, sizes);
+  reducer.mean(Exec(), tensors);
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    auto mine = read_view(tensors[t]);
+    auto first = mine;
+    MPI_Bcast(first.data(), int(first.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
+    ASSERT_EQ(std::memcmp(mine.data(), first.data(), mine.size() * sizeof(T)), 0) << "tensor " << t;
   }
 }
 

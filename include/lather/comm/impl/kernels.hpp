@@ -70,6 +70,26 @@ void scale(const ExecutionSpace& space, const Vector<S, MemorySpace>& data, doub
                     });
 }
 
+/// own(i) = factor * (own(i) + incoming(i)), in the tensor's type (the factor rounded to it, as
+/// in scale; no multiplication when it is 1): a pairwise sum and the mean's division in one pass.
+template <class ExecutionSpace, class S, class MemorySpace>
+void add_scaled(const ExecutionSpace& space, const Vector<S, MemorySpace>& own,
+                const Vector<const S, MemorySpace>& incoming, double factor) {
+  const S f = S(factor);
+  const bool plain = factor == 1.0;
+  S* const to = own.data();
+  const S* const from = incoming.data();
+  ::lather::Impl::parallel_for_runs("Lather::comm::add_scaled", space, std::int64_t(own.extent(0)),
+                                    KOKKOS_LAMBDA(std::int64_t begin, std::int64_t end) {
+                                      S* KOKKOS_RESTRICT x = to + begin;
+                                      const S* KOKKOS_RESTRICT y = from + begin;
+                                      if (plain)
+                                        for (std::int64_t i = 0; i < end - begin; ++i) x[i] = x[i] + y[i];
+                                      else
+                                        for (std::int64_t i = 0; i < end - begin; ++i) x[i] = (x[i] + y[i]) * f;
+                                    });
+}
+
 /// to(i) = factor * from(i) (the unpacking of a fused bucket, with the mean's division folded in).
 template <class ExecutionSpace, class S, class MemorySpace>
 void copy_scaled(const ExecutionSpace& space, const Vector<const S, MemorySpace>& from,

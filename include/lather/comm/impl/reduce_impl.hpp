@@ -167,7 +167,9 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
 
   /// data := factor * (sum over the group of data), natively or through the 16-bit wire.
   void sum_in_place(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
-    if (options.wire_precision == WirePrecision::native) {
+    if (options.wire_precision == WirePrecision::native && size == 2) {
+      sum_pair(space, data, factor);
+    } else if (options.wire_precision == WirePrecision::native) {
       const std::int64_t length = std::int64_t(data.extent(0));
       const std::int64_t piece = factor == 1.0 || !Impl::runs_on_host<ExecutionSpace>
                                      ? std::max<std::int64_t>(length, 1)
@@ -179,6 +181,32 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
       }
     } else {
       sum_wire16(space, data, factor);
+    }
+  }
+
+  /// Two ranks, piece by piece: the halves cross (one MPI_Sendrecv), each rank adds its
+  /// partner's half to its own and scales it in one vectorised pass, and the two results cross
+  /// back into place. MPI_Allreduce moves the same bytes but sums with MPICH's scalar loop and
+  /// leaves the division to a second pass: 1.2x the time at 1 MiB, 1.7x at 256 KiB on the
+  /// development machine (docs/reference/collectives.md). Each element is summed once, by one
+  /// rank, so both ranks hold the same bits. Under oversubscription (more ranks than cores) a
+  /// chain of point-to-point steps waits on the scheduler at every step, so larger groups keep
+  /// MPI's collective.
+  void sum_pair(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
+    constexpr int halves_tag = 0x1b00, results_tag = 0x1b01;
+    const std::int64_t length = std::int64_t(data.extent(0));
+    const std::int64_t piece = std::max<std::int64_t>(2, scaled_piece_bytes / std::int64_t(sizeof(S)));
+    ensure(partner, (std::min(piece, length) + 1) / 2, "partner");
+    for (std::int64_t begin = 0; begin < length; begin += piece) {
+      const std::int64_t count = std::min(piece, length - begin), half = count / 2;
+      // Group rank 0 reduces the first half of the piece, rank 1 the second.
+      const auto first = range(begin, half), second = range(begin + half, count - half);
+      const Impl::Vector<S, M> keep = Kokkos::subview(data, rank == 0 ? first : second);
+      const Impl::Vector<S, M> give = Kokkos::subview(data, rank == 0 ? second : first);
+      const Impl::Vector<S, M> incoming = Kokkos::subview(partner, range(0, std::int64_t(keep.extent(0))));
+      transport.exchange(space, give, incoming, 1 - rank, halves_tag);
+      Impl::add_scaled(space, keep, Impl::Vector<const S, M>(incoming), factor);
+      transport.exchange(space, keep, give, 1 - rank, results_tag);
     }
   }
 
