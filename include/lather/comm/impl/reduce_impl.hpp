@@ -247,7 +247,8 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
       }
       const bool contiguous = in_place(tensors, bucket);
       const auto data = bucket_data(space, tensors, bucket);
-      if (contiguous || !native) {
+      // Two ranks reduce a packed bucket pairwise too, the division in the summing pass.
+      if (contiguous || !native || size == 2) {
         sum_in_place(space, data, factor);
         if (!contiguous) unpack(space, tensors, bucket);
       } else {
