@@ -31,7 +31,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   bool layout_known = false;
 
   Impl::Vector<S, M> fusion;   ///< packed tensors of a bucket
-  Impl::Vector<S, M> partner;  ///< Adasum: the partner's data; approximate Adasum: the sum
+  Impl::Vector<S, M> partner;  ///< Adasum and two-rank sums: the partner's data; approximate Adasum: the sum
   Impl::Vector<S, M> gathered;  ///< Adasum of small buckets: every rank's bucket
   Impl::Vector<std::uint16_t, M> wire_out, wire_in, wire_own;
   Impl::Transport<ExecutionSpace, S> transport;
@@ -157,9 +157,10 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     return Kokkos::subview(fusion, range(0, bucket.elements));
   }
 
-  /// Elements per piece of an in-place reduction that is scaled (a mean): each piece is scaled
-  /// just before its allreduce, while the caller's freshly written gradient is still in this
-  /// core's cache, and reduced while the scaled piece is. Scaling after the allreduce instead
+  /// Bytes per piece of a two-rank sum (sum_pair), and of an in-place reduction that is scaled
+  /// (a mean) on a larger group: there each piece is scaled just before its allreduce, while the
+  /// caller's freshly written gradient is still in this core's cache, and reduced while the
+  /// scaled piece is. Scaling after the allreduce instead
   /// read data that MPI's transport had just moved: 4x the time of the scaling pass in a 2-rank
   /// lather-train profile, 2-4% of its Shampoo step. The sum of the scaled values equals the
   /// scaled sum exactly when the rank count is a power of two, else to a rounding per addend.
