@@ -203,7 +203,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     result.test_loss = sums[0] / sums[2];
     result.test_accuracy = sums[1] / sums[2];
     if (o.target_loss > 0 && result.test_loss <= o.target_loss)
-      result.reach_target(step, log.seconds(), log.training_seconds());
+      result.reach_target(step, log.loop_seconds(), log.training_seconds());
     char line[256];
     std::snprintf(line, sizeof line, "step %ld: validation loss %.4f nats/char (%.3f bits/char), accuracy %.2f%% (%s)",
                   step, result.test_loss, result.test_loss / std::log(2.0), 100 * result.test_accuracy,
@@ -228,6 +228,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   };
 
   double window[3] = {0, 0, 0};  // loss, correct and tokens since the last progress line
+  log.start_training();
   double last_line_seconds = log.training_seconds();
   long trained_tokens = 0;
   for (long step = first_step; step < planned; ++step) {
@@ -270,7 +271,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       const double now = log.training_seconds();
       const double rate = window[2] / std::max(now - last_line_seconds, 1e-9);
       const double loss = window[0] / std::max(window[2], 1.0);
-      const double eta = double(planned - done) * log.seconds() / double(std::max(1L, done - first_step));
+      const double eta = double(planned - done) * log.loop_seconds() / double(std::max(1L, done - first_step));
       result.train_loss = loss;
       char line[256];
       std::snprintf(line, sizeof line, "step %ld/%ld loss %.4f nats/char (%.3f bits/char) %.0f tokens/s ETA %s", done,

@@ -39,6 +39,10 @@ double ProgressLog::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - m_started).count();
 }
 
+double ProgressLog::loop_seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - m_training_started).count();
+}
+
 void ProgressLog::add_step(const double sums[3]) {
   for (int i = 0; i < 3; ++i) m_window[i] += sums[i];
 }

@@ -128,7 +128,7 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
     result.test_accuracy = sums[1] / double(data.test.count);
     const long step = optimizer->step_count();
     if (o.target_accuracy > 0 && result.test_accuracy >= o.target_accuracy)
-      result.reach_target(step, log.seconds(), log.training_seconds());
+      result.reach_target(step, log.loop_seconds(), log.training_seconds());
     char line[256];
     std::snprintf(line, sizeof line, "%s %ld: test accuracy %.2f%%, test loss %.4f (step %ld, %s)",
                   epoch_end ? "epoch" : "eval at epoch", epoch + 1, 100 * result.test_accuracy, result.test_loss,
@@ -141,6 +141,7 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
 
   bool stop = false;
   Position next = start;  // where the next step starts
+  log.start_training();
   for (long epoch = start.epoch; epoch < o.epochs && !stop; ++epoch) {
     const auto order = epoch_order(data.train.count, o.seed, epoch);
     const long first_batch = epoch == start.epoch ? start.sample / batch : 0;
