@@ -43,6 +43,9 @@ optim::ShampooOptions TrainOptions::shampoo_options() const {
   // Defaults of the driver (the time-to-accuracy sweep in docs/reference/driver.md): an AdaGrad
   // graft, biases on the diagonal path, roots every 100 steps by eigendecomposition.
   s.graft_type = optim::GraftType::adagrad;
+  // The MLP's momentum from a five-seed sweep (steps to 88%: 0.85 never more than 0.9, 580 against
+  // 620 on average); the transformer keeps the reference's 0.9 (not swept).
+  s.beta1 = model == "mlp" ? 0.85 : 0.9;
   s.beta2 = 0.999;
   s.diagonal_epsilon = 1e-10;
   s.matrix_epsilon = 1e-6;

@@ -45,19 +45,10 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   /// "" or what is wrong with the first tensor holding a NaN or Inf (check_finite).
   std::string first_non_finite(const ExecutionSpace& space, const tensor_list& tensors) const {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const auto tensor = tensors[t];
-      long bad = 0;
-      // x - x is NaN exactly when x is NaN or +-Inf.
-      Kokkos::parallel_reduce(
-          "Lather::GradientReducer::check_finite", Kokkos::RangePolicy<ExecutionSpace>(space, 0, tensor.extent(0)),
-          KOKKOS_LAMBDA(std::size_t i, long& count) {
-            const S difference = tensor(i) - tensor(i);
-            count += difference != difference ? 1 : 0;
-          },
-          bad);
+      const long bad = Impl::count_non_finite(space, Impl::Vector<const S, M>(tensors[t]));
       if (bad > 0)
         return lather::Impl::concat(t < tensor_names.size() ? "'" + tensor_names[t] + "'" : "tensor " + std::to_string(t),
-                                    " (", tensor.extent(0), " elements) holds ", bad,
+                                    " (", tensors[t].extent(0), " elements) holds ", bad,
                                     " NaN or Inf values on this rank; nothing was reduced");
     }
     return {};

@@ -147,11 +147,29 @@ struct UpdateElement {
     update = Scalar(-1) * c.update_multiplier * nesterov_update;
   }
 
+  /// The update of one element once Shampoo runs (c.run_shampoo), from the preconditioned
+  /// direction d alone: compute()'s result for m and the update, term by term. The graft's own
+  /// momentum (dm) feeds the update only before start_preconditioning_step, so from then on the
+  /// float path stops updating it: neither the graft nor dm is read or written (6 streams per
+  /// preconditioned value instead of 9; docs/reference/optimizer.md, differences).
+  KOKKOS_FORCEINLINE_FUNCTION static void compute_shampoo(const StepScalars<Scalar>& c, Scalar shampoo_multiplier,
+                                                          Scalar d, Scalar old_m, Scalar x, Scalar& m, Scalar& update) {
+    const Scalar shampoo_update = d * shampoo_multiplier;
+    Scalar shampoo_with_wd = shampoo_update;
+    if (c.weight_decay != Scalar(0) && !c.decoupled_weight_decay) shampoo_with_wd = shampoo_update + c.weight_decay * x;
+    m = old_m * c.beta1 + c.momentum_weight * shampoo_with_wd;
+    Scalar nesterov_update = m;
+    if (c.nesterov) nesterov_update = c.momentum_weight * shampoo_with_wd + c.beta1 * m;
+    if (c.weight_decay != Scalar(0) && c.decoupled_weight_decay)
+      nesterov_update = nesterov_update + c.lr * c.weight_decay * x;
+    update = Scalar(-1) * c.update_multiplier * nesterov_update;
+  }
+
   /// The update of a run of n elements whose momentum is float: graft g, direction d (g itself
   /// on the graft path), momentum m and dm and parameters x updated in place, the new values also
   /// written to out (AlsoOut). Restrict parameters: every array is reached through one pointer,
-  /// so the loop vectorises.
-  template <bool AlsoOut, class D>
+  /// so the loop vectorises. ShampooOnly: compute_shampoo, g and dm untouched.
+  template <bool AlsoOut, bool ShampooOnly, class D>
   KOKKOS_FORCEINLINE_FUNCTION static void float_run(const StepScalars<Scalar>& c, Scalar gm, Scalar sm,
                                                     const Scalar* KOKKOS_RESTRICT g, const D* KOKKOS_RESTRICT d,
                                                     Scalar* KOKKOS_RESTRICT m, Scalar* KOKKOS_RESTRICT dm,
@@ -159,13 +177,28 @@ struct UpdateElement {
                                                     std::int64_t n) {
     for (std::int64_t e = 0; e < n; ++e) {
       Scalar new_m, new_dm, u;
-      compute(c, gm, sm, g[e], Scalar(d[e]), m[e], dm[e], x[e], new_m, new_dm, u);
+      if constexpr (ShampooOnly) {
+        (void)g, (void)dm, (void)gm, (void)new_dm;
+        compute_shampoo(c, sm, Scalar(d[e]), m[e], x[e], new_m, u);
+      } else {
+        compute(c, gm, sm, g[e], Scalar(d[e]), m[e], dm[e], x[e], new_m, new_dm, u);
+        dm[e] = new_dm;
+      }
       m[e] = new_m;
-      dm[e] = new_dm;
       const Scalar value = x[e] + u;
       x[e] = value;
       if constexpr (AlsoOut) out[e] = value;
     }
+  }
+
+  template <bool ShampooOnly, class D>
+  KOKKOS_FORCEINLINE_FUNCTION static void float_run(const StepScalars<Scalar>& c, Scalar gm, Scalar sm,
+                                                    const Scalar* g, const D* d, Scalar* m, Scalar* dm, Scalar* x,
+                                                    Scalar* out, std::int64_t n) {
+    if (out)
+      float_run<true, ShampooOnly>(c, gm, sm, g, d, m, dm, x, out, n);
+    else
+      float_run<false, ShampooOnly>(c, gm, sm, g, d, m, dm, x, nullptr, n);
   }
 
   /// The float-momentum update of the run at packed index i, state index `at`, parameter values x
@@ -177,18 +210,16 @@ struct UpdateElement {
     const Scalar* g = graft.data() + i;
     Scalar* m = momentum.data() + at;
     Scalar* dm = diagonal_momentum.data() + at;
-    if (pp.preconditioned) {
-      const T* d = direction.data() + i;
-      if (out)
-        float_run<true>(local, gm, sm, g, d, m, dm, x, out, n);
-      else
-        float_run<false>(local, gm, sm, g, d, m, dm, x, nullptr, n);
-    } else {
-      if (out)
-        float_run<true>(local, gm, sm, g, g, m, dm, x, out, n);
-      else
-        float_run<false>(local, gm, sm, g, g, m, dm, x, nullptr, n);
-    }
+    // The units that skip preconditioning take the graft as their direction (the reference's
+    // precond_grad = grafting_update), so their graft is read either way.
+    if (pp.preconditioned && local.run_shampoo)
+      float_run<true>(local, gm, sm, g, direction.data() + i, m, dm, x, out, n);
+    else if (pp.preconditioned)
+      float_run<false>(local, gm, sm, g, direction.data() + i, m, dm, x, out, n);
+    else if (local.run_shampoo)
+      float_run<true>(local, gm, sm, g, g, m, dm, x, out, n);
+    else
+      float_run<false>(local, gm, sm, g, g, m, dm, x, out, n);
   }
 
   /// f(e, m, dm, update) for the n elements of a run whose momentum is int8: packed index i + e,
