@@ -17,6 +17,7 @@
 #include <ctime>
 #include <functional>
 #include <numeric>
+#include <thread>
 #include <tuple>
 
 namespace lather::checkpoint {
@@ -299,6 +300,9 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
   });
   // Which part of each array every rank checks as it reads (one allgather of the selections).
   SelectionChecksums verification(m_group, arrays, SelectionChecksums::Use::loading);
+  // Checksums on a second thread only where the node has a core to spare for it.
+  if (m_ranks_on_node == 0) m_ranks_on_node = m_group.ranks_on_node();
+  const bool overlap = unsigned(m_ranks_on_node) < std::max(1u, std::thread::hardware_concurrency());
   m_group.run_agreed("", [&] {
     auto fapl = mpio_access(m_group);
     File f(check(H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl.get()), "opening checkpoint '" + file + "'"));
@@ -327,7 +331,7 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         if (a.selection == ArraySlice::Selection::whole) {  // in pieces, each checked while in cache
           const auto dims = stored_dims(a.shape);
           read_rows_in_pieces(dataset.get(), native_type(a.dtype), dxpl.get(), dims, 0, std::int64_t(dims[0]), row_bytes(a),
-                              static_cast<char*>(a.data), where, [&](std::int64_t first, std::int64_t rows, const char* bytes) {
+                              static_cast<char*>(a.data), where, overlap, [&](std::int64_t first, std::int64_t rows, const char* bytes) {
                                 verification.add_whole_rows(k, first, rows, bytes);
                               });
           continue;
@@ -365,7 +369,7 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
           Dataset dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where));
           const std::int64_t row = std::int64_t(row_bytes(a) / optim::size_of(a.dtype));
           read_rows_in_pieces(dataset.get(), native_type(a.dtype), dxpl.get(), stored_dims(a.shape), first, last - first,
-                              row_bytes(a), into, where, [&](std::int64_t from, std::int64_t rows, const char* bytes) {
+                              row_bytes(a), into, where, overlap, [&](std::int64_t from, std::int64_t rows, const char* bytes) {
                                 verification.add_elements(k, from * row, rows * row, bytes);
                               });
         } catch (const Error& e) {

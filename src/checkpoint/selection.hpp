@@ -38,12 +38,13 @@ void permute_rows(const ArraySlice& a, const std::vector<std::size_t>& order, co
 /// dimension whole) into `into`; false when HDF5 fails (hdf5_error_reason() says why).
 bool read_rows(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>& dims, std::int64_t first,
                std::int64_t count, void* into);
-/// Reads rows [first, first + count) of an open dataset (dimensions `dims`) into `into` in pieces of
-/// about 8 MiB, calling `piece(first row, rows, bytes)` for each on a second thread while the next
-/// is read and the piece is still in cache (the checksum terms); throws "<where>: read failed ..."
-/// on a failed read, or what `piece` threw.
+/// Reads rows [first, first + count) of an open dataset (dimensions `dims`) into `into` in pieces,
+/// calling `piece(first row, rows, bytes)` for each while it is still in cache (the checksum
+/// terms): with `overlap`, pieces of about 8 MiB, each handed to a second thread while the next is
+/// read; without (no core free for that thread), pieces of about 1 MiB, each summed right after its
+/// read. Throws "<where>: read failed ..." on a failed read, or what `piece` threw.
 void read_rows_in_pieces(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>& dims, std::int64_t first,
-                         std::int64_t count, std::size_t row_bytes, char* into, const std::string& where,
+                         std::int64_t count, std::size_t row_bytes, char* into, const std::string& where, bool overlap,
                          const std::function<void(std::int64_t, std::int64_t, const char*)>& piece);
 /// Bytes of one row of the leading dimension.
 std::size_t row_bytes(const ArraySlice& a);

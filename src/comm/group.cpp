@@ -181,6 +181,21 @@ void Group::barrier() const {
 #endif
 }
 
+int Group::ranks_on_node() const {
+  const auto& st = state();
+  if (st.local) return 1;
+  int ranks = 1;
+#if LATHER_ENABLE_MPI
+  MPI_Comm node = MPI_COMM_NULL;
+  Impl::check_mpi(MPI_Comm_split_type(st.comm, MPI_COMM_TYPE_SHARED, st.rank, MPI_INFO_NULL, &node),
+                  "MPI_Comm_split_type");
+  const int status = MPI_Comm_size(node, &ranks);
+  MPI_Comm_free(&node);
+  Impl::check_mpi(status, "MPI_Comm_size");
+#endif
+  return ranks;
+}
+
 template <class T>
 void Group::allreduce(T* values, std::size_t count, Combine op) const {
   const auto& st = state();

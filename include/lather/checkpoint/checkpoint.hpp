@@ -204,6 +204,9 @@ class Checkpointer {
   WriterRoles m_roles;
   int m_weight_shards = 1;
   CheckpointOptions m_options;
+  /// Ranks of the group on this rank's node, learnt by the first load (0: not yet): whether a
+  /// core is free to check checksums beside the reads.
+  mutable int m_ranks_on_node = 0;
 };
 
 }  // namespace lather::checkpoint

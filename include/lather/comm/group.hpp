@@ -65,6 +65,9 @@ class Group {
   // into calls MPI's int counts can describe.
 
   void barrier() const;
+  /// How many ranks of this group share this rank's node (memory): 1 for a local group.
+  /// Collective (MPI_Comm_split_type).
+  int ranks_on_node() const;
   /// values[0, count) := element-wise `op` over the group, in place.
   template <class T>
   void allreduce(T* values, std::size_t count, Combine op) const;
