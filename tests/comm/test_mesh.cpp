@@ -1,5 +1,5 @@
-// The mesh's groups against their definition (rank r = shard r mod S of replica r div S), bad
-// shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
+// The mesh's groups against their definition (rank r = shard r mod S of replica r div S), the
+// ranks a group has on this node, bad shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
 // divergence check naming the ranks that differ.
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/replicas.hpp>
@@ -39,6 +39,16 @@ TEST(Mesh, GroupsAreTheReferenceAxisIndexGroups) {
       EXPECT_EQ(moved.shards().size(), n);
     }
   }
+}
+
+// The tests run every rank on one machine: the node holds the whole group, and each split of it.
+TEST(Mesh, RanksOnNodeCountTheGroupOnThisMachine) {
+  const int n = world_size();
+  EXPECT_EQ(lather::comm::Group().ranks_on_node(), 1);
+  EXPECT_EQ(lather::comm::Group(MPI_COMM_WORLD).ranks_on_node(), n);
+  Mesh mesh(MPI_COMM_WORLD, n % 2 == 0 ? 2 : 1);
+  EXPECT_EQ(mesh.data_parallel().ranks_on_node(), mesh.data_parallel().size());
+  EXPECT_EQ(mesh.shards().ranks_on_node(), mesh.shards().size());
 }
 
 TEST(Mesh, BadShardCountsAreAnErrorOnEveryRank) {
