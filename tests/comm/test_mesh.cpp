@@ -1,5 +1,5 @@
 // The mesh's groups against their definition (rank r = shard r mod S of replica r div S), the
-// ranks a group has on this node, bad shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
+// ranks a group has on this node, the all-gather of parts of any size, bad shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
 // divergence check naming the ranks that differ.
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/replicas.hpp>
@@ -49,6 +49,32 @@ TEST(Mesh, RanksOnNodeCountTheGroupOnThisMachine) {
   Mesh mesh(MPI_COMM_WORLD, n % 2 == 0 ? 2 : 1);
   EXPECT_EQ(mesh.data_parallel().ranks_on_node(), mesh.data_parallel().size());
   EXPECT_EQ(mesh.shards().ranks_on_node(), mesh.shards().size());
+}
+
+// Rank r contributes r + 1 values (rank 1 none, to cover an empty part) of 1000 r + i, from its
+// place in the result (in place) or from a buffer of its own; two ranks take the MPI_Sendrecv path.
+template <class T>
+void expect_allgatherv_places_every_part(bool in_place) {
+  const lather::comm::Group group(MPI_COMM_WORLD);
+  const int n = group.size(), rank = group.rank();
+  std::vector<std::size_t> counts(static_cast<std::size_t>(n)), offsets(static_cast<std::size_t>(n), 0);
+  for (int r = 0; r < n; ++r) counts[std::size_t(r)] = r == 1 ? 0 : std::size_t(r + 1);
+  for (int r = 1; r < n; ++r) offsets[std::size_t(r)] = offsets[std::size_t(r - 1)] + counts[std::size_t(r - 1)];
+  const std::size_t total = offsets.back() + counts.back();
+  std::vector<T> all(total, T(-1)), mine(counts[std::size_t(rank)]);
+  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = T(1000 * rank + int(i));
+  if (in_place) std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(offsets[std::size_t(rank)]));
+  group.allgatherv(in_place ? all.data() + offsets[std::size_t(rank)] : mine.data(), all.data(), counts);
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < counts[std::size_t(r)]; ++i)
+      EXPECT_EQ(all[offsets[std::size_t(r)] + i], T(1000 * r + int(i))) << "rank " << r << " value " << i;
+}
+
+TEST(Group, AllgathervPlacesEveryPart) {
+  for (bool in_place : {true, false}) {
+    expect_allgatherv_places_every_part<float>(in_place);
+    expect_allgatherv_places_every_part<std::int64_t>(in_place);
+  }
 }
 
 TEST(Mesh, BadShardCountsAreAnErrorOnEveryRank) {
