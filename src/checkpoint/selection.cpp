@@ -162,7 +162,7 @@ void read_rows_in_pieces(hid_t dataset, hid_t type, hid_t dxpl, const std::vecto
   // Overlapped: a second thread checks piece k while piece k + 1 is read, and the checksums cost
   // no read time where a core is free. Without a free core that thread only competes with the
   // ranks (and two ranks' 8 MiB pieces in flight crowd a shared L3): 1 MiB pieces summed in line
-  // read 15-25% faster on 2 ranks of 2 cores (docs/reference/benchmarks.md). One piece at a time
+  // read about 20% faster on 2 ranks of 2 cores (docs/reference/benchmarks.md). One piece at a time
   // is handed over, so `piece` is never called concurrently with itself; it makes no HDF5 call.
   const std::size_t piece_bytes = std::size_t(overlap ? 8 : 1) << 20;
   const std::int64_t per_piece =
