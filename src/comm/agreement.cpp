@@ -2,6 +2,7 @@
 
 #if LATHER_ENABLE_MPI
 #include "mpi_check.hpp"
+#include "waiting.hpp"
 #endif
 
 #include <algorithm>
@@ -96,8 +97,12 @@ Agreement::Agreement(const Group& group, std::string context, std::vector<Agreem
   } else {
 #if LATHER_ENABLE_MPI
     AgreementMpiObjects mpi{static_cast<int>(words)};
-    check_mpi(MPI_Allreduce(record.data(), result.data(), 1, mpi.type, mpi.op, group.native()),
-              "MPI_Allreduce (agreement)");
+    complete(
+        "MPI_Allreduce (agreement)",
+        [&] { return MPI_Allreduce(record.data(), result.data(), 1, mpi.type, mpi.op, group.native()); },
+        [&](MPI_Request* r) {
+          return MPI_Iallreduce(record.data(), result.data(), 1, mpi.type, mpi.op, group.native(), r);
+        });
 #endif
   }
   m_min.assign(result.begin() + header_words, result.begin() + header_words + m_fields.size());

@@ -2,6 +2,7 @@
 
 #if LATHER_ENABLE_MPI
 #include "mpi_check.hpp"
+#include "waiting.hpp"
 #endif
 
 #include <algorithm>
@@ -93,6 +94,19 @@ std::pair<std::vector<int>, std::vector<int>> int_counts(const std::vector<std::
   }
   return {std::move(count), std::move(displacement)};
 }
+
+/// MPI_Sendrecv with one partner, waiting as waiting.hpp says.
+int sendrecv(const void* out, int out_count, MPI_Datatype out_type, void* in, int in_count, MPI_Datatype in_type,
+             int partner, int tag, MPI_Comm comm) {
+  if (!Impl::yield_while_waiting())
+    return MPI_Sendrecv(out, out_count, out_type, partner, tag, in, in_count, in_type, partner, tag, comm,
+                        MPI_STATUS_IGNORE);
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int status = MPI_Irecv(in, in_count, in_type, partner, tag, comm, &requests[0]);
+  if (status == MPI_SUCCESS) status = MPI_Isend(out, out_count, out_type, partner, tag, comm, &requests[1]);
+  if (status == MPI_SUCCESS) Impl::wait_yielding(requests, 2, "MPI_Sendrecv");
+  return status;
+}
 #endif
 
 }  // namespace
@@ -113,6 +127,7 @@ Group::Group(MPI_Comm comm) : m_state(std::make_shared<State>()) {
   Impl::check_mpi(MPI_Comm_size(st.comm, &st.size), "MPI_Comm_size");
   Impl::check_mpi(MPI_Comm_rank(st.comm, &st.rank), "MPI_Comm_rank");
   st.local = false;
+  Impl::note_node_occupancy(st.comm);
 }
 
 MPI_Comm Group::native() const {
@@ -177,7 +192,8 @@ void Group::barrier() const {
   const auto& st = state();
   if (st.local) return;
 #if LATHER_ENABLE_MPI
-  Impl::check_mpi(MPI_Barrier(st.comm), "MPI_Barrier");
+  Impl::complete(
+      "MPI_Barrier", [&] { return MPI_Barrier(st.comm); }, [&](MPI_Request* r) { return MPI_Ibarrier(st.comm, r); });
 #endif
 }
 
@@ -201,10 +217,15 @@ void Group::allreduce(T* values, std::size_t count, Combine op) const {
   const auto& st = state();
   if (st.local) return;
 #if LATHER_ENABLE_MPI
-  for (std::size_t done = 0; done < count; done += max_count)
-    Impl::check_mpi(MPI_Allreduce(MPI_IN_PLACE, values + done, int(std::min(max_count, count - done)), datatype<T>(),
-                        operation(op), st.comm),
-          "MPI_Allreduce");
+  for (std::size_t done = 0; done < count; done += max_count) {
+    const int n = int(std::min(max_count, count - done));
+    Impl::complete(
+        "MPI_Allreduce",
+        [&] { return MPI_Allreduce(MPI_IN_PLACE, values + done, n, datatype<T>(), operation(op), st.comm); },
+        [&](MPI_Request* r) {
+          return MPI_Iallreduce(MPI_IN_PLACE, values + done, n, datatype<T>(), operation(op), st.comm, r);
+        });
+  }
 #else
   (void)values, (void)count, (void)op;
 #endif
@@ -218,10 +239,15 @@ void Group::allreduce(const T* send, T* receive, std::size_t count, Combine op) 
     return;
   }
 #if LATHER_ENABLE_MPI
-  for (std::size_t done = 0; done < count; done += max_count)
-    Impl::check_mpi(MPI_Allreduce(send + done, receive + done, int(std::min(max_count, count - done)), datatype<T>(),
-                        operation(op), st.comm),
-          "MPI_Allreduce");
+  for (std::size_t done = 0; done < count; done += max_count) {
+    const int n = int(std::min(max_count, count - done));
+    Impl::complete(
+        "MPI_Allreduce",
+        [&] { return MPI_Allreduce(send + done, receive + done, n, datatype<T>(), operation(op), st.comm); },
+        [&](MPI_Request* r) {
+          return MPI_Iallreduce(send + done, receive + done, n, datatype<T>(), operation(op), st.comm, r);
+        });
+  }
 #else
   (void)op;
 #endif
@@ -234,9 +260,12 @@ void Group::broadcast(T* values, std::size_t count, int root) const {
                  st.size);
   if (st.local) return;
 #if LATHER_ENABLE_MPI
-  for (std::size_t done = 0; done < count; done += max_count)
-    Impl::check_mpi(MPI_Bcast(values + done, int(std::min(max_count, count - done)), datatype<T>(), root, st.comm),
-          "MPI_Bcast");
+  for (std::size_t done = 0; done < count; done += max_count) {
+    const int n = int(std::min(max_count, count - done));
+    Impl::complete(
+        "MPI_Bcast", [&] { return MPI_Bcast(values + done, n, datatype<T>(), root, st.comm); },
+        [&](MPI_Request* r) { return MPI_Ibcast(values + done, n, datatype<T>(), root, st.comm, r); });
+  }
 #else
   (void)values, (void)count;
 #endif
@@ -259,8 +288,10 @@ void Group::allgather(const T* send, std::size_t per_rank, T* receive) const {
 #if LATHER_ENABLE_MPI
   LATHER_REQUIRE(per_rank <= std::size_t(INT_MAX) && per_rank * std::size_t(st.size) <= std::size_t(INT_MAX),
                  "Group::allgather: ", per_rank, " elements per rank exceed MPI's int counts");
-  Impl::check_mpi(MPI_Allgather(send, int(per_rank), datatype<T>(), receive, int(per_rank), datatype<T>(), st.comm),
-        "MPI_Allgather");
+  const int n = int(per_rank);
+  Impl::complete(
+      "MPI_Allgather", [&] { return MPI_Allgather(send, n, datatype<T>(), receive, n, datatype<T>(), st.comm); },
+      [&](MPI_Request* r) { return MPI_Iallgather(send, n, datatype<T>(), receive, n, datatype<T>(), st.comm, r); });
 #endif
 }
 
@@ -289,15 +320,23 @@ void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>
       const int partner = 1 - st.rank;
       if (!in_place && count[st.rank] > 0)
         std::memmove(receive + displacement[st.rank], send, std::size_t(count[st.rank]) * sizeof(T));
-      Impl::check_mpi(MPI_Sendrecv(receive + displacement[st.rank], count[st.rank], datatype<T>(), partner,
-                                   allgather_tag, receive + displacement[partner], count[partner], datatype<T>(),
-                                   partner, allgather_tag, st.comm, MPI_STATUS_IGNORE),
+      Impl::check_mpi(sendrecv(receive + displacement[st.rank], count[st.rank], datatype<T>(),
+                               receive + displacement[partner], count[partner], datatype<T>(), partner,
+                               allgather_tag, st.comm),
                       "MPI_Sendrecv (allgatherv of two ranks)");
       return;
     }
-    Impl::check_mpi(MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, count[st.rank], datatype<T>(), receive,
-                                   count.data(), displacement.data(), datatype<T>(), st.comm),
-                    "MPI_Allgatherv");
+    const void* from = in_place ? MPI_IN_PLACE : send;
+    Impl::complete(
+        "MPI_Allgatherv",
+        [&] {
+          return MPI_Allgatherv(from, count[st.rank], datatype<T>(), receive, count.data(), displacement.data(),
+                                datatype<T>(), st.comm);
+        },
+        [&](MPI_Request* r) {
+          return MPI_Iallgatherv(from, count[st.rank], datatype<T>(), receive, count.data(), displacement.data(),
+                                 datatype<T>(), st.comm, r);
+        });
     return;
   }
   // More than int counts can place: rounds of at most INT_MAX / size elements per rank, staged.
@@ -313,9 +352,17 @@ void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>
     }
     staging.resize(in_round);
     const auto [count, displacement] = int_counts(piece, "Group::allgatherv");
-    Impl::check_mpi(MPI_Allgatherv(send + std::min(done, counts[st.rank]), count[st.rank], datatype<T>(), staging.data(),
-                         count.data(), displacement.data(), datatype<T>(), st.comm),
-          "MPI_Allgatherv");
+    const T* from = send + std::min(done, counts[st.rank]);
+    Impl::complete(
+        "MPI_Allgatherv",
+        [&] {
+          return MPI_Allgatherv(from, count[st.rank], datatype<T>(), staging.data(), count.data(),
+                                displacement.data(), datatype<T>(), st.comm);
+        },
+        [&](MPI_Request* r) {
+          return MPI_Iallgatherv(from, count[st.rank], datatype<T>(), staging.data(), count.data(),
+                                 displacement.data(), datatype<T>(), st.comm, r);
+        });
     for (int r = 0; r < st.size; ++r)
       std::copy_n(staging.data() + displacement[r], piece[r], receive + offset[r] + done);
   }
@@ -332,8 +379,10 @@ void Group::alltoall(const T* send, std::size_t per_rank, T* receive) const {
 #if LATHER_ENABLE_MPI
   LATHER_REQUIRE(per_rank <= std::size_t(INT_MAX), "Group::alltoall: ", per_rank,
                  " elements per rank exceed MPI's int counts");
-  Impl::check_mpi(MPI_Alltoall(send, int(per_rank), datatype<T>(), receive, int(per_rank), datatype<T>(), st.comm),
-        "MPI_Alltoall");
+  const int n = int(per_rank);
+  Impl::complete(
+      "MPI_Alltoall", [&] { return MPI_Alltoall(send, n, datatype<T>(), receive, n, datatype<T>(), st.comm); },
+      [&](MPI_Request* r) { return MPI_Ialltoall(send, n, datatype<T>(), receive, n, datatype<T>(), st.comm, r); });
 #endif
 }
 
@@ -351,9 +400,16 @@ void Group::alltoallv(const void* send, const std::vector<std::size_t>& send_cou
   const UnitType unit(unit_bytes);
   const auto [out_count, out_at] = int_counts(send_counts, "Group::alltoallv");
   const auto [in_count, in_at] = int_counts(receive_counts, "Group::alltoallv");
-  Impl::check_mpi(MPI_Alltoallv(send, out_count.data(), out_at.data(), unit.get(), receive, in_count.data(), in_at.data(),
-                      unit.get(), st.comm),
-        "MPI_Alltoallv");
+  Impl::complete(
+      "MPI_Alltoallv",
+      [&] {
+        return MPI_Alltoallv(send, out_count.data(), out_at.data(), unit.get(), receive, in_count.data(), in_at.data(),
+                             unit.get(), st.comm);
+      },
+      [&](MPI_Request* r) {
+        return MPI_Ialltoallv(send, out_count.data(), out_at.data(), unit.get(), receive, in_count.data(),
+                              in_at.data(), unit.get(), st.comm, r);
+      });
 #endif
 }
 
@@ -364,8 +420,10 @@ void Group::send(const T* values, std::size_t count, int destination, int tag) c
                  "Group::send: rank ", destination, " is not another rank of the group of ", st.size);
 #if LATHER_ENABLE_MPI
   for (std::size_t done = 0; done < count || done == 0; done += max_count) {
-    Impl::check_mpi(MPI_Send(values + done, int(std::min(max_count, count - done)), datatype<T>(), destination, tag, st.comm),
-          "MPI_Send");
+    const int n = int(std::min(max_count, count - done));
+    Impl::complete(
+        "MPI_Send", [&] { return MPI_Send(values + done, n, datatype<T>(), destination, tag, st.comm); },
+        [&](MPI_Request* r) { return MPI_Isend(values + done, n, datatype<T>(), destination, tag, st.comm, r); });
     if (count == 0) break;
   }
 #else
@@ -380,9 +438,11 @@ void Group::receive(T* values, std::size_t count, int source, int tag) const {
                  " is not another rank of the group of ", st.size);
 #if LATHER_ENABLE_MPI
   for (std::size_t done = 0; done < count || done == 0; done += max_count) {
-    Impl::check_mpi(MPI_Recv(values + done, int(std::min(max_count, count - done)), datatype<T>(), source, tag, st.comm,
-                   MPI_STATUS_IGNORE),
-          "MPI_Recv");
+    const int n = int(std::min(max_count, count - done));
+    Impl::complete(
+        "MPI_Recv",
+        [&] { return MPI_Recv(values + done, n, datatype<T>(), source, tag, st.comm, MPI_STATUS_IGNORE); },
+        [&](MPI_Request* r) { return MPI_Irecv(values + done, n, datatype<T>(), source, tag, st.comm, r); });
     if (count == 0) break;
   }
 #else
@@ -401,10 +461,9 @@ void Group::exchange(const T* out, std::size_t out_count, T* in, std::size_t in_
       1, std::max((out_count + max_count - 1) / max_count, (in_count + max_count - 1) / max_count));
   for (std::size_t k = 0; k < pieces; ++k) {
     const std::size_t out_at = std::min(out_count, k * max_count), in_at = std::min(in_count, k * max_count);
-    Impl::check_mpi(MPI_Sendrecv(out + out_at, int(std::min(max_count, out_count - out_at)), datatype<T>(), partner, tag,
-                       in + in_at, int(std::min(max_count, in_count - in_at)), datatype<T>(), partner, tag, st.comm,
-                       MPI_STATUS_IGNORE),
-          "MPI_Sendrecv");
+    Impl::check_mpi(sendrecv(out + out_at, int(std::min(max_count, out_count - out_at)), datatype<T>(), in + in_at,
+                             int(std::min(max_count, in_count - in_at)), datatype<T>(), partner, tag, st.comm),
+                    "MPI_Sendrecv");
   }
 #else
   (void)out, (void)out_count, (void)in, (void)in_count, (void)tag;

@@ -1,5 +1,5 @@
 // The mesh's groups against their definition (rank r = shard r mod S of replica r div S), the
-// ranks a group has on this node, the all-gather of parts of any size, bad shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
+// ranks a group has on this node, the all-gather of parts of any size, a bad LATHER_COLLECTIVE_WAIT, bad shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
 // divergence check naming the ranks that differ.
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/replicas.hpp>
@@ -7,6 +7,9 @@
 #include "comm_test_utils.hpp"
 
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
 
 namespace {
 
@@ -75,6 +78,30 @@ TEST(Group, AllgathervPlacesEveryPart) {
     expect_allgatherv_places_every_part<float>(in_place);
     expect_allgatherv_places_every_part<std::int64_t>(in_place);
   }
+}
+
+// src/comm/waiting.hpp: LATHER_COLLECTIVE_WAIT takes auto, spin or yield; anything else stops the
+// (collective) Group constructor on every rank, naming the variable, before any collective of it.
+// The suite runs under each value on some rank count (tests/comm/CMakeLists.txt).
+TEST(Group, BadCollectiveWaitIsAnErrorOnEveryRank) {
+  const char* before = std::getenv("LATHER_COLLECTIVE_WAIT");
+  const std::string kept = before ? before : "";
+  ::setenv("LATHER_COLLECTIVE_WAIT", "sleep", 1);
+  std::string message;
+  try {
+    const lather::comm::Group group(MPI_COMM_WORLD);
+  } catch (const lather::Error& e) {
+    message = e.what();
+  }
+  if (before)
+    ::setenv("LATHER_COLLECTIVE_WAIT", kept.c_str(), 1);
+  else
+    ::unsetenv("LATHER_COLLECTIVE_WAIT");
+  EXPECT_NE(message.find("LATHER_COLLECTIVE_WAIT is 'sleep'; it takes auto, spin or yield"), std::string::npos)
+      << message;
+  // The collectives still work, whichever way this process waits.
+  const lather::comm::Group group(MPI_COMM_WORLD);
+  EXPECT_EQ(group.allreduce(1, lather::comm::Combine::sum), group.size());
 }
 
 TEST(Mesh, BadShardCountsAreAnErrorOnEveryRank) {

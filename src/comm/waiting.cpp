@@ -1,0 +1,69 @@
+#include "waiting.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sched.h>
+
+namespace lather::comm::Impl {
+namespace {
+
+enum class WaitMode { automatic, spin, yield };
+
+WaitMode requested_mode() {
+  const char* value = std::getenv("LATHER_COLLECTIVE_WAIT");
+  if (!value || !*value || std::strcmp(value, "auto") == 0) return WaitMode::automatic;
+  if (std::strcmp(value, "spin") == 0) return WaitMode::spin;
+  if (std::strcmp(value, "yield") == 0) return WaitMode::yield;
+  LATHER_FAIL("LATHER_COLLECTIVE_WAIT is '", value, "'; it takes auto, spin or yield");
+}
+
+std::atomic<bool> g_oversubscribed{false};
+
+}  // namespace
+
+void note_node_occupancy(MPI_Comm comm) {
+  if (requested_mode() != WaitMode::automatic || g_oversubscribed.load(std::memory_order_relaxed)) return;
+  MPI_Comm node = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int ranks = 1;
+  int status = MPI_Comm_size(node, &ranks);
+  // The CPUs the node's ranks may run on: the union of their affinity masks (under Slurm or
+  // mpiexec -bind-to, each rank's own CPUs; unbound, every CPU of the node).
+  int cpus = int(std::thread::hardware_concurrency());
+#ifdef __linux__
+  cpu_set_t mine, used;
+  CPU_ZERO(&mine);
+  CPU_ZERO(&used);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);  // then the others' masks count
+  std::vector<cpu_set_t> all(static_cast<std::size_t>(ranks));
+  if (status == MPI_SUCCESS)
+    status = MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, all.data(), int(sizeof mine), MPI_BYTE, node);
+  for (auto& set : all) CPU_OR(&used, &used, &set);
+  if (CPU_COUNT(&used) > 0) cpus = CPU_COUNT(&used);
+#endif
+  MPI_Comm_free(&node);
+  check_mpi(status, "counting the ranks and CPUs of the node");
+  if (cpus > 0 && ranks > cpus) g_oversubscribed.store(true, std::memory_order_relaxed);
+}
+
+bool yield_while_waiting() {
+  static const WaitMode mode = requested_mode();
+  if (mode != WaitMode::automatic) return mode == WaitMode::yield;
+  return g_oversubscribed.load(std::memory_order_relaxed);
+}
+
+void wait_yielding(MPI_Request* requests, int count, const char* call) {
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), call);
+    if (done) return;
+    sched_yield();
+  }
+}
+
+}  // namespace lather::comm::Impl
