@@ -3,6 +3,7 @@
 #include "directory.hpp"
 #include "file_format.hpp"
 #include "hdf5_handles.hpp"
+#include "placed_writes.hpp"
 #include "row_exchange.hpp"
 #include "selection.hpp"
 #include "stored_checksums.hpp"
@@ -103,37 +104,31 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
 
   // Which part of each array every rank adds to its checksums (one allgather of the selections).
   SelectionChecksums checks(m_group, arrays, SelectionChecksums::Use::saving);
-  m_group.run_agreed("", [&] {
-    auto fapl = mpio_access(m_group, true);
-    File file(check(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
-                    "creating checkpoint '" + temporary + "'"));
-    PropertyList lcpl(check(H5Pcreate(H5P_LINK_CREATE), "creating a link list"));
-    check(H5Pset_create_intermediate_group(lcpl.get(), 1), "enabling intermediate groups");
-    PropertyList dxpl(check(H5Pcreate(H5P_DATASET_XFER), "creating a transfer list"));
-    check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), "setting collective transfers");
-    // Collective calls (as parallel HDF5 requires for writes to one file), each rank's bytes
-    // written independently underneath: the ranks write disjoint contiguous runs, which need no
-    // two-phase shuffle through aggregators, and nobody waits for a slower rank's data.
-    check(H5Pset_dxpl_mpio_collective_opt(dxpl.get(), H5FD_MPIO_INDIVIDUAL_IO), "setting independent I/O");
 
-    // Each rank adds the checksum terms of what it writes (stored_checksums.hpp).
+  // (1) Rank 0 lays the file out alone and every rank learns where each dataset's bytes go
+  // (placed_writes.hpp).
+  std::vector<std::int64_t> offsets(arrays.size(), -1);
+  m_group.run_agreed("", [&] {
     for (std::size_t k = 0; k < arrays.size(); ++k)
       if (element_count(arrays[k].shape) > 0) checks.set_grid(k, grid_of(arrays[k], m_options.chunk_bytes));
+    if (m_group.rank() != 0) return;
+    Attributes root = attributes;
+    root.integers["step"] = step;
+    root.integers["writer_ranks"] = m_group.size();
+    offsets = lay_out(temporary, arrays, root);
+  });
+  m_group.broadcast(offsets.data(), offsets.size(), 0);
+
+  // (2) Every rank writes its bytes at their offsets. A rank whose write fails keeps its error and
+  // still takes part in the exchanges of rows and checksums; the ranks agree on it after them.
+  std::string error;
+  {
+    PlacedWriter writer(temporary);
     for (std::size_t k = 0; k < arrays.size(); ++k) {
       const auto& a = arrays[k];
-      const std::string where = "checkpoint '" + temporary + "' dataset '" + a.path + "'";
+      if (element_count(a.shape) == 0) continue;
+      const std::string where = "dataset '" + a.path + "'";
       const auto dims = stored_dims(a.shape);
-      Dataspace space(check(H5Screate_simple(int(dims.size()), dims.data(), nullptr), where));
-      PropertyList dcpl(check(H5Pcreate(H5P_DATASET_CREATE), where));
-      const bool empty = element_count(a.shape) == 0;
-      // Contiguous and unfiltered, so that collective writes go to MPI-IO as they are; allocated
-      // when created (as parallel HDF5 does) but never filled, since every byte is written.
-      check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), where + ": fill time");
-      Dataset dataset(check(H5Dcreate2(file.get(), a.path.c_str(), native_type(a.dtype), space.get(), lcpl.get(),
-                                       dcpl.get(), H5P_DEFAULT),
-                            where + ": create"));
-      if (a.shape.empty()) write_integer_attribute(dataset.get(), "scalar", 1);
-      if (empty) continue;
       std::vector<char> sorted;
       const void* source = a.data;
       if (!rows_sorted(a) && a.elements() > 0) {
@@ -142,9 +137,8 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         source = sorted.data();
       }
       if (a.selection == ArraySlice::Selection::rows) {
-        // Rows move to contiguous writers first; then one collective write per run (every rank
-        // makes as many calls as the rank with the most runs, normally one): same-shaped
-        // selections keep HDF5 on its chunk-wise path.
+        // Rows move to contiguous writers first (where the ranks' rows are not already the
+        // contiguous ranges), then each run of rows is one write.
         ArraySlice contiguous = a;
         contiguous.writer = true;
         std::vector<char> bytes;
@@ -154,63 +148,48 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         } else if (!a.writer) {
           contiguous.rows.clear();
         }
-        const auto runs = row_runs(contiguous);
-        const std::int64_t mine = std::int64_t(runs.size());
-        const std::int64_t most = m_group.allreduce(mine, comm::Combine::max);
-        auto memory_dims = dims;
-        memory_dims[0] = std::max<hsize_t>(1, hsize_t(contiguous.rows.size()));
-        Dataspace memory(check(H5Screate_simple(int(memory_dims.size()), memory_dims.data(), nullptr), where));
         const std::size_t bytes_per_row = row_bytes(a);
         const std::int64_t row = std::int64_t(bytes_per_row / optim::size_of(a.dtype));
         std::int64_t at = 0, counted_to = 0;
-        for (std::int64_t r = 0; r < most; ++r) {
-          const bool has = r < mine;
-          select_run(space.get(), memory.get(), dims, has ? runs[std::size_t(r)].first : 0, at,
-                     has ? runs[std::size_t(r)].second : 0);
-          check(H5Dwrite(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(), source),
-                where + ": write");
-          if (!has) continue;
+        for (const auto& [run_first, run_rows] : row_runs(contiguous)) {
+          const char* run = static_cast<const char*>(source) + std::size_t(at) * bytes_per_row;
+          writer.write(run, std::size_t(run_rows) * bytes_per_row, offsets[k] + run_first * std::int64_t(bytes_per_row),
+                       where);
           // Rows that several writers hold (replicated statistics) arrive once per writer: each
           // row's terms are added once.
-          const auto [run_first, run_rows] = runs[std::size_t(r)];
           const std::int64_t skip = std::clamp<std::int64_t>(counted_to - run_first, 0, run_rows);
-          checks.add_elements(k, (run_first + skip) * row, (run_rows - skip) * row,
-                              static_cast<const char*>(source) + std::size_t(at + skip) * bytes_per_row);
+          checks.add_elements(k, (run_first + skip) * row, (run_rows - skip) * row, run + std::size_t(skip) * bytes_per_row);
           counted_to = std::max(counted_to, run_first + run_rows);
           at += run_rows;
         }
         continue;
       }
-      select(space.get(), a, true);
-      const hssize_t selected = H5Sget_select_npoints(space.get());
-      Dataspace memory(check(memory_space_for(a, selected), where));
-      if (selected == 0) check(H5Sselect_none(memory.get()), where);
-      check(H5Dwrite(dataset.get(), native_type(a.dtype), memory.get(), space.get(), dxpl.get(),
-                     selected > 0 ? source : nullptr),
-            where + ": write");
-      if (selected > 0) checks.add_selection(k, source);
+      if (a.selection == ArraySlice::Selection::whole) {
+        if (!a.writer) continue;
+        writer.write(source, a.bytes(), offsets[k], where);
+      } else {
+        std::vector<hsize_t> start(a.offset.begin(), a.offset.end()), count(a.count.begin(), a.count.end());
+        if (a.shape.empty()) start = {0}, count = {1};
+        writer.write_box(source, dims, start, count, optim::size_of(a.dtype), offsets[k], where);
+      }
+      if (a.elements() > 0) checks.add_selection(k, source);
     }
-    // One allreduce sums every rank's terms; rank 0 stores them beside the arrays.
-    checks.finish();
+    if (m_options.fsync) writer.flush();
+    error = writer.error();
+  }
+  // One allreduce sums every rank's checksum terms; then the ranks agree on any failure.
+  checks.finish();
+  m_group.agree_on_failure("", error);
+
+  // (3) Rank 0 stores the checksums beside the arrays, and "complete" last.
+  m_group.run_agreed("", [&] {
+    if (m_group.rank() != 0) return;
+    File file(check(H5Fopen(temporary.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), "reopening checkpoint '" + temporary + "'"));
+    PropertyList lcpl(check(H5Pcreate(H5P_LINK_CREATE), "creating a link list"));
+    check(H5Pset_create_intermediate_group(lcpl.get(), 1), "enabling intermediate groups");
     for (std::size_t k = 0; k < arrays.size(); ++k)
       if (checks.has_grid(k))
-        write_checksums(file.get(), lcpl.get(), dxpl.get(), arrays[k], checks.grid(k), checks.saved_sums(k),
-                        m_group.rank() == 0);
-    // Root attributes: identification first, "complete" last.
-    write_string_attribute(file.get(), "format", format_name);
-    write_integer_attribute(file.get(), "format_version", format_version);
-    write_string_attribute(file.get(), "library_version", LATHER_VERSION_STRING);
-    const std::time_t now = std::time(nullptr);
-    char created[32];
-    std::strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    write_string_attribute(file.get(), "created", created);
-    write_integer_attribute(file.get(), "step", step);
-    write_integer_attribute(file.get(), "writer_ranks", m_group.size());
-    for (const auto& [name, value] : attributes.integers)
-      if (name != "step") write_integer_attribute(file.get(), name, value);
-    for (const auto& [name, value] : attributes.reals)
-      write_real_attribute(file.get(), name, value);
-    for (const auto& [name, value] : attributes.strings) write_string_attribute(file.get(), name, value);
+        write_checksums(file.get(), lcpl.get(), H5P_DEFAULT, arrays[k], checks.grid(k), checks.saved_sums(k), true);
     write_integer_attribute(file.get(), "complete", 1);
     check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flushing checkpoint '" + temporary + "'");
   });

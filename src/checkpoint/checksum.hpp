@@ -1,7 +1,7 @@
 #pragma once
 // Per-chunk checksums of a checkpoint's arrays, computed by the ranks in parallel on what each
-// writes or reads, so that the data itself goes to disk unfiltered (collective MPI-IO at disk
-// speed) and a flipped bit anywhere is still found and named.
+// writes or reads, so that the data itself goes to disk unfiltered (at the disk's speed) and a
+// flipped bit anywhere is still found and named.
 //
 // An array's leading dimension is cut into chunks of `rows_per_chunk` rows (about
 // CheckpointOptions::chunk_bytes each). Chunk c's checksum is two 64-bit sums over its elements,

@@ -130,16 +130,6 @@ Attributes inspect(const std::string& file, const std::vector<ArraySlice>& array
   return attributes;
 }
 
-PropertyList mpio_access(const comm::Group& group, bool creating) {
-  PropertyList fapl(check(H5Pcreate(H5P_FILE_ACCESS), "creating a file access list"));
-  check(H5Pset_fapl_mpio(fapl.get(), group.native(), MPI_INFO_NULL), "setting MPI-IO file access");
-  if (creating) {
-    check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), "setting the object formats");
-    check(H5Pset_alignment(fapl.get(), hsize_t(1) << 20, hsize_t(1) << 20), "setting the alignment");
-  }
-  return fapl;
-}
-
 namespace {
 
 /// Calls `body(root, path)` for every array of an open file (the checksum datasets left out) in name order, until it returns an

@@ -30,9 +30,5 @@ Attributes inspect(const std::string& file, const std::vector<ArraySlice>& array
 std::string verify_datasets(const std::string& file);
 /// Rank 0's serial listing of a checkpoint: its root attributes and every dataset.
 CheckpointSummary describe(const std::string& file);
-/// A file access list for MPI-IO over `group`. For a file being created, also: the HDF5 1.8
-/// object formats or newer, whose metadata carries checksums (superblock version 2 and later), and
-/// datasets of 1 MiB or more aligned to 1 MiB (the stripe size of common parallel file systems).
-PropertyList mpio_access(const comm::Group& group, bool creating = false);
 
 }  // namespace lather::checkpoint::Impl

@@ -1,6 +1,6 @@
 #pragma once
-// Crash-safe, self-describing checkpoints in one HDF5 file, written collectively with parallel
-// HDF5 (MPI-IO). Every array is stored with its global shape; each rank writes and reads only its
+// Crash-safe, self-describing checkpoints in one HDF5 file, laid out by rank 0 with HDF5 and filled
+// by every rank in parallel at the datasets' offsets (src/checkpoint/placed_writes.hpp). Every array is stored with its global shape; each rank writes and reads only its
 // part (a whole array, rows of its leading dimension, or a block), so a checkpoint written by N
 // ranks is read back by any other number of ranks. docs/reference/checkpoint-format.md describes
 // the file.
@@ -8,7 +8,7 @@
 // Crash safety: a checkpoint is written under a temporary name in the target directory, flushed,
 // closed and fsync'ed, then renamed to `<prefix>-<step>.h5` (atomic within one file system); the
 // newest K are kept. A half-written file never carries the final name, so latest() never picks
-// it. Integrity: arrays are stored contiguously (collective MPI-IO at the disk's speed) beside
+// it. Integrity: arrays are stored contiguously (written and read at the disk's speed) beside
 // per-chunk checksums that the ranks compute in parallel on what each writes, and check on what
 // each reads; a corrupted, truncated or foreign file is refused on every rank with a message
 // naming the file, the dataset and the rows.

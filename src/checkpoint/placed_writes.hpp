@@ -1,0 +1,56 @@
+#pragma once
+// How a save puts the arrays' bytes in the file. Rank 0 alone lays the file out with HDF5 (every
+// dataset contiguous, unfiltered and allocated at creation, the root attributes but "complete"),
+// closes it and tells every rank where each dataset's bytes begin; then each rank writes its own
+// bytes there with plain POSIX writes, in parallel and with no MPI call between them; last, rank 0
+// adds the checksums and "complete". HDF5 never sees the data, so the file is exactly what a
+// collective HDF5 write makes of the same arrays (h5py and h5dump read it as before), but none of
+// parallel HDF5's collective calls (about 20 per dataset and file on MPICH, each a busy wait of
+// milliseconds where ranks outnumber cores) is made, and no MPI-IO layer sits between the ranks
+// and the disk.
+
+#include "hdf5_handles.hpp"
+
+#include <lather/checkpoint/checkpoint.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lather::checkpoint::Impl {
+
+/// Rank 0: creates `file` with every array of `arrays` as a contiguous dataset allocated at
+/// creation and never filled, and the root attributes but "complete"; returns each dataset's
+/// byte offset in the file (-1 for an empty one).
+std::vector<std::int64_t> lay_out(const std::string& file, const std::vector<ArraySlice>& arrays,
+                                  const Attributes& root_attributes);
+
+/// A file opened for writing at offsets; closes on destruction. Errors are kept, not thrown, so
+/// that a rank whose write failed still takes part in the collectives after it.
+class PlacedWriter {
+ public:
+  explicit PlacedWriter(const std::string& file);
+  ~PlacedWriter();
+  PlacedWriter(const PlacedWriter&) = delete;
+  PlacedWriter& operator=(const PlacedWriter&) = delete;
+
+  /// `bytes` bytes from `data` at `offset` of the file.
+  void write(const void* data, std::size_t bytes, std::int64_t offset, const std::string& where);
+  /// The box [start, start + count) of a row-major array of dimensions `dims` (elements of
+  /// `element_bytes`) whose first byte is at `base`, from a buffer holding the box row-major.
+  void write_box(const void* data, const std::vector<hsize_t>& dims, const std::vector<hsize_t>& start,
+                 const std::vector<hsize_t>& count, std::size_t element_bytes, std::int64_t base,
+                 const std::string& where);
+  /// Starts and waits for the write-back of every byte this rank wrote (Linux; elsewhere a
+  /// no-op), so that the ranks' write-backs run in parallel before rank 0's fsync of the file.
+  void flush();
+  /// The first error ("" when none).
+  const std::string& error() const { return m_error; }
+
+ private:
+  std::string m_file, m_error;
+  int m_fd = -1;
+  std::int64_t m_first = -1, m_last = -1;  // the span written, for the write-back
+};
+
+}  // namespace lather::checkpoint::Impl
