@@ -123,7 +123,7 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   // still takes part in the exchanges of rows and checksums; the ranks agree on it after them.
   std::string error;
   {
-    PlacedWriter writer(temporary);
+    PlacedWriter writer(temporary, m_options.fsync);
     for (std::size_t k = 0; k < arrays.size(); ++k) {
       const auto& a = arrays[k];
       if (element_count(a.shape) == 0) continue;
@@ -150,15 +150,23 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         }
         const std::size_t bytes_per_row = row_bytes(a);
         const std::int64_t row = std::int64_t(bytes_per_row / optim::size_of(a.dtype));
+        // In pieces of about 1 MiB: each piece's checksum terms are added right after its write
+        // has read it, while it is in cache, and the disk writes the previous pieces meanwhile.
+        const std::int64_t piece_rows = std::max<std::int64_t>(1, std::int64_t((std::size_t(1) << 20) / bytes_per_row));
         std::int64_t at = 0, counted_to = 0;
         for (const auto& [run_first, run_rows] : row_runs(contiguous)) {
-          const char* run = static_cast<const char*>(source) + std::size_t(at) * bytes_per_row;
-          writer.write(run, std::size_t(run_rows) * bytes_per_row, offsets[k] + run_first * std::int64_t(bytes_per_row),
-                       where);
           // Rows that several writers hold (replicated statistics) arrive once per writer: each
           // row's terms are added once.
           const std::int64_t skip = std::clamp<std::int64_t>(counted_to - run_first, 0, run_rows);
-          checks.add_elements(k, (run_first + skip) * row, (run_rows - skip) * row, run + std::size_t(skip) * bytes_per_row);
+          for (std::int64_t p = 0; p < run_rows; p += piece_rows) {
+            const std::int64_t n = std::min(piece_rows, run_rows - p), from = std::max(p, skip);
+            const char* piece = static_cast<const char*>(source) + std::size_t(at + p) * bytes_per_row;
+            writer.write(piece, std::size_t(n) * bytes_per_row,
+                         offsets[k] + (run_first + p) * std::int64_t(bytes_per_row), where);
+            if (from < p + n)
+              checks.add_elements(k, (run_first + from) * row, (p + n - from) * row,
+                                  piece + std::size_t(from - p) * bytes_per_row);
+          }
           counted_to = std::max(counted_to, run_first + run_rows);
           at += run_rows;
         }

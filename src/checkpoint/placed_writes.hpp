@@ -29,7 +29,9 @@ std::vector<std::int64_t> lay_out(const std::string& file, const std::vector<Arr
 /// that a rank whose write failed still takes part in the collectives after it.
 class PlacedWriter {
  public:
-  explicit PlacedWriter(const std::string& file);
+  /// With `durable`, each write also starts its write-back to the disk (Linux), for flush() to
+  /// wait for.
+  PlacedWriter(const std::string& file, bool durable);
   ~PlacedWriter();
   PlacedWriter(const PlacedWriter&) = delete;
   PlacedWriter& operator=(const PlacedWriter&) = delete;
@@ -41,8 +43,8 @@ class PlacedWriter {
   void write_box(const void* data, const std::vector<hsize_t>& dims, const std::vector<hsize_t>& start,
                  const std::vector<hsize_t>& count, std::size_t element_bytes, std::int64_t base,
                  const std::string& where);
-  /// Starts and waits for the write-back of every byte this rank wrote (Linux; elsewhere a
-  /// no-op), so that the ranks' write-backs run in parallel before rank 0's fsync of the file.
+  /// Waits for the write-back of every byte this rank wrote (Linux; elsewhere a no-op), so that
+  /// the ranks' write-backs run in parallel before rank 0's fsync of the file.
   void flush();
   /// The first error ("" when none).
   const std::string& error() const { return m_error; }
@@ -50,6 +52,7 @@ class PlacedWriter {
  private:
   std::string m_file, m_error;
   int m_fd = -1;
+  bool m_durable = false;
   std::int64_t m_first = -1, m_last = -1;  // the span written, for the write-back
 };
 
