@@ -166,7 +166,8 @@ void register_checkpoint(CLI::App& app) {
   auto options = std::make_shared<CheckpointBenchOptions>();
   auto* sub = app.add_subcommand(
       "checkpoint",
-      "Checkpoint write/read bandwidth (parallel HDF5, Fletcher32, fsync + rename) against raw POSIX "
+      "Checkpoint write/read bandwidth (one HDF5 file, every rank's bytes written and read in parallel "
+      "with per-chunk checksums, fsync + rename) against raw POSIX "
       "write/read of the same bytes on the same disk, same run. Run under mpiexec -n 1, 2, 4.");
   add_list_option(*sub, "--bytes", options->bytes, "State sizes in bytes");
   sub->add_option("--dir", options->directory, "Scratch directory on the disk to measure (removed afterwards)")
