@@ -123,7 +123,7 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   // still takes part in the exchanges of rows and checksums; the ranks agree on it after them.
   std::string error;
   {
-    PlacedWriter writer(temporary, m_options.fsync);
+    PlacedWriter writer(temporary, m_options.fsync, m_options.direct_io);
     for (std::size_t k = 0; k < arrays.size(); ++k) {
       const auto& a = arrays[k];
       if (element_count(a.shape) == 0) continue;

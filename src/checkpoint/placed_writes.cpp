@@ -7,6 +7,8 @@
 #include <lather/core/error.hpp>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 
@@ -74,36 +76,102 @@ std::vector<std::int64_t> lay_out(const std::string& file, const std::vector<Arr
   return offsets;
 }
 
-PlacedWriter::PlacedWriter(const std::string& file, bool durable) : m_file(file), m_durable(durable) {
+namespace {
+
+constexpr std::int64_t page = 4096;
+// O_DIRECT transfers from a staging buffer of this size where the caller's bytes are not aligned
+// to the disk's sectors (the largest piece the checkpointer writes at once).
+constexpr std::size_t bounce_bytes = std::size_t(1) << 20;
+
+std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+std::int64_t round_down(std::int64_t x, std::int64_t to) { return x / to * to; }
+
+}  // namespace
+
+PlacedWriter::PlacedWriter(const std::string& file, bool durable, bool direct) : m_file(file), m_durable(durable) {
   m_fd = ::open(file.c_str(), O_WRONLY);
   if (m_fd < 0) m_error = "cannot open checkpoint '" + file + "' for writing: " + std::strerror(errno);
+#ifdef O_DIRECT
+  // Refused (tmpfs, some FUSE file systems): every byte goes through the page cache.
+  if (direct && m_fd >= 0) m_direct_fd = ::open(file.c_str(), O_WRONLY | O_DIRECT);
+#else
+  (void)direct;
+#endif
 }
 
 PlacedWriter::~PlacedWriter() {
   if (m_fd >= 0) ::close(m_fd);
+  if (m_direct_fd >= 0) ::close(m_direct_fd);
 }
 
-void PlacedWriter::write(const void* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
-  if (!m_error.empty() || bytes == 0) return;
-  const char* from = static_cast<const char*>(data);
+bool PlacedWriter::write_all(int fd, const char* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
   std::size_t done = 0;
   while (done < bytes) {
-    const ssize_t n = ::pwrite(m_fd, from + done, bytes - done, off_t(offset) + off_t(done));
+    const ssize_t n = ::pwrite(fd, data + done, bytes - done, off_t(offset) + off_t(done));
     if (n < 0 && errno == EINTR) continue;
+    // O_DIRECT refused for this file or buffer: the caller writes these bytes through the cache.
+    if (n < 0 && errno == EINVAL && fd == m_direct_fd && done == 0) return false;
     if (n <= 0) {
       m_error = "checkpoint '" + m_file + "' " + where + ": write of " + std::to_string(bytes - done) +
                 " bytes at offset " + std::to_string(offset + std::int64_t(done)) +
                 " failed: " + (n < 0 ? std::strerror(errno) : "nothing written");
-      return;
+      return true;
     }
     done += std::size_t(n);
   }
+  return true;
+}
+
+void PlacedWriter::write_cached(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
+  if (!m_error.empty() || bytes == 0) return;
+  write_all(m_fd, data, bytes, offset, where);
   m_first = m_first < 0 ? offset : std::min(m_first, offset);
   m_last = std::max(m_last, offset + std::int64_t(bytes));
 #ifdef __linux__
   // Start the write-back now, without waiting: the disk works while this rank goes on.
   if (m_durable) ::sync_file_range(m_fd, off_t(offset), off_t(bytes), SYNC_FILE_RANGE_WRITE);
 #endif
+}
+
+bool PlacedWriter::write_direct(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
+  // O_DIRECT wants the memory aligned too (to the disk's sector); other sources are staged.
+  if (reinterpret_cast<std::uintptr_t>(data) % 512 == 0) {
+    if (!write_all(m_direct_fd, data, bytes, offset, where)) return false;
+  } else {
+    if (!m_bounce) m_bounce.reset(static_cast<char*>(std::aligned_alloc(std::size_t(page), bounce_bytes)));
+    if (!m_bounce) return false;  // through the cache then
+    for (std::size_t done = 0; done < bytes && m_error.empty(); done += bounce_bytes) {
+      const std::size_t n = std::min(bounce_bytes, bytes - done);
+      std::memcpy(m_bounce.get(), data + done, n);
+      if (!write_all(m_direct_fd, m_bounce.get(), n, offset + std::int64_t(done), where)) {
+        if (done == 0) return false;
+        m_error = "checkpoint '" + m_file + "' " + where + ": O_DIRECT refused in the middle of a write";
+      }
+    }
+  }
+  m_direct_bytes += std::int64_t(bytes);
+  return true;
+}
+
+void PlacedWriter::write(const void* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
+  if (!m_error.empty() || bytes == 0) return;
+  const char* from = static_cast<const char*>(data);
+  const std::int64_t end = offset + std::int64_t(bytes);
+  // The whole pages inside [offset, end) go directly; the partial pages at either end, which
+  // another rank may be writing the rest of, through the cache.
+  const std::int64_t first_page = round_up(offset, page), last_page = round_down(end, page);
+  if (m_direct_fd >= 0 && last_page > first_page) {
+    write_cached(from, std::size_t(first_page - offset), offset, where);
+    if (write_direct(from + (first_page - offset), std::size_t(last_page - first_page), first_page, where)) {
+      write_cached(from + (last_page - offset), std::size_t(end - last_page), last_page, where);
+      return;
+    }
+    ::close(m_direct_fd);
+    m_direct_fd = -1;
+    write_cached(from + (first_page - offset), std::size_t(end - first_page), first_page, where);
+    return;
+  }
+  write_cached(from, bytes, offset, where);
 }
 
 void PlacedWriter::write_box(const void* data, const std::vector<hsize_t>& dims, const std::vector<hsize_t>& start,

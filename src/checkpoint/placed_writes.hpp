@@ -14,6 +14,8 @@
 #include <lather/checkpoint/checkpoint.hpp>
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,9 +31,12 @@ std::vector<std::int64_t> lay_out(const std::string& file, const std::vector<Arr
 /// that a rank whose write failed still takes part in the collectives after it.
 class PlacedWriter {
  public:
-  /// With `durable`, each write also starts its write-back to the disk (Linux), for flush() to
-  /// wait for.
-  PlacedWriter(const std::string& file, bool durable);
+  /// With `durable`, each plain write also starts its write-back to the disk (Linux), for flush()
+  /// to wait for. With `direct`, the whole 4 KiB pages of each write go with O_DIRECT (Linux,
+  /// where the file system takes it): a page is written either directly by one rank or through
+  /// the page cache by every rank that writes part of it, never both, so ranks sharing a page
+  /// (their rows meet inside it) both write it through the cache, where their bytes merge.
+  PlacedWriter(const std::string& file, bool durable, bool direct);
   ~PlacedWriter();
   PlacedWriter(const PlacedWriter&) = delete;
   PlacedWriter& operator=(const PlacedWriter&) = delete;
@@ -48,12 +53,21 @@ class PlacedWriter {
   void flush();
   /// The first error ("" when none).
   const std::string& error() const { return m_error; }
+  /// Bytes written with O_DIRECT so far.
+  std::int64_t direct_bytes() const { return m_direct_bytes; }
 
  private:
+  void write_cached(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where);
+  /// Whole pages [offset, offset + bytes); false when O_DIRECT was refused (then off for good).
+  bool write_direct(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where);
+  bool write_all(int fd, const char* data, std::size_t bytes, std::int64_t offset, const std::string& where);
+
   std::string m_file, m_error;
-  int m_fd = -1;
+  int m_fd = -1, m_direct_fd = -1;
   bool m_durable = false;
-  std::int64_t m_first = -1, m_last = -1;  // the span written, for the write-back
+  std::int64_t m_first = -1, m_last = -1;  // the span written through the cache, for the write-back
+  std::int64_t m_direct_bytes = 0;
+  std::unique_ptr<char, void (*)(void*)> m_bounce{nullptr, std::free};  // page-aligned, for unaligned sources
 };
 
 }  // namespace lather::checkpoint::Impl

@@ -3,6 +3,7 @@
 #include "hdf5_handles.hpp"
 
 #include <algorithm>
+#include <fcntl.h>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -156,9 +157,34 @@ bool read_rows(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>
          H5Dread(dataset, type, memory.get(), space.get(), dxpl, into) >= 0;
 }
 
+namespace {
+
+/// Asks the kernel to read rows [first, first + count) of a contiguous dataset ahead, all at once
+/// (posix_fadvise WILLNEED on the file's descriptor): the pieces below then find their bytes
+/// arriving, instead of each piece's read waiting for its own 1 MiB with the default read-ahead
+/// window (cold reads from the disk 1.3-2.0 GB/s against raw reads' 2.6-3.3, benchmarks.md).
+/// Chunked or filtered datasets, or other drivers, are left alone.
+void read_ahead(hid_t dataset, std::int64_t first, std::int64_t count, std::size_t row_bytes) {
+  const haddr_t at = H5Dget_offset(dataset);
+  if (at == HADDR_UNDEF || count <= 0) return;
+  const hid_t file = H5Iget_file_id(dataset);
+  if (file < 0) return;
+  const hid_t access = H5Fget_access_plist(file);
+  const bool posix = access >= 0 && H5Pget_driver(access) == H5FD_SEC2;
+  if (access >= 0) H5Pclose(access);
+  void* handle = nullptr;
+  if (posix && H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) >= 0 && handle)
+    (void)::posix_fadvise(*static_cast<int*>(handle), off_t(at) + off_t(first) * off_t(row_bytes),
+                          off_t(count) * off_t(row_bytes), POSIX_FADV_WILLNEED);
+  H5Fclose(file);
+}
+
+}  // namespace
+
 void read_rows_in_pieces(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>& dims, std::int64_t first,
                          std::int64_t count, std::size_t row_bytes, char* into, const std::string& where, bool overlap,
                          const std::function<void(std::int64_t, std::int64_t, const char*)>& piece) {
+  read_ahead(dataset, first, count, row_bytes);
   // Overlapped: a second thread checks piece k while piece k + 1 is read, and the checksums cost
   // no read time where a core is free. Without a free core that thread only competes with the
   // ranks (and two ranks' 8 MiB pieces in flight crowd a shared L3): 1 MiB pieces summed in line

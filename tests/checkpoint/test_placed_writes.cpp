@@ -1,0 +1,108 @@
+// The writer of a save's bytes (src/checkpoint/placed_writes.hpp), white box: writes at any
+// offset, of any length, from memory of any alignment, land byte for byte where they were asked
+// to, whether their whole pages go with O_DIRECT or every byte through the page cache; the
+// direct path is really taken where the file system allows it, and refused O_DIRECT falls back.
+#include "checkpoint/placed_writes.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using lather::checkpoint::Impl::PlacedWriter;
+
+unsigned char expected_byte(std::int64_t at) { return static_cast<unsigned char>((at * 131 + at / 4096) % 251); }
+
+std::vector<unsigned char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+bool direct_supported(const std::string& path) {
+#ifdef O_DIRECT
+  const int fd = ::open(path.c_str(), O_WRONLY | O_DIRECT);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+#else
+  (void)path;
+  return false;
+#endif
+}
+
+/// Covers a file of `size` bytes with pieces of many lengths (inside one page, across pages, past
+/// the 1 MiB staging buffer) in shuffled order, each from a source at a different alignment.
+std::int64_t write_pieces(const std::string& path, std::int64_t size, bool direct) {
+  {
+    std::ofstream create(path, std::ios::binary | std::ios::trunc);
+  }
+  std::filesystem::resize_file(path, std::uintmax_t(size));  // as lay_out leaves it: allocated, unwritten
+  std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // offset, length
+  const std::int64_t lengths[] = {1, 100, 4095, 4096, 4097, 12288, 65536 + 17, 3 << 20, 200000, 512, 7};
+  std::int64_t at = 0;
+  for (std::size_t k = 0; at < size; ++k) {
+    const std::int64_t n = std::min(lengths[k % std::size(lengths)], size - at);
+    pieces.emplace_back(at, n);
+    at += n;
+  }
+  std::shuffle(pieces.begin(), pieces.end(), std::mt19937(7));
+  std::vector<unsigned char> source(std::size_t(size) + 4096 + 64);
+  PlacedWriter writer(path, true, direct);
+  std::size_t shift = 0;
+  for (const auto& [offset, length] : pieces) {
+    // The source at every alignment: 0, 1, ..., 63 bytes past a 4 KiB boundary.
+    unsigned char* base = source.data() + (4096 - reinterpret_cast<std::uintptr_t>(source.data()) % 4096) % 4096;
+    unsigned char* from = base + shift;
+    shift = (shift + 1) % 64;
+    for (std::int64_t i = 0; i < length; ++i) from[i] = expected_byte(offset + i);
+    writer.write(from, std::size_t(length), offset, "test");
+    EXPECT_EQ(writer.error(), "");
+  }
+  writer.flush();
+  EXPECT_EQ(writer.error(), "");
+  return writer.direct_bytes();
+}
+
+void check_file(const std::string& path, std::int64_t size) {
+  const auto bytes = file_bytes(path);
+  ASSERT_EQ(std::int64_t(bytes.size()), size);
+  for (std::int64_t i = 0; i < size; ++i)
+    ASSERT_EQ(bytes[std::size_t(i)], expected_byte(i)) << "byte " << i << " of " << path;
+}
+
+TEST(PlacedWriter, DirectAndCachedWritesPutEveryByteInPlace) {
+  const std::string path = (std::filesystem::current_path() / "placed-writes-test.bin").string();
+  const std::int64_t size = (9 << 20) + 12345;
+  for (bool direct : {true, false}) {
+    const std::int64_t direct_bytes = write_pieces(path, size, direct);
+    check_file(path, size);
+    if (!direct) EXPECT_EQ(direct_bytes, 0);
+    // Most of the file is whole pages of pieces longer than a page: those went directly.
+    if (direct && direct_supported(path)) EXPECT_GT(direct_bytes, size / 2);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(PlacedWriter, ARefusedDirectWriteFallsBackToTheCache) {
+  // /dev/shm is tmpfs, which refuses O_DIRECT on older kernels and takes it on newer ones: either
+  // way every byte must land.
+  const std::filesystem::path shm = "/dev/shm";
+  if (!std::filesystem::is_directory(shm)) GTEST_SKIP() << "no /dev/shm";
+  const std::string path = (shm / ("lather-placed-writes-" + std::to_string(::getpid()) + ".bin")).string();
+  const std::int64_t size = (2 << 20) + 999;
+  write_pieces(path, size, true);
+  check_file(path, size);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
