@@ -90,7 +90,7 @@ struct CheckpointOptions {
   /// Write each rank's whole 4 KiB pages of the arrays with O_DIRECT, past the page cache, where
   /// the file system takes it (Linux; elsewhere, or when refused, plain writes). Saves then cost
   /// no page-cache allocation, which on virtual machines that hand freed memory back to the host
-  /// made 1 GiB saves 3-5x slower than the disk (docs/checkpoint-format.md, "Saving").
+  /// made 1 GiB saves 3-5x slower than the disk (docs/reference/checkpoint-format.md, "Saving").
   bool direct_io = true;
   void validate() const;
 };
