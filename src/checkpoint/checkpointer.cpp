@@ -18,6 +18,7 @@
 #include <ctime>
 #include <functional>
 #include <numeric>
+#include <future>
 #include <thread>
 #include <tuple>
 
@@ -83,6 +84,7 @@ Checkpointer::Checkpointer(const comm::Group& group, CheckpointOptions options)
 
 std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays, const Attributes& attributes) {
   QuietHdf5 quiet;
+  finish_pruning();
   // What can fail on one rank alone is checked and agreed before the file's collective calls:
   // inside them a rank that stopped would leave the others waiting.
   m_group.run_agreed("", [&] {
@@ -207,13 +209,25 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   m_group.run_agreed("", [&] {
     if (m_group.rank() != 0) return;
     publish(temporary, final, m_options.fsync);
-    prune(m_options.directory, m_options.prefix, m_options.keep_last);
+    // The new checkpoint is durable under its final name: the old ones go off the critical path.
+    m_pruning = std::async(std::launch::async, [directory = m_options.directory, prefix = m_options.prefix,
+                                                keep = m_options.keep_last] {
+                  try {
+                    prune(directory, prefix, keep);
+                  } catch (...) {  // as prune() itself: a file left over is deleted by the next save
+                  }
+                }).share();
   });
   return final;
 }
 
+void Checkpointer::finish_pruning() const {
+  if (m_pruning.valid()) m_pruning.wait();
+}
+
 std::vector<std::string> Checkpointer::list(std::vector<std::string>* skipped) const {
   QuietHdf5 quiet;
+  finish_pruning();
   // One line per file; a skipped file's line starts with '\x01' and carries the reason.
   std::string joined;
   if (m_group.rank() == 0) {

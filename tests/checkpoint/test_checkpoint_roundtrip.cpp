@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -253,6 +254,42 @@ TEST(CheckpointRoundTrip, DirectAndCachedSavesAgree) {
         ASSERT_EQ(got_rows[k * width + std::size_t(j)], value(read_rows.rows[k], j)) << "direct_io " << direct;
     ASSERT_EQ(got_parameters, parameter_data) << "direct_io " << direct;
   }
+  remove_directory(dir);
+}
+
+// keep_last: after each save the newest K checkpoints remain (rank 0 deletes the older ones on a
+// helper thread, which list() waits for), and every one of them loads.
+TEST(CheckpointRoundTrip, KeepsTheNewestKeepLast) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = shared_directory("keep");
+  checkpoint::CheckpointOptions options;
+  options.directory = dir;
+  options.keep_last = 2;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  std::vector<double> data(1000);
+  checkpoint::ArraySlice a;
+  a.path = "x";
+  a.dtype = optim::DType::float64;
+  a.shape = {std::int64_t(data.size())};
+  a.writer = rank == 0;
+  a.data = data.data();
+  std::vector<std::string> saved;
+  for (long step = 1; step <= 5; ++step) {
+    std::fill(data.begin(), data.end(), double(step));
+    saved.push_back(checkpointer.save(step, {a}, {}));
+    const auto files = checkpointer.list();
+    const std::vector<std::string> newest(saved.end() - std::min<std::ptrdiff_t>(2, std::ptrdiff_t(saved.size())), saved.end());
+    ASSERT_EQ(files, newest) << "after step " << step;
+    for (const auto& old : saved)
+      if (std::find(newest.begin(), newest.end(), old) == newest.end())
+        EXPECT_FALSE(std::filesystem::exists(old)) << old;
+  }
+  std::vector<double> got(data.size());
+  auto read = a;
+  read.data = got.data();
+  checkpointer.load(saved[3], {read});
+  EXPECT_EQ(got, std::vector<double>(data.size(), 4.0));
   remove_directory(dir);
 }
 

@@ -22,6 +22,7 @@
 #include <lather/optim/optimizer.hpp>
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <optional>
 #include <string>
@@ -84,7 +85,7 @@ struct WriterRoles {
 struct CheckpointOptions {
   std::string directory = "checkpoints";
   std::string prefix = "checkpoint";
-  int keep_last = 3;  ///< checkpoints kept after a save (older ones are deleted); >= 1
+  int keep_last = 3;  ///< checkpoints kept after a save (older ones are deleted, in the background); >= 1
   std::size_t chunk_bytes = std::size_t(1) << 20;  ///< rows of about this many bytes share a checksum
   bool fsync = true;  ///< fsync the file and directory before and after the rename
   /// Write each rank's whole 4 KiB pages of the arrays with O_DIRECT, past the page cache, where
@@ -212,6 +213,11 @@ class Checkpointer {
   /// Ranks of the group on this rank's node, learnt by the first load (0: not yet): whether a
   /// core is free to check checksums beside the reads.
   mutable int m_ranks_on_node = 0;
+  /// Rank 0 deletes the checkpoints beyond keep_last on a helper thread once the new one is
+  /// published (deleting a 1 GiB file took 0.04-0.15 s on the development VM); the next save,
+  /// list() and the destructor wait for it, so the directory is never seen half pruned.
+  mutable std::shared_future<void> m_pruning;
+  void finish_pruning() const;
 };
 
 }  // namespace lather::checkpoint
