@@ -134,8 +134,9 @@ void PlacedWriter::write_cached(const char* data, std::size_t bytes, std::int64_
 }
 
 bool PlacedWriter::write_direct(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
-  // O_DIRECT wants the memory aligned too (to the disk's sector); other sources are staged.
-  if (reinterpret_cast<std::uintptr_t>(data) % 512 == 0) {
+  // O_DIRECT wants the memory aligned too (to the disk's sector; some file systems, older Lustre
+  // among them, want whole pages): sources not on a page boundary are staged.
+  if (reinterpret_cast<std::uintptr_t>(data) % std::uintptr_t(page) == 0) {
     if (!write_all(m_direct_fd, data, bytes, offset, where)) return false;
   } else {
     if (!m_bounce) m_bounce.reset(static_cast<char*>(std::aligned_alloc(std::size_t(page), bounce_bytes)));
