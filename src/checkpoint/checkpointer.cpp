@@ -8,17 +8,15 @@
 #include "selection.hpp"
 #include "stored_checksums.hpp"
 
-#include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/impl/fault_injection.hpp>
 #include <lather/core/impl/hash.hpp>
 
 #include <algorithm>
 #include <cstring>
-#include <ctime>
 #include <functional>
-#include <numeric>
 #include <future>
+#include <numeric>
 #include <thread>
 #include <tuple>
 
@@ -199,7 +197,7 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
     check(H5Pset_create_intermediate_group(lcpl.get(), 1), "enabling intermediate groups");
     for (std::size_t k = 0; k < arrays.size(); ++k)
       if (checks.has_grid(k))
-        write_checksums(file.get(), lcpl.get(), H5P_DEFAULT, arrays[k], checks.grid(k), checks.saved_sums(k), true);
+        write_checksums(file.get(), lcpl.get(), arrays[k], checks.grid(k), checks.saved_sums(k));
     write_integer_attribute(file.get(), "complete", 1);
     check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flushing checkpoint '" + temporary + "'");
   });
@@ -339,7 +337,7 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
                               });
           continue;
         }
-        select(space.get(), a, false);
+        select(space.get(), a);
         const hssize_t selected = H5Sget_select_npoints(space.get());
         if (selected <= 0) continue;
         LATHER_REQUIRE(hsize_t(selected) == hsize_t(a.elements()), where, ": selection of ", selected,

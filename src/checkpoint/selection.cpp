@@ -17,13 +17,13 @@ std::vector<hsize_t> stored_dims(const TensorShape& shape) {
   return std::vector<hsize_t>(shape.begin(), shape.end());
 }
 
-void select(hid_t space, const ArraySlice& a, bool writing) {
+void select(hid_t space, const ArraySlice& a) {
   const auto dims = stored_dims(a.shape);
   const std::size_t rank = dims.size();
   check(H5Sselect_none(space), "selecting nothing");
   switch (a.selection) {
     case ArraySlice::Selection::whole:
-      if (!writing || a.writer) check(H5Sselect_all(space), "selecting " + a.path);
+      check(H5Sselect_all(space), "selecting " + a.path);
       break;
     case ArraySlice::Selection::rows: {
       // Consecutive rows are merged into one hyperslab each.
@@ -108,19 +108,6 @@ std::vector<std::pair<std::int64_t, std::int64_t>> row_runs(const ArraySlice& a)
     k += n;
   }
   return runs;
-}
-
-void select_run(hid_t file, hid_t memory, const std::vector<hsize_t>& dims, std::int64_t first, std::int64_t at,
-                std::int64_t count) {
-  check(H5Sselect_none(file), "selecting nothing");
-  check(H5Sselect_none(memory), "selecting nothing");
-  if (count == 0) return;
-  std::vector<hsize_t> start(dims.size(), 0), extent = dims;
-  start[0] = hsize_t(first);
-  extent[0] = hsize_t(count);
-  check(H5Sselect_hyperslab(file, H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr), "selecting rows");
-  start[0] = hsize_t(at);
-  check(H5Sselect_hyperslab(memory, H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr), "selecting rows");
 }
 
 std::vector<std::size_t> row_order(const ArraySlice& a) {

@@ -16,18 +16,14 @@ namespace lather::checkpoint::Impl {
 
 /// Stored dimensions: a 0-D array is stored as [1] (chunked datasets need a rank), marked so.
 std::vector<hsize_t> stored_dims(const TensorShape& shape);
-/// This rank's selection in the file's dataspace.
-void select(hid_t space, const ArraySlice& a, bool writing);
+/// This rank's selection in the file's dataspace, for reading it.
+void select(hid_t space, const ArraySlice& a);
 /// Throws, naming the array, when a slice is inconsistent (rows out of range or repeated, ...).
 void check_slice(const ArraySlice& a);
 /// A memory dataspace shaped like this rank's selection (its rows, or its block), all selected.
 hid_t memory_space_for(const ArraySlice& a, hssize_t selected);
 /// Runs of consecutive rows in ascending order: (first row, count), over the sorted rows.
 std::vector<std::pair<std::int64_t, std::int64_t>> row_runs(const ArraySlice& a);
-/// Selects rows [first, first + count) in `file` and the matching rows [at, at + count) of the
-/// memory space [rows, ...] (count 0 selects nothing in either).
-void select_run(hid_t file, hid_t memory, const std::vector<hsize_t>& dims, std::int64_t first, std::int64_t at,
-                std::int64_t count);
 /// Buffer row k is file row order[k] (HDF5 moves the points of a selection in file order).
 std::vector<std::size_t> row_order(const ArraySlice& a);
 bool rows_sorted(const ArraySlice& a);

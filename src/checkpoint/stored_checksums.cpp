@@ -71,8 +71,8 @@ void add_block_rows(const ChunkGrid& grid, const ArraySlice& a, const void* data
   }
 }
 
-void write_checksums(hid_t file, hid_t lcpl, hid_t dxpl, const ArraySlice& a, const ChunkGrid& grid,
-                     const std::vector<ChunkSum>& sums, bool writer) {
+void write_checksums(hid_t file, hid_t lcpl, const ArraySlice& a, const ChunkGrid& grid,
+                     const std::vector<ChunkSum>& sums) {
   const std::string path = checksum_path(a.path);
   const std::string where = "checksums of dataset '" + a.path + "'";
   const hsize_t dims[2] = {hsize_t(grid.chunks()), 2};
@@ -80,12 +80,8 @@ void write_checksums(hid_t file, hid_t lcpl, hid_t dxpl, const ArraySlice& a, co
   Dataset dataset(check(H5Dcreate2(file, path.c_str(), H5T_NATIVE_UINT64, space.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT),
                         where + ": create"));
   write_integer_attribute(dataset.get(), "rows_per_chunk", grid.rows_per_chunk);
-  if (!writer) check(H5Sselect_none(space.get()), where);
-  Dataspace memory(check(H5Screate_simple(2, dims, nullptr), where));
-  if (!writer) check(H5Sselect_none(memory.get()), where);
   static_assert(sizeof(ChunkSum) == 2 * sizeof(std::uint64_t), "ChunkSum is stored as two uint64");
-  check(H5Dwrite(dataset.get(), H5T_NATIVE_UINT64, memory.get(), space.get(), dxpl, writer ? sums.data() : nullptr),
-        where + ": write");
+  check(H5Dwrite(dataset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, sums.data()), where + ": write");
 }
 
 StoredChecksums read_checksums(hid_t file, const std::string& path, const std::vector<hsize_t>& dims,

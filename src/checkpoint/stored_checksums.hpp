@@ -32,9 +32,9 @@ ChunkGrid grid_of(const ArraySlice& a, std::size_t chunk_bytes);
 void add_block_rows(const ChunkGrid& grid, const ArraySlice& a, const void* data, std::int64_t first_row,
                     std::int64_t rows, std::vector<ChunkSum>& sums);
 
-/// Creates `_checksums/<a.path>` (collective) and writes `sums` from rank 0.
-void write_checksums(hid_t file, hid_t lcpl, hid_t dxpl, const ArraySlice& a, const ChunkGrid& grid,
-                     const std::vector<ChunkSum>& sums, bool writer);
+/// Creates `_checksums/<a.path>` in a file open on this process alone and writes `sums`.
+void write_checksums(hid_t file, hid_t lcpl, const ArraySlice& a, const ChunkGrid& grid,
+                     const std::vector<ChunkSum>& sums);
 
 /// The checksums stored for dataset `path` of dimensions `dims` (elements of `element_bytes`),
 /// validated against them before anything is allocated: the grid and one sum per chunk. Throws
