@@ -89,6 +89,16 @@ void run_step(const StepBenchOptions& o) {
     LATHER_REQUIRE(eq != std::string::npos, "--shampoo expects name=value, got '", pair, "'");
     optim::set_option(shampoo_options, pair.substr(0, eq), pair.substr(eq + 1));
   }
+  // Every name checked before anything is timed, so a typo costs no minutes of measurement.
+  for (const auto& set : o.sets) parameter_specs_of(doc, set, path);
+  for (const auto& method : o.root_methods) linalg::parse_root_method(method);
+  std::vector<std::string> others;
+  for (const auto& other : o.others) {
+    if (other == "none") continue;
+    LATHER_REQUIRE(other == "soap" || other == "muon", "--others: unknown optimizer '", other,
+                   "' (expected soap, muon or none)");
+    others.push_back(other);
+  }
   const long window = shampoo_options.preconditioning_compute_steps;
   const comm::Mesh mesh(world_group());
   const bool print = mesh.world_rank() == 0;
@@ -148,7 +158,7 @@ void run_step(const StepBenchOptions& o) {
     }
     // SOAP with the set's Shampoo blocking (its bases refreshed every preconditioning_compute_steps,
     // the same window), its blocks split over the ranks; Muon, its matrices split over the ranks.
-    for (const auto& other : o.others) {
+    for (const auto& other : others) {
       std::unique_ptr<optim::Optimizer<Space, float>> optimizer;
       if (other == "soap") {
         optim::SoapOptions soap;
@@ -157,14 +167,12 @@ void run_step(const StepBenchOptions& o) {
         soap.max_precond_dim = shampoo_options.skip_preconditioning_dim_size_gt;
         soap.precondition_frequency = window;
         optimizer = std::make_unique<optim::Soap<Space, float>>(space, params, soap, mesh.world());
-      } else if (other == "muon") {
+      } else {  // muon (the names were checked above)
         // Embeddings take AdamW, as Jordan et al. (and lather-train) do.
         optim::MuonOptions muon;
         for (const auto& spec : specs)
           if (spec.name.rfind("embedding", 0) == 0) muon.adamw_parameters.push_back(spec.name);
         optimizer = std::make_unique<optim::Muon<Space, float>>(space, params, muon, mesh.world());
-      } else {
-        LATHER_FAIL("--others: unknown optimizer '", other, "' (expected soap or muon)");
       }
       const double seconds = time_steps(mesh.world(), *optimizer, params, window, o.windows);
       const auto largest_state = mesh.world().allreduce(optimizer->memory_report().total(), comm::Combine::max);
@@ -193,7 +201,7 @@ void register_step(CLI::App& app) {
       "bandwidth against a same-run triad. Under mpiexec the ranks share Shampoo's step.");
   add_list_option(*sub, "--set", options->sets, "Parameter sets (transformer, cnn)");
   add_list_option(*sub, "--root-method", options->root_methods, "Inverse-root methods to time (newton, eigh)");
-  add_list_option(*sub, "--others", options->others, "Other optimizers timed beside Adam and Shampoo (soap, muon)");
+  add_list_option(*sub, "--others", options->others, "Other optimizers timed beside Adam and Shampoo (soap, muon; none: neither)");
   sub->add_option("--sets-file", options->file, "The parameter sets file (default: perf/parameter_sets.json)");
   sub->add_option("--windows", options->windows, "Timed windows of preconditioning_compute_steps steps")
       ->check(CLI::PositiveNumber)
