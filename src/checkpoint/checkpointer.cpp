@@ -17,7 +17,6 @@
 #include <functional>
 #include <future>
 #include <numeric>
-#include <thread>
 #include <tuple>
 
 namespace lather::checkpoint {
@@ -299,9 +298,10 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
   });
   // Which part of each array every rank checks as it reads (one allgather of the selections).
   SelectionChecksums verification(m_group, arrays, SelectionChecksums::Use::loading);
-  // Checksums on a second thread only where the node has a core to spare for it.
-  if (m_ranks_on_node == 0) m_ranks_on_node = m_group.ranks_on_node();
-  const bool overlap = unsigned(m_ranks_on_node) < std::max(1u, std::thread::hardware_concurrency());
+  // Checksums on a second thread only where a CPU is free for it: not on a rank bound to one CPU,
+  // however many the node has.
+  if (m_spare_cpu < 0) m_spare_cpu = m_group.node_occupancy().spare_cpu() ? 1 : 0;
+  const bool overlap = m_spare_cpu == 1;
   m_group.run_agreed("", [&] {
     // Every rank opens the file on its own (HDF5's default POSIX driver), not through MPI-IO: a
     // load only reads, each rank its own rows, and MPI_File_open and MPI_File_close are

@@ -8,7 +8,12 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <thread>
 #include <utility>
+
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 namespace lather::comm {
 
@@ -197,19 +202,20 @@ void Group::barrier() const {
 #endif
 }
 
-int Group::ranks_on_node() const {
+NodeOccupancy Group::node_occupancy() const {
   const auto& st = state();
-  if (st.local) return 1;
-  int ranks = 1;
 #if LATHER_ENABLE_MPI
-  MPI_Comm node = MPI_COMM_NULL;
-  Impl::check_mpi(MPI_Comm_split_type(st.comm, MPI_COMM_TYPE_SHARED, st.rank, MPI_INFO_NULL, &node),
-                  "MPI_Comm_split_type");
-  const int status = MPI_Comm_size(node, &ranks);
-  MPI_Comm_free(&node);
-  Impl::check_mpi(status, "MPI_Comm_size");
+  if (!st.local) return Impl::node_occupancy(st.comm);
 #endif
-  return ranks;
+  // One process: its own CPUs are all the group's.
+  NodeOccupancy out;
+  out.cpus = out.own_cpus = std::max(1, int(std::thread::hardware_concurrency()));
+#ifdef __linux__
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) == 0 && CPU_COUNT(&mine) > 0) out.cpus = out.own_cpus = CPU_COUNT(&mine);
+#endif
+  return out;
 }
 
 template <class T>

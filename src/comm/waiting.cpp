@@ -1,5 +1,6 @@
 #include "waiting.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -26,29 +27,33 @@ std::atomic<bool> g_oversubscribed{false};
 
 }  // namespace
 
-void note_node_occupancy(MPI_Comm comm) {
-  if (requested_mode() != WaitMode::automatic || g_oversubscribed.load(std::memory_order_relaxed)) return;
+NodeOccupancy node_occupancy(MPI_Comm comm) {
   MPI_Comm node = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-  int ranks = 1;
-  int status = MPI_Comm_size(node, &ranks);
-  // The CPUs the node's ranks may run on: the union of their affinity masks (under Slurm or
-  // mpiexec -bind-to, each rank's own CPUs; unbound, every CPU of the node).
-  int cpus = int(std::thread::hardware_concurrency());
+  NodeOccupancy out;
+  int status = MPI_Comm_size(node, &out.ranks);
+  // Unknown masks count as every CPU of the node.
+  out.cpus = out.own_cpus = std::max(1, int(std::thread::hardware_concurrency()));
 #ifdef __linux__
   cpu_set_t mine, used;
   CPU_ZERO(&mine);
   CPU_ZERO(&used);
   if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);  // then the others' masks count
-  std::vector<cpu_set_t> all(static_cast<std::size_t>(ranks));
+  if (CPU_COUNT(&mine) > 0) out.own_cpus = CPU_COUNT(&mine);
+  std::vector<cpu_set_t> all(static_cast<std::size_t>(out.ranks));
   if (status == MPI_SUCCESS)
     status = MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, all.data(), int(sizeof mine), MPI_BYTE, node);
   for (auto& set : all) CPU_OR(&used, &used, &set);
-  if (CPU_COUNT(&used) > 0) cpus = CPU_COUNT(&used);
+  if (CPU_COUNT(&used) > 0) out.cpus = CPU_COUNT(&used);
 #endif
   MPI_Comm_free(&node);
   check_mpi(status, "counting the ranks and CPUs of the node");
-  if (cpus > 0 && ranks > cpus) g_oversubscribed.store(true, std::memory_order_relaxed);
+  return out;
+}
+
+void note_node_occupancy(MPI_Comm comm) {
+  if (requested_mode() != WaitMode::automatic || g_oversubscribed.load(std::memory_order_relaxed)) return;
+  if (node_occupancy(comm).oversubscribed()) g_oversubscribed.store(true, std::memory_order_relaxed);
 }
 
 bool yield_while_waiting() {

@@ -15,9 +15,14 @@
 
 #include "mpi_check.hpp"
 
+#include <lather/comm/group.hpp>
+
 #include <mpi.h>
 
 namespace lather::comm::Impl {
+
+/// Collective over `comm`: its ranks on this rank's node and the CPUs they may run on.
+NodeOccupancy node_occupancy(MPI_Comm comm);
 
 /// Collective over `comm`: notes whether the ranks of `comm` on this node outnumber the CPUs
 /// their affinity masks allow (once true, true for the process).

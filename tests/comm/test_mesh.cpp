@@ -1,5 +1,5 @@
 // The mesh's groups against their definition (rank r = shard r mod S of replica r div S), the
-// ranks a group has on this node, the all-gather of parts of any size, a bad LATHER_COLLECTIVE_WAIT, bad shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
+// ranks a group has on this node and the CPUs they may run on, the all-gather of parts of any size, a bad LATHER_COLLECTIVE_WAIT, bad shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
 // divergence check naming the ranks that differ.
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/replicas.hpp>
@@ -7,9 +7,11 @@
 #include "comm_test_utils.hpp"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -52,6 +54,35 @@ TEST(Mesh, RanksOnNodeCountTheGroupOnThisMachine) {
   Mesh mesh(MPI_COMM_WORLD, n % 2 == 0 ? 2 : 1);
   EXPECT_EQ(mesh.data_parallel().ranks_on_node(), mesh.data_parallel().size());
   EXPECT_EQ(mesh.shards().ranks_on_node(), mesh.shards().size());
+}
+
+// The CPUs of the node's ranks: the union of their affinity masks, gathered here with plain MPI.
+// Under `taskset -c 0` (test_comm_mesh_one_cpu_np2) every rank has one CPU: the node is
+// oversubscribed and no rank has a CPU to spare for a helper thread.
+TEST(Mesh, NodeOccupancyCountsTheRanksAffinityMasks) {
+  const int n = world_size();
+  cpu_set_t mine, all;
+  CPU_ZERO(&mine);
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
+  std::vector<cpu_set_t> masks(static_cast<std::size_t>(n));
+  MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, masks.data(), int(sizeof mine), MPI_BYTE, MPI_COMM_WORLD);
+  for (auto& set : masks) CPU_OR(&all, &all, &set);
+  const auto occupancy = lather::comm::Group(MPI_COMM_WORLD).node_occupancy();
+  EXPECT_EQ(occupancy.ranks, n);
+  EXPECT_EQ(occupancy.cpus, CPU_COUNT(&all));
+  EXPECT_EQ(occupancy.own_cpus, CPU_COUNT(&mine));
+  EXPECT_EQ(occupancy.oversubscribed(), n > CPU_COUNT(&all));
+  EXPECT_EQ(occupancy.spare_cpu(), n < CPU_COUNT(&all) && CPU_COUNT(&mine) > 1);
+  const auto alone = lather::comm::Group().node_occupancy();
+  EXPECT_EQ(alone.ranks, 1);
+  EXPECT_EQ(alone.cpus, CPU_COUNT(&mine));
+  if (std::getenv("LATHER_TEST_ONE_CPU")) {
+    EXPECT_EQ(occupancy.cpus, 1);
+    EXPECT_EQ(occupancy.own_cpus, 1);
+    EXPECT_EQ(occupancy.spare_cpu(), false);
+    EXPECT_EQ(occupancy.oversubscribed(), n > 1);
+  }
 }
 
 // Rank r contributes r + 1 values (rank 1 none, to cover an empty part) of 1000 r + i, from its

@@ -210,9 +210,9 @@ class Checkpointer {
   WriterRoles m_roles;
   int m_weight_shards = 1;
   CheckpointOptions m_options;
-  /// Ranks of the group on this rank's node, learnt by the first load (0: not yet): whether a
-  /// core is free to check checksums beside the reads.
-  mutable int m_ranks_on_node = 0;
+  /// Whether a CPU no rank of the group occupies (NodeOccupancy::spare_cpu) is free to check the
+  /// checksums beside the reads: learnt by the first load (-1: not yet).
+  mutable int m_spare_cpu = -1;
   /// Rank 0 deletes the checkpoints beyond keep_last on a helper thread once the new one is
   /// published (deleting a 1 GiB file took 0.04-0.15 s on the development VM); the next save,
   /// list() and the destructor wait for it, so the directory is never seen half pruned.

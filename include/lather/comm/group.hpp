@@ -36,6 +36,18 @@ namespace lather::comm {
 /// The element-wise operation of Group::allreduce.
 enum class Combine { sum, min, max };
 
+
+/// The ranks of a group that share a node (memory) and the CPUs their affinity masks allow: under
+/// Slurm or `mpiexec -bind-to` each rank's own CPUs, unbound every CPU of the node.
+struct NodeOccupancy {
+  int ranks = 1;     ///< ranks of the group on this rank's node
+  int cpus = 1;      ///< CPUs in the union of their affinity masks
+  int own_cpus = 1;  ///< CPUs this rank's own mask allows
+  /// More ranks than CPUs: a rank that spins in a wait keeps the CPU from the rank it waits for.
+  bool oversubscribed() const { return ranks > cpus; }
+  /// A helper thread of this rank would find a CPU that no rank of the group occupies.
+  bool spare_cpu() const { return ranks < cpus && own_cpus > 1; }
+};
 class Group {
  public:
   /// One process on its own (size 1, rank 0); needs no MPI.
@@ -67,7 +79,9 @@ class Group {
   void barrier() const;
   /// How many ranks of this group share this rank's node (memory): 1 for a local group.
   /// Collective (MPI_Comm_split_type).
-  int ranks_on_node() const;
+  int ranks_on_node() const { return node_occupancy().ranks; }
+  /// The ranks of this group on this rank's node and the CPUs they may run on. Collective.
+  NodeOccupancy node_occupancy() const;
   /// values[0, count) := element-wise `op` over the group, in place.
   template <class T>
   void allreduce(T* values, std::size_t count, Combine op) const;
