@@ -49,7 +49,7 @@ optim::ShampooOptions TrainOptions::shampoo_options() const {
   // The MLP preconditions the input side of each kernel only (the reference's INPUT): over ten
   // seeds it needed fewer steps to 88% than both sides (506 against 600 on average, at its best
   // rate 6e-3 against 4e-3) for half the statistics, roots and products. The transformer keeps
-  // both sides (not swept).
+  // both sides (INPUT needed 800 and 750 steps to 1.8 nats/char against 700 and 700).
   s.preconditioner_type = model == "mlp" ? optim::PreconditionerType::input : optim::PreconditionerType::all;
   s.beta2 = 0.999;
   s.diagonal_epsilon = 1e-10;
