@@ -203,9 +203,8 @@ void Group::barrier() const {
 }
 
 NodeOccupancy Group::node_occupancy() const {
-  const auto& st = state();
 #if LATHER_ENABLE_MPI
-  if (!st.local) return Impl::node_occupancy(st.comm);
+  if (const auto& st = state(); !st.local) return Impl::node_occupancy(st.comm);
 #endif
   // One process: its own CPUs are all the group's.
   NodeOccupancy out;
