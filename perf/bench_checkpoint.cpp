@@ -104,7 +104,8 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
   long raw_files = 0;
   for (double requested : o.bytes) {
     LATHER_REQUIRE(requested >= double(row * 4), "--bytes must be at least one 64 KiB row, got ", requested);
-    // 1/8 of the state in replicated parameters (written by rank 0), 7/8 in the stack.
+    // 1/8 of the state in replicated parameters (held by every rank, each writing a share of it,
+    // as lather-train saves unsplit parameters), 7/8 in the stack.
     const std::int64_t stack_rows = std::max<std::int64_t>(1, std::int64_t(requested * 7 / 8) / (row * 4));
     const std::int64_t parameter_elements = std::max<std::int64_t>(1, std::int64_t(requested / 8) / 4);
     const double total_bytes = double(stack_rows * row + parameter_elements) * 4;
@@ -125,7 +126,7 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     parameters.path = "parameters/all";
     parameters.dtype = optim::DType::float32;
     parameters.shape = {parameter_elements};
-    parameters.writer = rank == 0;
+    parameters.writer = true;
     std::vector<float> parameter_data(parameter_elements, 0.5f);
     parameters.data = parameter_data.data();
 
@@ -134,7 +135,9 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     options.keep_last = 1;
     checkpoint::Checkpointer checkpointer(world, options);
     // What each rank writes, for the raw baseline: the same bytes as its checkpoint share.
-    const std::size_t mine = stack_data.size() * 4 + (rank == 0 ? parameter_data.size() * 4 : 0);
+    const std::int64_t parameter_share =
+        parameter_elements * (rank + 1) / ranks - parameter_elements * rank / ranks;  // the checkpoint's split
+    const std::size_t mine = stack_data.size() * 4 + std::size_t(parameter_share) * 4;
     std::vector<char> raw(mine, 1);
     auto raw_path = [&](long k) {
       return (fs::path(o.directory) / ("raw-" + std::to_string(rank) + "-" + std::to_string(k) + ".bin")).string();

@@ -171,15 +171,23 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         }
         continue;
       }
-      if (a.selection == ArraySlice::Selection::whole) {
-        if (!a.writer) continue;
-        writer.write(source, a.bytes(), offsets[k], where);
-      } else {
-        std::vector<hsize_t> start(a.offset.begin(), a.offset.end()), count(a.count.begin(), a.count.end());
-        if (a.shape.empty()) start = {0}, count = {1};
-        writer.write_box(source, dims, start, count, optim::size_of(a.dtype), offsets[k], where);
+      // A whole array or a block: this rank writes its share of the rows. Ranks holding the same
+      // block (replicas of a weight shard), or the same whole array as writers, split it, so
+      // every byte is written once and no rank writes all of a replicated array.
+      const auto [first, rows] = checks.share(k);
+      if (rows == 0) continue;
+      std::vector<hsize_t> start(dims.size(), 0), count(dims.begin(), dims.end());
+      if (a.selection == ArraySlice::Selection::block && !a.shape.empty()) {
+        start.assign(a.offset.begin(), a.offset.end());
+        count.assign(a.count.begin(), a.count.end());
       }
-      if (a.elements() > 0) checks.add_selection(k, source);
+      std::size_t block_row_bytes = optim::size_of(a.dtype);
+      for (std::size_t d = 1; d < count.size(); ++d) block_row_bytes *= std::size_t(count[d]);
+      start[0] += hsize_t(first);
+      count[0] = hsize_t(rows);
+      writer.write_box(static_cast<const char*>(source) + std::size_t(first) * block_row_bytes, dims, start, count,
+                       optim::size_of(a.dtype), offsets[k], where);
+      checks.add_selection(k, source);
     }
     if (m_options.fsync) writer.flush();
     error = writer.error();

@@ -78,6 +78,10 @@ class SelectionChecksums {
   void add_whole_rows(std::size_t k, std::int64_t first_row, std::int64_t rows, const void* data);
   /// Adds the terms of this rank's share of array k's whole or block selection, in `data`.
   void add_selection(std::size_t k, const void* data);
+  /// This rank's share of array k's whole or block selection: (first row, rows) counted from the
+  /// block's first row. Ranks holding the same block (replicas; saving, a whole array's writers)
+  /// split its rows in rank order; saving, each writes its share. (0, 0) where the rank has none.
+  std::pair<std::int64_t, std::int64_t> share(std::size_t k) const { return m_share[k]; }
   /// Collective: sums every rank's terms (every rank calls it, whatever happened before).
   void finish();
   /// Saving, after finish(): the summed terms of array k; throws naming the array when the ranks'

@@ -36,7 +36,8 @@ void place_like_parameter(ArraySlice& slice, const optim::ParameterSpec& spec, c
   slice.offset.assign(spec.shape.size(), 0);
   slice.count.assign(spec.shape.begin(), spec.shape.end());
   slice.offset[spec.split_axis] = spec.split_offset;
-  // Every replica holds the same block: replica 0 writes it.
+  // Every replica holds the same block: each writes a share of its rows (a save splits a block
+  // among all the ranks that select it, whatever their writer flag).
   slice.writer = roles.replica_root;
 }
 
@@ -112,6 +113,9 @@ std::vector<std::unique_ptr<Staged>> stage_all(const ExecutionSpace& space,
     s->slice.path = "parameters/" + specs[p].name;
     s->slice.dtype = optim::dtype_of<Scalar>();
     place_like_parameter(s->slice, specs[p], roles);
+    // Every rank holds the same values of an unsplit parameter: each writes a share of its rows,
+    // so the save's critical path is not the world root writing every parameter.
+    if (s->slice.selection == ArraySlice::Selection::whole) s->slice.writer = true;
     LATHER_REQUIRE(std::int64_t(params[p].size()) == element_count(specs[p].shape), "checkpoint: parameter '",
                    specs[p].name, "' has ", params[p].size(), " elements, expected ", element_count(specs[p].shape));
     s->host.resize(params[p].size() * sizeof(Scalar));

@@ -204,8 +204,9 @@ TEST(CheckpointRoundTrip, RowsAndBlocksRedistribute) {
 
 // Saves with O_DIRECT (the default) and through the page cache store the same bytes: rows of 104
 // bytes, so the ranks' ranges meet inside pages (written through the cache by both ranks) and
-// each rank's interior pages go directly, from a source not aligned to the disk's sectors; and a
-// whole array of an odd length written by rank 0.
+// each rank's interior pages go directly, from a source not aligned to the disk's sectors; a
+// whole array of an odd length written by rank 0; and one held and written by every rank, each a
+// share of its rows (uneven on 3 ranks, meeting inside pages).
 TEST(CheckpointRoundTrip, DirectAndCachedSavesAgree) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -232,13 +233,22 @@ TEST(CheckpointRoundTrip, DirectAndCachedSavesAgree) {
   std::vector<float> parameter_data(whole);
   for (std::int64_t i = 0; i < whole; ++i) parameter_data[std::size_t(i)] = float(i % 977) * 0.5f;
   parameters.data = parameter_data.data();
+  checkpoint::ArraySlice shared;  // [shared_rows, 3] doubles: 24-byte rows
+  const std::int64_t shared_rows = 70001;
+  shared.path = "shared";
+  shared.dtype = optim::DType::float64;
+  shared.shape = {shared_rows, 3};
+  shared.writer = true;
+  std::vector<double> shared_data(std::size_t(shared_rows) * 3);
+  for (std::size_t i = 0; i < shared_data.size(); ++i) shared_data[i] = double(i) * 0.125 - 7.0;
+  shared.data = shared_data.data();
 
   for (bool direct : {true, false}) {
     checkpoint::CheckpointOptions options;
     options.directory = dir + (direct ? "/direct" : "/cached");
     options.direct_io = direct;
     checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
-    const std::string file = checkpointer.save(1, {by_rows, parameters}, {});
+    const std::string file = checkpointer.save(1, {by_rows, parameters, shared}, {});
     EXPECT_EQ(checkpointer.verify(file), "");
     auto read_rows = by_rows;  // read back by another distribution: every size-th row
     read_rows.rows.clear();
@@ -248,11 +258,15 @@ TEST(CheckpointRoundTrip, DirectAndCachedSavesAgree) {
     auto read_parameters = parameters;
     std::vector<float> got_parameters(whole, -1);
     read_parameters.data = got_parameters.data();
-    checkpointer.load(file, {read_rows, read_parameters});
+    auto read_shared = shared;
+    std::vector<double> got_shared(shared_data.size(), -1);
+    read_shared.data = got_shared.data();
+    checkpointer.load(file, {read_rows, read_parameters, read_shared});
     for (std::size_t k = 0; k < read_rows.rows.size(); ++k)
       for (std::int64_t j = 0; j < width; ++j)
         ASSERT_EQ(got_rows[k * width + std::size_t(j)], value(read_rows.rows[k], j)) << "direct_io " << direct;
     ASSERT_EQ(got_parameters, parameter_data) << "direct_io " << direct;
+    ASSERT_EQ(got_shared, shared_data) << "direct_io " << direct;
   }
   remove_directory(dir);
 }

@@ -35,9 +35,12 @@ using optim::DType;
 /// The part of a global array that this rank holds, as one contiguous host buffer.
 struct ArraySlice {
   enum class Selection {
-    whole,  ///< the whole array (replicated); only ranks with writer = true write it
+    whole,  ///< the whole array (replicated); the ranks with writer = true, which must hold the same
+            ///< bytes, each write a share of its rows
     rows,   ///< the listed rows of the leading dimension, in buffer order
-    block,  ///< the box [offset, offset + count) per dimension, row-major in the buffer
+    block,  ///< the box [offset, offset + count) per dimension, row-major in the buffer; ranks
+            ///< selecting the same box (replicas: the same bytes) each write a share of its rows,
+            ///< whatever their writer flag
   };
   std::string path;  ///< e.g. "parameters/dense_1/kernel" (relative to the file root)
   DType dtype = DType::float32;
@@ -71,10 +74,10 @@ struct TrainingState {
 };
 
 /// Which copies of replicated data this rank writes, so that every byte is written exactly once:
-/// data held by every rank (unsplit parameters, the step) by the world root; data held by every
-/// replica of one weight shard (split parameters, that shard's optimizer state) by replica 0 of
-/// the shard; rows tied to unsplit parameters by shard 0 only. A Checkpointer built on a Mesh
-/// knows its roles.
+/// unsplit parameters by every rank, a share of the rows each; other data held by every rank (the
+/// step, replicated optimizer state) by the world root; data held by every replica of one weight
+/// shard (split parameters, that shard's optimizer state) by its replicas, a share each; rows tied
+/// to unsplit parameters by shard 0 only. A Checkpointer built on a Mesh knows its roles.
 struct WriterRoles {
   bool world_root = true;    ///< e.g. world rank 0
   bool replica_root = true;  ///< e.g. rank 0 of this rank's data-parallel group (replica 0)
