@@ -3,11 +3,15 @@
 #include "coupled_newton.hpp"
 #include "eigh_root.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 #include <utility>
 
 namespace lather::linalg {
@@ -58,6 +62,8 @@ void InverseRootOptions::validate() const {
   LATHER_REQUIRE(batched_gemm_max_size >= -1,
                  "InverseRootOptions::batched_gemm_max_size must be >= -1, got ",
                  batched_gemm_max_size);
+  LATHER_REQUIRE(host_threads >= 0 && host_threads <= 1024,
+                 "InverseRootOptions::host_threads must be in [0, 1024], got ", host_threads);
 }
 
 bool InverseRootResult::accepted(std::size_t task, double failure_threshold) const {
@@ -181,33 +187,63 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
                 const std::vector<RootTask>& tasks, const InverseRootOptions& options,
                 InverseRootResult& result, GemmCount& count) {
   const int padded = int(matrices.extent(1));
-  using HostPadded = Kokkos::View<S**, Kokkos::LayoutRight, Kokkos::HostSpace>;
-  HostPadded host_in("Lather::inverse_pth_root::eigh_in", padded, padded);
-  HostPadded host_out("Lather::inverse_pth_root::eigh_out", padded, padded);
-  std::vector<C> matrix, root;
-  EighWorkspace<C> workspace;
+  using HostStack = Kokkos::View<S***, Kokkos::LayoutRight, Kokkos::HostSpace>;
+  // The stack on the host in one copy; the roots computed there, then copied back one by one (a
+  // root that is not finite is not written, as on every path).
+  HostStack host_in(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_in"),
+                    matrices.extent(0), padded, padded);
+  HostStack host_out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_out"),
+                     matrices.extent(0), padded, padded);
+  Kokkos::deep_copy(space, host_in, matrices);
+  fence(space, "Lather::inverse_pth_root: matrices on the host");
+  // Each thread takes the next task until none is left; no Kokkos call is made in a thread. The
+  // results land at the task's own index, so they do not depend on the number of threads.
+  const int threads = std::max(1, std::min(options.host_threads, int(tasks.size())));
+  std::atomic<std::size_t> next{0};
+  const auto pool_size = static_cast<std::size_t>(threads);
+  std::vector<GemmCount> counts(pool_size);
+  std::vector<std::exception_ptr> failures(pool_size);
+  const auto work = [&](int thread) {
+    try {
+      std::vector<C> matrix, root;
+      EighWorkspace<C> workspace;
+      for (std::size_t t = next++; t < tasks.size(); t = next++) {
+        const auto& task = tasks[t];
+        const int n = task.size;
+        matrix.resize(std::size_t(n) * n);
+        for (int i = 0; i < n; ++i)
+          for (int j = 0; j < n; ++j) matrix[std::size_t(i) * n + j] = C(host_in(task.index, i, j));
+        const EighOutcome outcome =
+            eigh_root_any_size<C>(matrix, n, task.exponent, options, root, counts[std::size_t(thread)], workspace);
+        result.error[t] = outcome.error;
+        result.iterations[t] = 0;
+        result.lambda_max[t] = outcome.lambda_max;
+        result.ridge[t] = outcome.ridge;
+        result.status[t] = outcome.status;
+        if (outcome.status == RootStatus::non_finite) continue;
+        for (int i = 0; i < padded; ++i)
+          for (int j = 0; j < padded; ++j)
+            host_out(task.index, i, j) = (i < n && j < n) ? S(root[std::size_t(i) * n + j]) : S(i == j);
+      }
+    } catch (...) {
+      failures[std::size_t(thread)] = std::current_exception();
+      next = tasks.size();  // the others stop after their current task
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int thread = 1; thread < threads; ++thread) pool.emplace_back(work, thread);
+  work(0);
+  for (auto& thread : pool) thread.join();
+  for (const auto& failure : failures)
+    if (failure) std::rethrow_exception(failure);
+  for (const auto& c : counts) count.flops += c.flops, count.calls += c.calls;
   for (std::size_t t = 0; t < tasks.size(); ++t) {
-    const auto& task = tasks[t];
-    const int n = task.size;
-    Kokkos::deep_copy(space, host_in, Kokkos::subview(matrices, task.index, Kokkos::ALL, Kokkos::ALL));
-    fence(space, "Lather::inverse_pth_root: matrix on the host");
-    matrix.resize(std::size_t(n) * n);
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j) matrix[std::size_t(i) * n + j] = C(host_in(i, j));
-    const EighOutcome outcome = eigh_root_any_size<C>(matrix, n, task.exponent, options, root, count, workspace);
-    result.error[t] = outcome.error;
-    result.iterations[t] = 0;
-    result.lambda_max[t] = outcome.lambda_max;
-    result.ridge[t] = outcome.ridge;
-    result.status[t] = outcome.status;
-    if (outcome.status == RootStatus::non_finite) continue;
-    for (int i = 0; i < padded; ++i)
-      for (int j = 0; j < padded; ++j)
-        host_out(i, j) = (i < n && j < n) ? S(root[std::size_t(i) * n + j]) : S(i == j);
-    // host_out is refilled by the next task: the copy must be done first.
-    Kokkos::deep_copy(space, Kokkos::subview(roots, task.index, Kokkos::ALL, Kokkos::ALL), host_out);
-    fence(space, "Lather::inverse_pth_root: root on the device");
+    if (result.status[t] == RootStatus::non_finite) continue;
+    const auto at = std::size_t(tasks[t].index);
+    Kokkos::deep_copy(space, Kokkos::subview(roots, at, Kokkos::ALL, Kokkos::ALL),
+                      Kokkos::subview(host_out, at, Kokkos::ALL, Kokkos::ALL));
   }
+  fence(space, "Lather::inverse_pth_root: roots on the device");
 }
 
 }  // namespace

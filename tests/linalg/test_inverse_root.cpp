@@ -304,6 +304,47 @@ TEST(InverseRoot, ChunkingAndGemmPathsAgree) {
   EXPECT_DOUBLE_EQ(r1.gemm_flops, r3.gemm_flops);
 }
 
+// eigh on several host threads: every root, error and status is the one a single thread gives
+// (each matrix is taken whole by one thread), in either compute precision; a non-finite matrix in
+// the batch leaves its output untouched; more threads than matrices is fine.
+TEST(InverseRoot, EighHostThreadsGiveTheSameRoots) {
+  const std::vector<int> sizes = {1, 5, 12, 33, 12, 5, 1, 33, 20};
+  const int padded = 33;
+  std::vector<std::vector<double>> mats;
+  for (std::size_t b = 0; b < sizes.size(); ++b) mats.push_back(make_spectrum(sizes[b], 1.0, 1e4, 70 + b).matrix());
+  mats[3][7] = std::numeric_limits<double>::quiet_NaN();
+  std::vector<RootTask> tasks;
+  for (int b : {4, 0, 8, 3, 1, 6, 2, 7, 5}) tasks.push_back({b, sizes[std::size_t(b)], 2 + 2 * (b % 2)});
+  auto stack = make_stack<double>(mats, sizes, padded);
+  for (auto precision : {Precision::float64, Precision::float32}) {
+    auto options = precise(RootMethod::eigh);
+    options.compute_precision = precision;
+    options.host_threads = 1;
+    Stack<double> one("one", sizes.size(), padded, padded);
+    Kokkos::deep_copy(one, 42.0);
+    const auto single = lather::linalg::inverse_pth_root(Exec(), stack, one, tasks, options);
+    EXPECT_EQ(single.status[3], RootStatus::non_finite);
+    for (int threads : {2, 3, 16}) {
+      options.host_threads = threads;
+      Stack<double> many("many", sizes.size(), padded, padded);
+      Kokkos::deep_copy(many, 42.0);
+      const auto result = lather::linalg::inverse_pth_root(Exec(), stack, many, tasks, options);
+      for (std::size_t t = 0; t < tasks.size(); ++t) {
+        EXPECT_EQ(result.status[t], single.status[t]) << threads << " threads, task " << t;
+        EXPECT_EQ(result.error[t], single.error[t]) << threads << " threads, task " << t;
+        const double a = result.lambda_max[t], b = single.lambda_max[t];  // NaN for the NaN matrix
+        EXPECT_TRUE(std::isnan(a) ? std::isnan(b) : a == b) << threads << " threads, task " << t;
+      }
+      for (std::size_t b = 0; b < sizes.size(); ++b)
+        EXPECT_EQ(leading_block(many, int(b), padded), leading_block(one, int(b), padded))
+            << threads << " threads, matrix " << b;
+      for (double x : leading_block(many, 3, padded)) ASSERT_EQ(x, 42.0);
+      EXPECT_EQ(result.gemm_calls, single.gemm_calls);
+      EXPECT_DOUBLE_EQ(result.gemm_flops, single.gemm_flops);
+    }
+  }
+}
+
 // Stopping rules: max_iterations caps the steps and reports the error of what is returned.
 TEST(InverseRoot, MaxIterationsIsReported) {
   const int n = 16;
@@ -364,6 +405,9 @@ TEST(InverseRoot, BadArgumentsNameTheProblem) {
   InverseRootOptions bad;
   bad.max_error_ratio = 0.5;
   expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, bad); }, "max_error_ratio");
+  InverseRootOptions negative_threads;
+  negative_threads.host_threads = -1;
+  expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, negative_threads); }, "host_threads");
 }
 
 }  // namespace

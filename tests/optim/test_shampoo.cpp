@@ -237,6 +237,33 @@ TEST(Shampoo, OneSidedKeepsTheStatisticsOfOneSide) {
   }
 }
 
+// eigh roots taken by several host threads (root_host_threads; 0 picks from the node) leave the
+// trajectory bit for bit what one thread gives: 12 steps with roots every 3, blocks of mixed sizes.
+TEST(Shampoo, RootHostThreadsDoNotChangeTheTrajectory) {
+  const std::vector<Shape> shapes = {{7}, {9, 5}, {12, 8}, {3, 4, 6}};
+  auto r = base_options();
+  r.block_size = 6;
+  r.preconditioning_compute_steps = 3;
+  std::vector<std::vector<double>> first;
+  for (int threads : {1, 0, 3}) {
+    auto options = to_shampoo(r);
+    options.root.method = lather::linalg::RootMethod::eigh;
+    options.root.host_threads = threads;
+    Shampoo<Space, double> shampoo(Space(), specs_for(shapes), options);
+    auto params = initial(shapes);
+    auto device = to_device<double>(params);
+    for (int t = 0; t < 12; ++t) {
+      shampoo.step(Space(), device, to_device<double>(gradients(to_host(device), t)));
+    }
+    const auto got = to_host(device);
+    if (first.empty())
+      first = got;
+    else
+      EXPECT_EQ(got, first) << threads << " host threads";
+    EXPECT_GT(shampoo.num_statistics(), 4);
+  }
+}
+
 // Skipped parameters follow the graft in closed form. First step, SGD graft, beta1 = 0.9,
 // Nesterov: update = -lr (g + 0.9 g) (momentum starts at 0, w = 1); without Nesterov -lr g.
 TEST(Shampoo, ScalarFollowsGraftInClosedForm) {

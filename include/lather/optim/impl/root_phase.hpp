@@ -23,10 +23,12 @@ class RootPhase {
   using Stack = Kokkos::View<T***, Kokkos::LayoutRight, memory_space>;
   using Store = MatrixStore<ExecutionSpace, T>;
 
-  /// Scratch for at most `owned` roots at once, within the options' root workspace.
-  RootPhase(const ExecutionSpace& space, const ShampooOptions& options, int max_size, int owned)
+  /// Scratch for at most `owned` roots at once, within the options' root workspace; eigh roots
+  /// taken by `host_threads` host threads at once.
+  RootPhase(const ExecutionSpace& space, const ShampooOptions& options, int max_size, int owned, int host_threads)
       : m_options(options) {
     m_root_options = options.root;
+    m_root_options.host_threads = host_threads;
     m_root_options.ridge_epsilon = options.matrix_epsilon;
     m_root_options.relative_ridge = options.relative_matrix_epsilon;
     // Input and output of a chunk together stay within workspace_bytes (at least one matrix).

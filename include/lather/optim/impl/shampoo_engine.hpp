@@ -82,7 +82,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
       if (m_step_plan.root_owner[s] == m_group.rank()) m_mine.push_back(s);
     allocate_stores(space);
     allocate_state(space);
-    m_roots = std::make_unique<RootPhase<ExecutionSpace, T>>(space, m_options, m_plan.max_size, int(m_mine.size()));
+    m_roots = std::make_unique<RootPhase<ExecutionSpace, T>>(space, m_options, m_plan.max_size, int(m_mine.size()),
+                                                             root_host_threads());
     if (m_options.async_roots) m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(m_options);
     m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(space, m_plan, m_step_plan,
                                                                     m_options.root.workspace_bytes, quantized());
@@ -270,6 +271,15 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   };
 
   bool quantized() const { return m_options.best_effort_memory_usage_reduction; }
+  /// root.host_threads, or where it is 0 the CPUs this rank has to itself on its node: those of
+  /// the node's ranks (replicas x shards) over the ranks, at most its own (collective over the
+  /// group and the shards). 1 on 2 ranks of 2 CPUs, 2 on 1 rank of 2.
+  int root_host_threads() const {
+    if (m_options.root.host_threads > 0) return m_options.root.host_threads;
+    const comm::NodeOccupancy group = m_group.node_occupancy(), shards = m_shards.node_occupancy();
+    const int ranks = group.ranks * shards.ranks, cpus = std::max(group.cpus, shards.cpus);
+    return std::max(1, std::min(group.own_cpus, cpus / std::max(1, ranks)));
+  }
   /// Completes statistics that the products left as upper triangles (BlockProducts::upper_only).
   void statistics_symmetric(const ExecutionSpace& space) const {
     if (!m_products->upper_only()) return;
