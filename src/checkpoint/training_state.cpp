@@ -28,8 +28,10 @@ struct Staged {
 void place_like_parameter(ArraySlice& slice, const optim::ParameterSpec& spec, const WriterRoles& roles) {
   slice.shape = spec.global();
   if (!spec.split()) {
+    // Every rank of every shard holds it (parameters, and state shaped like them that its
+    // optimizer marks as the same on every rank): the ranks of shard 0 write a share each.
     slice.selection = ArraySlice::Selection::whole;
-    slice.writer = roles.world_root;
+    slice.writer = roles.shard == 0;
     return;
   }
   slice.selection = ArraySlice::Selection::block;
@@ -113,9 +115,6 @@ std::vector<std::unique_ptr<Staged>> stage_all(const ExecutionSpace& space,
     s->slice.path = "parameters/" + specs[p].name;
     s->slice.dtype = optim::dtype_of<Scalar>();
     place_like_parameter(s->slice, specs[p], roles);
-    // Every rank holds the same values of an unsplit parameter: each writes a share of its rows,
-    // so the save's critical path is not the world root writing every parameter.
-    if (s->slice.selection == ArraySlice::Selection::whole) s->slice.writer = true;
     LATHER_REQUIRE(std::int64_t(params[p].size()) == element_count(specs[p].shape), "checkpoint: parameter '",
                    specs[p].name, "' has ", params[p].size(), " elements, expected ", element_count(specs[p].shape));
     s->host.resize(params[p].size() * sizeof(Scalar));

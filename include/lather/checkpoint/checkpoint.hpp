@@ -74,10 +74,12 @@ struct TrainingState {
 };
 
 /// Which copies of replicated data this rank writes, so that every byte is written exactly once:
-/// unsplit parameters by every rank, a share of the rows each; other data held by every rank (the
-/// step, replicated optimizer state) by the world root; data held by every replica of one weight
-/// shard (split parameters, that shard's optimizer state) by its replicas, a share each; rows tied
-/// to unsplit parameters by shard 0 only. A Checkpointer built on a Mesh knows its roles.
+/// unsplit parameters, and optimizer state shaped like them that the optimizer marks as written
+/// by every rank, by the ranks of shard 0, a share of the rows each; other data held by every
+/// rank (the step, the rest of the optimizer state) by the world root; data held by every replica
+/// of one weight shard (split parameters, that shard's optimizer state) by its replicas, a share
+/// each; rows tied to unsplit parameters by shard 0 only. A Checkpointer built on a Mesh knows its
+/// roles.
 struct WriterRoles {
   bool world_root = true;    ///< e.g. world rank 0
   bool replica_root = true;  ///< e.g. rank 0 of this rank's data-parallel group (replica 0)

@@ -40,7 +40,9 @@ template <> constexpr DType dtype_of<std::int64_t>() { return DType::int64; }
 
 /// One array of optimizer state, described for checkpoints. The array's global shape is `shape`;
 /// this rank stores either all of it, or (when `rows` is not empty) the listed rows of its leading
-/// dimension, in that order. `writer` says whether this rank is the one that writes these bytes.
+/// dimension, in that order. `writer` says whether this rank writes these bytes: of an array held
+/// whole by several ranks with the same bytes (the same on every rank of the group), each writer
+/// writes a share of its rows; a checkpoint restricts the writers further by its roles.
 /// The bytes live in `device_bytes` (the optimizer's memory space) or `host_bytes`.
 template <class MemorySpace>
 struct StateArray {

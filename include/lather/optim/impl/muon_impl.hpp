@@ -408,7 +408,7 @@ auto Muon<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> 
       a.dtype = dtype_of<Scalar>();
       a.shape = spec.shape;
       a.parameter = int(p);
-      a.writer = rank == 0;  // the same on every rank of the group
+      a.writer = true;  // the same on every rank of the group: each writes a share of it
       a.device_bytes = as_bytes<memory_space>(view, view.size());
       arrays.push_back(a);
     };

@@ -183,8 +183,10 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
       StateArray<memory_space> a;
       a.name = prefix + name;
       a.dtype = dtype_of<V>();
-      a.writer = rank == 0;  // the same on every rank of the group
+      // The same on every rank of the group: shaped like the parameter, each writes a share of it;
+      // otherwise (column scales) rank 0 writes it.
       a.parameter = shape == pp.spec.shape ? int(p) : -1;
+      a.writer = a.parameter >= 0 || rank == 0;
       a.shape = std::move(shape);
       a.device_bytes = as_bytes<memory_space>(view, view.size());
       arrays.push_back(a);
