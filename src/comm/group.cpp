@@ -1,5 +1,7 @@
 #include <lather/comm/group.hpp>
 
+#include "affinity.hpp"
+
 #if LATHER_ENABLE_MPI
 #include "mpi_check.hpp"
 #include "waiting.hpp"
@@ -8,12 +10,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <thread>
 #include <utility>
-
-#ifdef __linux__
-#include <sched.h>
-#endif
 
 namespace lather::comm {
 
@@ -208,11 +205,10 @@ NodeOccupancy Group::node_occupancy() const {
 #endif
   // One process: its own CPUs are all the group's.
   NodeOccupancy out;
-  out.cpus = out.own_cpus = std::max(1, int(std::thread::hardware_concurrency()));
+  out.cpus = out.own_cpus = Impl::node_cpus();
 #ifdef __linux__
   cpu_set_t mine;
-  CPU_ZERO(&mine);
-  if (sched_getaffinity(0, sizeof mine, &mine) == 0 && CPU_COUNT(&mine) > 0) out.cpus = out.own_cpus = CPU_COUNT(&mine);
+  out.cpus = out.own_cpus = Impl::own_cpus(mine);
 #endif
   return out;
 }

@@ -1,11 +1,11 @@
 #include "waiting.hpp"
 
-#include <algorithm>
+#include "affinity.hpp"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <sched.h>
@@ -33,13 +33,11 @@ NodeOccupancy node_occupancy(MPI_Comm comm) {
   NodeOccupancy out;
   int status = MPI_Comm_size(node, &out.ranks);
   // Unknown masks count as every CPU of the node.
-  out.cpus = out.own_cpus = std::max(1, int(std::thread::hardware_concurrency()));
+  out.cpus = out.own_cpus = node_cpus();
 #ifdef __linux__
   cpu_set_t mine, used;
-  CPU_ZERO(&mine);
   CPU_ZERO(&used);
-  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);  // then the others' masks count
-  if (CPU_COUNT(&mine) > 0) out.own_cpus = CPU_COUNT(&mine);
+  out.own_cpus = own_cpus(mine);  // an unreadable mask stays empty: then the others' masks count
   std::vector<cpu_set_t> all(static_cast<std::size_t>(out.ranks));
   if (status == MPI_SUCCESS)
     status = MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, all.data(), int(sizeof mine), MPI_BYTE, node);
