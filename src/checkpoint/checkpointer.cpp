@@ -346,11 +346,14 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       // checkpoint, whose replicated parameters lie after the statistics, read 256 MiB on 1 rank
       // at 0.86-0.91 of the raw bandwidth in file order against 0.81-0.86, and 1 GiB on 2 ranks at
       // 0.84-0.88 against 0.77-0.79 (three alternations; 4 ranks mixed, benchmarks.md).
+      // The datasets stay open for the reads; one that does not open is opened again below, so
+      // that the error names it.
+      std::vector<Dataset> datasets(arrays.size());
       std::vector<std::pair<haddr_t, std::size_t>> order;
       for (std::size_t k = 0; k < arrays.size(); ++k) {
         if (element_count(arrays[k].shape) == 0) continue;
-        Dataset dataset(H5Dopen2(f.get(), arrays[k].path.c_str(), H5P_DEFAULT));
-        order.emplace_back(dataset.valid() ? H5Dget_offset(dataset.get()) : HADDR_UNDEF, k);
+        datasets[k] = Dataset(H5Dopen2(f.get(), arrays[k].path.c_str(), H5P_DEFAULT));
+        order.emplace_back(datasets[k].valid() ? H5Dget_offset(datasets[k].get()) : HADDR_UNDEF, k);
       }
       std::stable_sort(order.begin(), order.end());
       for (const auto& [offset, k] : order) {
@@ -363,7 +366,8 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
             LATHER_FAIL("checkpoint '", file, "': ", e.message());
           }
         }
-        Dataset dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where));
+        Dataset& dataset = datasets[k];
+        if (!dataset.valid()) dataset = Dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where));
         Dataspace space(check(H5Dget_space(dataset.get()), where));
         if (a.selection == ArraySlice::Selection::rows) {  // in pieces, each checked while in cache
           auto& r = ranges[k];
