@@ -356,7 +356,8 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         order.emplace_back(datasets[k].valid() ? H5Dget_offset(datasets[k].get()) : HADDR_UNDEF, k);
       }
       std::stable_sort(order.begin(), order.end());
-      for (const auto& [offset, k] : order) {
+      for (const auto& placed : order) {
+        const std::size_t k = placed.second;  // not a structured binding: the lambdas below capture it
         const auto& a = arrays[k];
         const std::string where = "checkpoint '" + file + "' dataset '" + a.path + "'";
         if (checksummed) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 namespace lather::comm {
@@ -309,7 +310,8 @@ void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>
   std::size_t total = 0, largest = 0;
   for (auto c : counts) total += c, largest = std::max(largest, c);
   if (total <= std::size_t(INT_MAX)) {
-    const auto [count, displacement] = int_counts(counts, "Group::allgatherv");
+    std::vector<int> count, displacement;  // not structured bindings: lambdas capture them
+    std::tie(count, displacement) = int_counts(counts, "Group::allgatherv");
     // This rank's values already in place in `receive`: MPI_IN_PLACE spares MPI a local copy.
     const bool in_place = send == receive + displacement[st.rank];
     if (st.size == 2) {
@@ -352,7 +354,8 @@ void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>
       in_round += piece[r];
     }
     staging.resize(in_round);
-    const auto [count, displacement] = int_counts(piece, "Group::allgatherv");
+    std::vector<int> count, displacement;  // not structured bindings: lambdas capture them
+    std::tie(count, displacement) = int_counts(piece, "Group::allgatherv");
     const T* from = send + std::min(done, counts[st.rank]);
     Impl::complete(
         "MPI_Allgatherv",
@@ -399,8 +402,10 @@ void Group::alltoallv(const void* send, const std::vector<std::size_t>& send_cou
   }
 #if LATHER_ENABLE_MPI
   const UnitType unit(unit_bytes);
-  const auto [out_count, out_at] = int_counts(send_counts, "Group::alltoallv");
-  const auto [in_count, in_at] = int_counts(receive_counts, "Group::alltoallv");
+  // Not structured bindings: the lambdas below capture them (C++17 forbids it; clang refuses).
+  std::vector<int> out_count, out_at, in_count, in_at;
+  std::tie(out_count, out_at) = int_counts(send_counts, "Group::alltoallv");
+  std::tie(in_count, in_at) = int_counts(receive_counts, "Group::alltoallv");
   Impl::complete(
       "MPI_Alltoallv",
       [&] {

@@ -126,7 +126,8 @@ TEST(Vocabulary, InvalidUtf8IsRefusedWithItsByteOffset) {
       {std::string("\xC3(", 2), "byte offset 0: byte 0x28 at offset 1"},
       {std::string("\xFF", 1), "byte 0xFF never occurs in UTF-8"},
   };
-  for (const auto& [bytes, expected] : cases) {
+  for (const auto& [text, expected] : cases) {
+    const std::string& bytes = text;  // lambdas cannot capture a structured binding in C++17
     const std::string message = error_of([&] { Vocabulary::of_text(bytes); });
     EXPECT_NE(message.find("invalid UTF-8 in text at "), std::string::npos) << message;
     EXPECT_NE(message.find(expected), std::string::npos) << message;
