@@ -15,7 +15,7 @@ using Mem = Space::memory_space;
 /// Plain model: layers W [in, out], b [out]; ReLU between; softmax cross-entropy summed over rows.
 struct PlainMlp {
   std::vector<int> sizes;
-  std::vector<std::vector<double>> w, b;
+  std::vector<std::vector<double>> w = {}, b = {};  // filled after construction from `sizes`
 
   double loss(const std::vector<double>& x, const std::vector<int>& y, int rows, std::vector<std::vector<double>>* dw,
               std::vector<std::vector<double>>* db) const {

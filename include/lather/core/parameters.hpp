@@ -30,7 +30,7 @@ struct ParameterSpec {
   TensorShape shape;
   int split_axis = -1;  ///< -1: not split (the tensor is the whole parameter)
   std::int64_t split_offset = 0;
-  TensorShape global_shape;  ///< empty: same as shape
+  TensorShape global_shape = {};  ///< empty: same as shape (initialised: `{name, shape}` leaves no field missing)
 
   const TensorShape& global() const { return global_shape.empty() ? shape : global_shape; }
   bool split() const { return split_axis >= 0; }
