@@ -36,7 +36,6 @@ namespace lather::comm {
 /// The element-wise operation of Group::allreduce.
 enum class Combine { sum, min, max };
 
-
 /// The ranks of a group that share a node (memory) and the CPUs their affinity masks allow: under
 /// Slurm or `mpiexec -bind-to` each rank's own CPUs, unbound every CPU of the node.
 struct NodeOccupancy {
@@ -48,6 +47,7 @@ struct NodeOccupancy {
   /// A helper thread of this rank would find a CPU that no rank of the group occupies.
   bool spare_cpu() const { return ranks < cpus && own_cpus > 1; }
 };
+
 class Group {
  public:
   /// One process on its own (size 1, rank 0); needs no MPI.
