@@ -188,13 +188,18 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
                 InverseRootResult& result, GemmCount& count) {
   const int padded = int(matrices.extent(1));
   using HostStack = Kokkos::View<S***, Kokkos::LayoutRight, Kokkos::HostSpace>;
-  // The stack on the host in one copy; the roots computed there, then copied back one by one (a
-  // root that is not finite is not written, as on every path).
-  HostStack host_in(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_in"),
-                    matrices.extent(0), padded, padded);
-  HostStack host_out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_out"),
-                     matrices.extent(0), padded, padded);
-  Kokkos::deep_copy(space, host_in, matrices);
+  // The stack on the host in one copy, up to the last matrix a task names (Shampoo's last chunk
+  // fills only a prefix of its stack, and its float64 retries name a few matrices); the roots
+  // computed there, then copied back one by one (a root that is not finite is not written, as on
+  // every path).
+  std::size_t used = 0;
+  for (const auto& task : tasks) used = std::max(used, std::size_t(task.index) + 1);
+  HostStack host_in(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_in"), used,
+                    padded, padded);
+  HostStack host_out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_out"), used,
+                     padded, padded);
+  Kokkos::deep_copy(space, host_in,
+                    Kokkos::subview(matrices, std::make_pair(std::size_t(0), used), Kokkos::ALL, Kokkos::ALL));
   fence(space, "Lather::inverse_pth_root: matrices on the host");
   // Each thread takes the next task until none is left; no Kokkos call is made in a thread. The
   // results land at the task's own index, so they do not depend on the number of threads.
