@@ -58,6 +58,11 @@ std::int64_t StateArray<MemorySpace>::local_elements() const {
 template <class ExecutionSpace, class Scalar>
 Optimizer<ExecutionSpace, Scalar>::Optimizer(std::vector<ParameterSpec> parameters)
     : m_parameters(std::move(parameters)) {
+  validate_parameters();
+}
+
+template <class ExecutionSpace, class Scalar>
+void Optimizer<ExecutionSpace, Scalar>::validate_parameters() const {
   std::set<std::string> names;
   for (std::size_t p = 0; p < m_parameters.size(); ++p) {
     const auto& spec = m_parameters[p];

@@ -284,6 +284,25 @@ void shampoo_case(const std::string& point, optim::StepMode mode, int failing, i
   }
 }
 
+/// Construction (options, plan, allocations) failing on one rank: every rank of both groups
+/// throws, and an optimizer built next on the same mesh steps with its replicas in agreement.
+void shampoo_construct_case(optim::StepMode mode, int failing, int shards = 1) {
+  const int size = world_size();
+  if (size % shards != 0) GTEST_SKIP() << shards << " weight shards need a multiple of " << shards << " ranks";
+  const comm::Mesh mesh(MPI_COMM_WORLD, shards);
+  const auto specs = sharded_specs(shards, mesh.shard());
+  const auto options = shampoo_options(mode);
+  const auto call = [&] { optim::Shampoo<Exec, double> shampoo(Exec(), specs, options, mesh); };
+  const int replicas = size / shards;
+  const Where where = replicas > 1 ? Where{failing / shards, replicas} : Where{failing % shards, shards};
+  if (expect_failure_everywhere("shampoo.construct", failing, call, false, where) != size) return;
+  optim::Shampoo<Exec, double> rebuilt(Exec(), specs, options, mesh);
+  auto values = model_tensors(0, specs, mesh.shard());
+  rebuilt.step(Exec(), values, model_tensors(1, specs, mesh.shard()));
+  const auto report = comm::check_replicas(Exec(), mesh, values);
+  EXPECT_TRUE(report.consistent()) << report.describe();
+}
+
 /// Asynchronous roots: the failure happens on the root thread started at step 0 and is reported
 /// by the step that installs its roots (step 2), on every rank; a rebuilt optimizer then steps.
 void shampoo_async_roots_case(int failing) {
@@ -442,6 +461,10 @@ std::vector<FaultCase> fault_cases() {
   cases.push_back({"tensor_parallel.row_forward", "tensor_parallel_row_forward", row_forward_case});
   cases.push_back({"tensor_parallel.all_gather", "tensor_parallel_all_gather", all_gather_case});
   cases.push_back({"tensor_parallel.cross_entropy", "tensor_parallel_cross_entropy", cross_entropy_case});
+  cases.push_back({"shampoo.construct", "shampoo_construct_replicated",
+                   [](int f) { shampoo_construct_case(StepMode::replicated, f); }});
+  cases.push_back({"shampoo.construct", "shampoo_construct_distributed_shards2",
+                   [](int f) { shampoo_construct_case(StepMode::distributed, f, 2); }});
   cases.push_back({"shampoo.pack", "shampoo_pack_replicated",
                    [](int f) { shampoo_case("shampoo.pack", StepMode::replicated, f); }});
   cases.push_back({"shampoo.pack", "shampoo_pack_distributed",

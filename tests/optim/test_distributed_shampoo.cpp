@@ -227,6 +227,56 @@ TEST_P(DistributedShampoo, OneRanksInfIsAnErrorOnEveryRank) {
     for (std::size_t k = 0; k < a[p].size(); ++k) ASSERT_EQ(a[p][k], b[p][k]) << specs[p].name << " " << k;
 }
 
+// Construction is collective: a rank given another parameter, an invalid parameter list, other
+// options or invalid options throws, and so does every other rank (before, a rank that failed
+// left the others waiting in the roots' thread count or the first step: ctest's timeout catches a
+// hang). Replicated on the world, and distributed with two weight shards, where the ranks of a
+// shard group hold other slices (local shapes) of the same global parameters.
+TEST(DistributedShampooConstruction, WhatOneRankWasGivenOtherwiseIsAnErrorOnEveryRank) {
+  const comm::Group world(MPI_COMM_WORLD);
+  if (world.size() == 1) GTEST_SKIP() << "needs a group";
+  const bool last = world.rank() == world.size() - 1;
+  for (const int shards : {1, 2}) {
+    if (world.size() % shards != 0) continue;
+    const comm::Mesh mesh(MPI_COMM_WORLD, shards);
+    optim::ShampooOptions o;
+    o.block_size = 8;
+    o.step_mode = shards == 1 ? optim::StepMode::replicated : optim::StepMode::distributed;
+    const auto specs = local_specs(shards, mesh.shard());
+    const auto expect_everywhere = [&](const char* what, const std::vector<optim::ParameterSpec>& given,
+                                       const optim::ShampooOptions& options, const std::string& said) {
+      std::string message;
+      try {
+        optim::Shampoo<Space, float> shampoo(Space(), given, options, mesh);
+      } catch (const Error& e) {
+        message = e.message();
+      }
+      const int threw = message.empty() ? 0 : 1;
+      EXPECT_EQ(world.allreduce(threw, comm::Combine::min), 1)
+          << what << " (" << shards << " shards): rank " << world.rank() << (threw ? " threw" : " did not throw");
+      EXPECT_NE(message.find(said), std::string::npos) << what << ": " << message;
+    };
+    auto other_shape = specs, invalid = specs;
+    if (last) {
+      other_shape[1].shape = {20, 11};     // "dense": never split
+      invalid[2].name = invalid[0].name;   // a name used twice
+    }
+    expect_everywhere("another shape", other_shape, o, "other parameters");
+    expect_everywhere("a name used twice", invalid, o, "is used twice");
+    auto other_options = o, invalid_options = o;
+    if (last) {
+      other_options.root.host_threads = 1;  // its thread count needs no node count: the old hang
+      invalid_options.block_size = 0;
+    }
+    expect_everywhere("other options", specs, other_options, "options than rank 0");
+    expect_everywhere("invalid options", specs, invalid_options, "block_size");
+    // Nothing was left in flight: an optimizer built next steps on every rank.
+    optim::Shampoo<Space, float> shampoo(Space(), specs, o, mesh);
+    auto params = device_tensors(specs, global_values(0.0));
+    shampoo.step(Space(), params, device_tensors(specs, global_values(1.0)));
+  }
+}
+
 // Balanced (LPT on n^3) assignment is never worse than the reference's even split by count, and
 // for mixed sizes much better.
 TEST(RootAssignment, BalancedBeatsEven) {

@@ -122,7 +122,15 @@ class Optimizer {
   const std::vector<ParameterSpec>& parameters() const { return m_parameters; }
 
  protected:
+  /// Validates the parameters (names, shapes): throws on this rank.
   explicit Optimizer(std::vector<ParameterSpec> parameters);
+  /// For optimizers built collectively over a group: a rank that threw here would leave the
+  /// others waiting in the constructor's agreement, so the derived constructor calls
+  /// validate_parameters() among the work whose failure its ranks agree on.
+  struct ValidateLater {};
+  Optimizer(std::vector<ParameterSpec> parameters, ValidateLater) : m_parameters(std::move(parameters)) {}
+  /// Throws unless every parameter has a name of its own and a valid shape and split.
+  void validate_parameters() const;
   virtual void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) = 0;
   /// Throws unless values and gradients match parameters() (count, sizes, no aliasing).
   void check_arguments(const Tensors& values, const Tensors& gradients) const;

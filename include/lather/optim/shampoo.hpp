@@ -11,6 +11,10 @@
 // preconditioners [N, max, max] (padded with identity to a multiple of the group size) plus local
 // per-parameter state (diagonal statistics, momentum, diagonal momentum).
 //
+// Construction is collective over the group and the weight shards: the ranks agree that none
+// failed (bad parameters or options, memory) and that all hold the same parameters and options
+// (global shapes across shards), so such a failure is a lather::Error on every rank.
+//
 // Failures on a group: a step agrees on "did any rank fail" before each of its collectives, so
 // an exception on one rank is a lather::Error on every rank of the group and of the weight
 // shards, "Shampoo::step <t>: <message> (on group rank k of n)", and no rank blocks. The flag
@@ -87,6 +91,8 @@ class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
   void state_restored(const ExecutionSpace& space, long step_count) override;
   void state_released() override;
   std::vector<std::pair<std::string, std::string>> describe() const override;
+  /// describe() of an optimizer built with `options`.
+  static std::vector<std::pair<std::string, std::string>> describe(const ShampooOptions& options);
 
   const ShampooOptions& options() const;
   /// True when the ranks of the group split the step (StepMode::distributed in effect).

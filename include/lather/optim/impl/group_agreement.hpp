@@ -1,8 +1,8 @@
 #pragma once
-// What the optimizers that split their step over a group (SOAP, Muon) agree on when they are
-// built: that every rank was given the same parameters and options, and that none failed to set
-// itself up. One all-gather of (hash, failed) per rank; a failure anywhere is the same
-// lather::Error on every rank, and a rank with other parameters or options is named.
+// What the optimizers that share their step over a group (Shampoo, SOAP, Muon) agree on when they
+// are built: that every rank was given the same parameters and options, and that none failed to
+// set itself up. One all-gather of (hash, failed) per rank and group; a failure anywhere is the
+// same lather::Error on every rank, and a rank with other parameters or options is named.
 
 #include <lather/comm/group.hpp>
 #include <lather/core/error.hpp>
@@ -17,15 +17,19 @@
 namespace lather::optim::Impl {
 
 /// Collective over `group` (more than one rank). `who` names the optimizer in the messages.
+/// `whole_shapes`: compare the parameters' global shapes (the ranks hold different slices of
+/// them, as weight shards do) instead of the shapes each rank holds.
 inline void agree_on_construction(const comm::Group& group, const char* who,
                                   const std::vector<ParameterSpec>& parameters,
                                   const std::vector<std::pair<std::string, std::string>>& options,
-                                  const std::string& local_error) {
+                                  const std::string& local_error, bool whole_shapes = false) {
   const int ranks = group.size();
   ::lather::Impl::Fnv1a hash;
   for (const auto& spec : parameters) {
-    hash.add(spec.name).add(std::uint64_t(spec.shape.size()));
-    for (auto d : spec.shape) hash.add(std::uint64_t(d));
+    const TensorShape& shape = whole_shapes ? spec.global() : spec.shape;
+    hash.add(spec.name).add(std::uint64_t(shape.size()));
+    for (auto d : shape) hash.add(std::uint64_t(d));
+    if (whole_shapes) hash.add(std::uint64_t(spec.split_axis + 1));
   }
   for (const auto& [key, value] : options) hash.add(key).add(value);
   const std::uint64_t mine[2] = {hash.value(), local_error.empty() ? 0u : 1u};
@@ -39,7 +43,27 @@ inline void agree_on_construction(const comm::Group& group, const char* who,
   }
   if (failed) group.agree_on_failure(who, local_error);
   LATHER_REQUIRE(differing < 0, who, ": group rank ", differing, " of ", ranks,
-                 " was given other parameters (names, shapes) or options than rank 0");
+                 " was given other ", whole_shapes ? "parameters (names, global shapes, split axes)" : "parameters (names, shapes)",
+                 " or options than rank 0");
+}
+
+/// The same over a data-parallel `group` and the weight `shards` (either may be one rank): the
+/// group's verdict is taken first and carried into the shards' agreement, so every rank of both
+/// throws the same error, and none before the other group has agreed.
+inline void agree_on_construction(const comm::Group& group, const comm::Group& shards, const char* who,
+                                  const std::vector<ParameterSpec>& parameters,
+                                  const std::vector<std::pair<std::string, std::string>>& options,
+                                  const std::string& local_error) {
+  std::string agreed = local_error;
+  if (group.size() > 1) {
+    try {
+      agree_on_construction(group, who, parameters, options, local_error);
+    } catch (const Error& e) {
+      agreed = e.message();
+    }
+  }
+  if (shards.size() > 1) agree_on_construction(shards, who, parameters, options, agreed, true);
+  if (!agreed.empty()) throw Error(agreed, nullptr, 0);
 }
 
 }  // namespace lather::optim::Impl

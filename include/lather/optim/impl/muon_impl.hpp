@@ -220,7 +220,9 @@ namespace lather::optim {
 template <class ExecutionSpace, class Scalar>
 Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
                                    MuonOptions options, const comm::Group& group)
-    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters)), m_options(std::move(options)), m_group(group),
+    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters), typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()),
+      m_options(std::move(options)),
+      m_group(group),
       m_state(std::make_unique<Impl::MuonState<ExecutionSpace, Scalar>>()) {
   const int ranks = m_group.size(), rank = m_group.rank();
   auto& st = *m_state;
@@ -229,6 +231,7 @@ Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<Para
   // parameters, memory): the ranks agree on it, with the check that they hold the same
   // parameters and options, before any of them can reach a step's collective.
   const std::string local_error = ::lather::Impl::local_failure("muon.construct", [&] {
+    this->validate_parameters();
     m_options.validate();
     m_plan = plan_muon(this->m_parameters, m_options, ranks);
     st.momentum.resize(count);

@@ -34,6 +34,18 @@
 
 namespace lather::optim::Impl {
 
+/// Host threads for the eigh roots: options.root.host_threads, or where that is 0 the CPUs this
+/// rank has to itself on its node (the CPUs the node's ranks of both groups are bound to, shared
+/// among them). Collective over both groups, whatever the option says: Shampoo's constructor
+/// calls it on every rank before anything that may fail on one rank only (or differ between
+/// ranks, as a rank given other options would) can part the ranks.
+inline int root_host_threads(const ShampooOptions& options, const comm::Group& group, const comm::Group& shards) {
+  const comm::NodeOccupancy on_node = group.node_occupancy(), shards_on_node = shards.node_occupancy();
+  if (options.root.host_threads > 0) return options.root.host_threads;
+  const int ranks = on_node.ranks * shards_on_node.ranks, cpus = std::max(on_node.cpus, shards_on_node.cpus);
+  return std::max(1, std::min(on_node.own_cpus, cpus / std::max(1, ranks)));
+}
+
 template <class ExecutionSpace, class Scalar>
 class ShampooEngineBase {
  public:
@@ -66,8 +78,10 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   using V1 = Kokkos::View<X*, memory_space>;
   using Store = MatrixStore<ExecutionSpace, T>;
 
+  /// Makes no collective call: Shampoo's constructor agrees on its outcome. `root_threads`:
+  /// host threads for the eigh roots (see root_host_threads).
   ShampooEngine(const ExecutionSpace& space, const std::vector<ParameterSpec>& parameters,
-                const ShampooOptions& options, comm::Group group, comm::Group shards)
+                const ShampooOptions& options, comm::Group group, comm::Group shards, int root_threads)
       : m_options(options), m_group(std::move(group)), m_shards(std::move(shards)), m_exchange(m_group) {
     m_options.validate();
     m_plan = make_plan(parameters, m_options);
@@ -83,7 +97,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     allocate_stores(space);
     allocate_state(space);
     m_roots = std::make_unique<RootPhase<ExecutionSpace, T>>(space, m_options, m_plan.max_size, int(m_mine.size()),
-                                                             root_host_threads());
+                                                             root_threads);
     if (m_options.async_roots) m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(m_options);
     m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(space, m_plan, m_step_plan,
                                                                     m_options.root.workspace_bytes, quantized());
@@ -274,12 +288,6 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   /// root.host_threads, or where it is 0 the CPUs this rank has to itself on its node: those of
   /// the node's ranks (replicas x shards) over the ranks, at most its own (collective over the
   /// group and the shards). 1 on 2 ranks of 2 CPUs, 2 on 1 rank of 2.
-  int root_host_threads() const {
-    if (m_options.root.host_threads > 0) return m_options.root.host_threads;
-    const comm::NodeOccupancy group = m_group.node_occupancy(), shards = m_shards.node_occupancy();
-    const int ranks = group.ranks * shards.ranks, cpus = std::max(group.cpus, shards.cpus);
-    return std::max(1, std::min(group.own_cpus, cpus / std::max(1, ranks)));
-  }
   /// Completes statistics that the products left as upper triangles (BlockProducts::upper_only).
   void statistics_symmetric(const ExecutionSpace& space) const {
     if (!m_products->upper_only()) return;

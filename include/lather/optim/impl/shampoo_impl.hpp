@@ -3,6 +3,7 @@
 // for lather::DefaultExecutionSpace (and the host space on device builds); a program that needs
 // another execution space includes this header and uses the class as usual.
 
+#include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/impl/shampoo_engine.hpp>
 #include <lather/optim/shampoo.hpp>
 
@@ -18,14 +19,29 @@ template <class ExecutionSpace, class Scalar>
 Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
                                          ShampooOptions options, const comm::Group& group,
                                          const comm::Group& shards)
-    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters)) {
-  options.validate();
-  if (options.statistics_precision == linalg::Precision::float64)
-    m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, double>>(space, this->m_parameters,
-                                                                                     options, group, shards);
-  else
-    m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, float>>(space, this->m_parameters,
-                                                                                    options, group, shards);
+    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters), typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()) {
+  // The one collective that does not wait for the agreement below: every rank reaches it, before
+  // anything that may throw on one rank only.
+  const int root_threads = Impl::root_host_threads(options, group, shards);
+  const auto setup = [&] {
+    ::lather::Impl::fault_point("shampoo.construct");
+    this->validate_parameters();  // the engine validates the options
+    if (options.statistics_precision == linalg::Precision::float64)
+      m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, double>>(
+          space, this->m_parameters, options, group, shards, root_threads);
+    else
+      m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, float>>(
+          space, this->m_parameters, options, group, shards, root_threads);
+  };
+  if (group.size() == 1 && shards.size() == 1) {
+    setup();
+    return;
+  }
+  // Parameters, options, plan and allocations may fail on one rank only (a rank given other
+  // options or parameters, memory): the ranks of both groups agree on it, with the check that they
+  // hold the same parameters and options, before any of them can reach a step's collective.
+  const std::string local_error = ::lather::Impl::local_failure(nullptr, setup);
+  Impl::agree_on_construction(group, shards, "Shampoo", this->m_parameters, describe(options), local_error);
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -108,10 +124,15 @@ std::vector<double> Shampoo<ExecutionSpace, Scalar>::preconditioner(const Execut
 
 template <class ExecutionSpace, class Scalar>
 std::vector<std::pair<std::string, std::string>> Shampoo<ExecutionSpace, Scalar>::describe() const {
+  return describe(options());
+}
+
+template <class ExecutionSpace, class Scalar>
+std::vector<std::pair<std::string, std::string>> Shampoo<ExecutionSpace, Scalar>::describe(const ShampooOptions& options) {
   std::vector<std::pair<std::string, std::string>> out = {{"optimizer", "shampoo"},
-                                                          {"learning_rate_schedule", options().learning_rate.describe()}};
+                                                          {"learning_rate_schedule", options.learning_rate.describe()}};
   for (const auto& name : option_names())
-    if (name != "learning_rate") out.emplace_back(name, option_value(options(), name));
+    if (name != "learning_rate") out.emplace_back(name, option_value(options, name));
   return out;
 }
 

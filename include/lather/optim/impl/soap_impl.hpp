@@ -74,9 +74,12 @@ inline std::string soap_text(double x) {
 template <class ExecutionSpace, class Scalar>
 Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
                                    SoapOptions options, const comm::Group& group)
-    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters)), m_options(std::move(options)), m_group(group) {
+    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters), typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()),
+      m_options(std::move(options)),
+      m_group(group) {
   const int ranks = m_group.size(), rank = m_group.rank();
   const auto setup = [&] {
+    this->validate_parameters();
     m_options.validate();
     const auto& o = m_options;
     std::int64_t packed = 0, factors = 0;
