@@ -121,6 +121,8 @@ class Lather(CMakePackage, CudaPackage, ROCmPackage):
             ),
             self.define("Kokkos_ROOT", spec["kokkos"].prefix),
             self.define("KokkosKernels_ROOT", spec["kokkos-kernels"].prefix),
+            # Spack's compiler wrappers add the target's -march (spec.target): Lather adds none.
+            self.define("LATHER_ARCH", ""),
         ]
 
         # The C++ compiler of a Kokkos device backend, as arborx / cabana / kokkos-kernels do.
