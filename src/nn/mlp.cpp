@@ -75,27 +75,33 @@ Mlp<ExecutionSpace>::Mlp(const ExecutionSpace& space, std::vector<int> sizes, st
       m_rows.emplace_back();
     }
   }
-  m_parameters = Parameters(space, specs);
-  if (m_shards > 1) m_gather = std::make_unique<comm::FeatureAllGather<ExecutionSpace, float>>(shards, trusted);
+  // The parameters' allocation and initial values may fail on one shard only (memory): the shards
+  // agree on it before the all-gather's constructor agrees, and before any pass, so such a failure
+  // is an error on every shard.
+  shards.run_agreed("Mlp: parameters", [&] {
+    ::lather::Impl::fault_point("mlp.construct");
+    m_parameters = Parameters(space, specs);
 
-  // Weights: the global tensors are drawn on the host from the seed, then each shard keeps its
-  // slice, so every shard count starts from the same model. Biases start at zero.
-  std::mt19937_64 rng(seed);
-  for (std::size_t l = 0; l < m_layers.size(); ++l) {
-    const auto& layer = m_layers[l];
-    const float bound = std::sqrt(6.0f / float(layer.in));
-    std::uniform_real_distribution<float> uniform(-bound, bound);
-    std::vector<float> kernel(std::size_t(layer.in) * layer.out);
-    for (auto& w : kernel) w = uniform(rng);
-    const auto& spec = m_parameters.spec(2 * l);
-    const int row0 = spec.split_axis == 0 ? int(spec.split_offset) : 0;
-    const int col0 = spec.split_axis == 1 ? int(spec.split_offset) : 0;
-    std::vector<float> mine(std::size_t(layer.local_in) * layer.local_out);
-    for (int i = 0; i < layer.local_in; ++i)
-      for (int j = 0; j < layer.local_out; ++j)
-        mine[std::size_t(i) * layer.local_out + j] = kernel[std::size_t(row0 + i) * layer.out + col0 + j];
-    m_parameters.set_value(space, 2 * l, mine);
-  }
+    // Weights: the global tensors are drawn on the host from the seed, then each shard keeps its
+    // slice, so every shard count starts from the same model. Biases start at zero.
+    std::mt19937_64 rng(seed);
+    for (std::size_t l = 0; l < m_layers.size(); ++l) {
+      const auto& layer = m_layers[l];
+      const float bound = std::sqrt(6.0f / float(layer.in));
+      std::uniform_real_distribution<float> uniform(-bound, bound);
+      std::vector<float> kernel(std::size_t(layer.in) * layer.out);
+      for (auto& w : kernel) w = uniform(rng);
+      const auto& spec = m_parameters.spec(2 * l);
+      const int row0 = spec.split_axis == 0 ? int(spec.split_offset) : 0;
+      const int col0 = spec.split_axis == 1 ? int(spec.split_offset) : 0;
+      std::vector<float> mine(std::size_t(layer.local_in) * layer.local_out);
+      for (int i = 0; i < layer.local_in; ++i)
+        for (int j = 0; j < layer.local_out; ++j)
+          mine[std::size_t(i) * layer.local_out + j] = kernel[std::size_t(row0 + i) * layer.out + col0 + j];
+      m_parameters.set_value(space, 2 * l, mine);
+    }
+  });
+  if (m_shards > 1) m_gather = std::make_unique<comm::FeatureAllGather<ExecutionSpace, float>>(shards, trusted);
 }
 
 template <class ExecutionSpace>

@@ -3,6 +3,7 @@
 #include "transformer_state.hpp"
 
 #include <lather/core/error.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <cmath>
@@ -130,7 +131,45 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
   st.final_offset = add("final_ln/offset", {D}, -1, whole);
   st.head_kernel = add("head/kernel", {D, V}, 1, st.vocab_range);
   st.head_bias = add("head/bias", {V}, 0, st.vocab_range);
-  m_parameters = Parameters(space, specs);
+  // The parameters' allocation and initial values may fail on one shard only (memory): the shards
+  // agree on it before the layers' constructors agree, and before any pass, so such a failure is
+  // an error on every shard.
+  st.shards.run_agreed("Transformer: parameters", [&] {
+    ::lather::Impl::fault_point("transformer.construct");
+    m_parameters = Parameters(space, specs);
+
+    // GPT-2's initialisation, drawn on the global tensors in list order so that every shard count
+    // starts from the same model: weights N(0, 0.02), the projections into the residual stream
+    // (attention output, MLP out) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm scales 1.
+    Normal normal(seed);
+    const double residual_scale = 1.0 / std::sqrt(2.0 * double(L));
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const auto& spec = specs[i];
+      const auto& global = spec.global();
+      const std::string& name = spec.name;
+      const auto ends_with = [&](const std::string& tail) {
+        return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+      };
+      const std::int64_t rows = global[0], columns = global.size() > 1 ? global[1] : 1;
+      std::vector<double> whole_tensor(std::size_t(rows * columns), 0.0);
+      if (ends_with("/scale")) {
+        std::fill(whole_tensor.begin(), whole_tensor.end(), 1.0);
+      } else if (global.size() == 2) {
+        const double deviation =
+            0.02 * (ends_with("attention/output/kernel") || ends_with("mlp/out/kernel") ? residual_scale : 1.0);
+        for (auto& w : whole_tensor) w = deviation * normal();
+      }
+      // This shard's slice.
+      const std::int64_t row0 = spec.split_axis == 0 ? spec.split_offset : 0;
+      const std::int64_t col0 = spec.split_axis == 1 ? spec.split_offset : 0;
+      const std::int64_t local_rows = spec.shape[0], local_columns = spec.shape.size() > 1 ? spec.shape[1] : 1;
+      std::vector<Scalar> mine(std::size_t(local_rows * local_columns));
+      for (std::int64_t r = 0; r < local_rows; ++r)
+        for (std::int64_t c = 0; c < local_columns; ++c)
+          mine[std::size_t(r * local_columns + c)] = Scalar(whole_tensor[std::size_t((row0 + r) * columns + col0 + c)]);
+      m_parameters.set_value(space, i, mine);
+    }
+  });
 
   // Every shard of a replica runs the same batch through the same layers: the shapes agree by
   // construction, so the layers skip their per-call agreement (the constructors still agree).
@@ -149,38 +188,6 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
   st.criterion = std::make_unique<comm::VocabParallelCrossEntropy<ExecutionSpace, Scalar>>(st.shards, V, trusted);
   st.transport = comm::Impl::Transport<ExecutionSpace, Scalar>(st.shards, std::size_t(1) << 22,
                                                                "Lather::Transformer::transport");
-
-  // GPT-2's initialisation, drawn on the global tensors in list order so that every shard count
-  // starts from the same model: weights N(0, 0.02), the projections into the residual stream
-  // (attention output, MLP out) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm scales 1.
-  Normal normal(seed);
-  const double residual_scale = 1.0 / std::sqrt(2.0 * double(L));
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    const auto& spec = specs[i];
-    const auto& global = spec.global();
-    const std::string& name = spec.name;
-    const auto ends_with = [&](const std::string& tail) {
-      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    const std::int64_t rows = global[0], columns = global.size() > 1 ? global[1] : 1;
-    std::vector<double> whole_tensor(std::size_t(rows * columns), 0.0);
-    if (ends_with("/scale")) {
-      std::fill(whole_tensor.begin(), whole_tensor.end(), 1.0);
-    } else if (global.size() == 2) {
-      const double deviation =
-          0.02 * (ends_with("attention/output/kernel") || ends_with("mlp/out/kernel") ? residual_scale : 1.0);
-      for (auto& w : whole_tensor) w = deviation * normal();
-    }
-    // This shard's slice.
-    const std::int64_t row0 = spec.split_axis == 0 ? spec.split_offset : 0;
-    const std::int64_t col0 = spec.split_axis == 1 ? spec.split_offset : 0;
-    const std::int64_t local_rows = spec.shape[0], local_columns = spec.shape.size() > 1 ? spec.shape[1] : 1;
-    std::vector<Scalar> mine(std::size_t(local_rows * local_columns));
-    for (std::int64_t r = 0; r < local_rows; ++r)
-      for (std::int64_t c = 0; c < local_columns; ++c)
-        mine[std::size_t(r * local_columns + c)] = Scalar(whole_tensor[std::size_t((row0 + r) * columns + col0 + c)]);
-    m_parameters.set_value(space, i, mine);
-  }
 }
 
 template <class ExecutionSpace, class Scalar>

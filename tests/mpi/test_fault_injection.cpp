@@ -350,6 +350,37 @@ void mlp_case(int failing) {
   EXPECT_EQ(a.correct, b.correct);
 }
 
+/// Mlp split over all ranks, failing as it allocates and initialises its parameters: every shard
+/// throws, and a model built next holds the same initial values as one built beside it.
+void mlp_construct_case(int failing) {
+  const int size = world_size();
+  const comm::Mesh mesh(MPI_COMM_WORLD, size);
+  const std::vector<int> sizes = {6, 4 * size, 2 * size, 3};
+  if (expect_failure_everywhere("mlp.construct", failing, [&] { nn::Mlp<Exec> model(Exec(), sizes, 7, mesh); }) !=
+      size)
+    return;
+  nn::Mlp<Exec> model(Exec(), sizes, 7, mesh), fresh(Exec(), sizes, 7, mesh);
+  EXPECT_EQ(test::host_vectors(model.parameters().values()), test::host_vectors(fresh.parameters().values()));
+}
+
+/// The same for the Transformer (12 heads: 1 to 4 shards).
+void transformer_construct_case(int failing) {
+  const int size = world_size();
+  const comm::Mesh mesh(MPI_COMM_WORLD, size);
+  nn::TransformerConfig config;
+  config.vocab_size = 11;
+  config.n_layer = 1;
+  config.n_head = 12;
+  config.d_model = 24;
+  config.block_size = 4;
+  using Model = nn::Transformer<Exec, double>;
+  if (expect_failure_everywhere("transformer.construct", failing, [&] { Model model(Exec(), config, 3, mesh); }) !=
+      size)
+    return;
+  Model model(Exec(), config, 3, mesh), fresh(Exec(), config, 3, mesh);
+  EXPECT_EQ(test::host_vectors(model.parameters().values()), test::host_vectors(fresh.parameters().values()));
+}
+
 /// Transformer split over all ranks (12 heads: 1 to 4 shards): the next evaluation equals a
 /// fresh model's.
 void transformer_case(int failing) {
@@ -489,6 +520,8 @@ std::vector<FaultCase> fault_cases() {
                    [](int f) { shampoo_case("shampoo.distributed_step", StepMode::distributed, f, 2); }});
   cases.push_back({"mlp.allocate", "mlp_allocate", mlp_case});
   cases.push_back({"transformer.allocate", "transformer_allocate", transformer_case});
+  cases.push_back({"mlp.construct", "mlp_construct", mlp_construct_case});
+  cases.push_back({"transformer.construct", "transformer_construct", transformer_construct_case});
 #if LATHER_ENABLE_HDF5
   cases.push_back({"checkpoint.save", "checkpoint_save", [](int f) { checkpoint_case("checkpoint.save", f); }});
   cases.push_back({"checkpoint.load", "checkpoint_load", [](int f) { checkpoint_case("checkpoint.load", f); }});
