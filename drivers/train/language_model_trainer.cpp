@@ -143,6 +143,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   const auto& parameters = model.parameters();
   const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
   const auto reducer = make_reducer(mesh, o, parameters.specs());
+  place_gradients(space, *reducer, model);
   const auto checkpointer = make_checkpointer(mesh, o);
   const std::string vocabulary = corpus.vocabulary.to_string();
   if (o.resume && checkpointer) {

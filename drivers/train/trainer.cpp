@@ -75,6 +75,7 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
   const auto& parameters = model.parameters();
   const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
   const auto reducer = make_reducer(mesh, o, parameters.specs());
+  place_gradients(space, *reducer, model);
   const auto checkpointer = make_checkpointer(mesh, o);
   Position start;
   if (o.resume && checkpointer) start = resume(space, o, *checkpointer, *optimizer, parameters, log);

@@ -31,6 +31,14 @@ struct StepParts {
 std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o,
                                                                    const std::vector<ParameterSpec>& parameters);
 
+/// Moves the model's gradients into the memory the reducer sums in place, where it has one (the
+/// data-parallel group on one node): the mean then copies nothing. Collective over the group.
+template <class Model>
+void place_gradients(const Space& space, comm::GradientReducer<Space, float>& reducer, Model& model) {
+  const auto storage = reducer.shared_gradient_storage(std::int64_t(model.parameters().gradient_buffer().extent(0)));
+  if (storage.data() != nullptr) model.place_gradients(space, storage);
+}
+
 /// The end of every step: the gradients (sums over this replica's `local_weight` samples or
 /// tokens) reduced over the data-parallel group as --reduce says, then the optimizer's update.
 void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientReducer<Space, float>& reducer,

@@ -2,6 +2,7 @@
 // from every rank's inputs (input_value is a function of (rank, tensor, index), so each rank can
 // generate all of them); fusion bucket counts; agreement errors on every rank; 16-bit wires.
 #include <lather/comm/reduce.hpp>
+#include <lather/core/parameters.hpp>
 
 #include "comm_test_utils.hpp"
 
@@ -49,10 +50,13 @@ TYPED_TEST(Reduce, SumAndMeanEqualTheReferenceForEveryFusionSize) {
   // A 4 KiB fusion buffer: several buckets, and tensors larger than a bucket reduced in place;
   // tensors allocated one by one (packed into the fusion buffer) and one after the other in one
   // buffer (reduced where they are, the mean scaled piece by piece).
+  // Through MPI and (the default, all ranks here sharing one node) through the node-shared window.
+  for (bool shared_memory : {false, true})
   for (std::size_t fusion_bytes : {std::size_t(4096)})
   for (bool contiguous : {false, true}) {
     ReduceOptions options;
     options.fusion_bytes = fusion_bytes;
+    options.shared_memory = shared_memory;
     GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
     for (bool mean : {false, true}) {
       const auto tensors = contiguous ? make_contiguous_inputs<T>(rank, mixed_sizes) : make_inputs<T>(rank, mixed_sizes);
@@ -66,7 +70,8 @@ TYPED_TEST(Reduce, SumAndMeanEqualTheReferenceForEveryFusionSize) {
           const double expected = reference_sum<T>(n, int(t), i) / (mean ? n : 1);
           ASSERT_NEAR(got[i], expected, sum_tolerance<T>(n))
               << (mean ? "mean" : "sum") << " tensor " << t << " index " << i << " fusion "
-              << fusion_bytes << (contiguous ? " contiguous" : " separate");
+              << fusion_bytes << (contiguous ? " contiguous" : " separate")
+              << (shared_memory ? " shared memory" : " MPI");
         }
       }
     }
@@ -122,6 +127,7 @@ TEST(ReduceStatistics, TwoHundredTensorsCostOneMessagePerBucket) {
   for (std::int64_t bucket_tensors : {std::int64_t(200), std::int64_t(50)}) {
     ReduceOptions options;
     options.fusion_bytes = std::size_t(bucket_tensors * 100) * sizeof(T);
+    options.shared_memory = false;  // MPI's messages (the window sends none: below)
     GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
     const auto tensors = make_inputs<T>(rank, sizes);
     reducer.sum(Exec(), tensors);
@@ -134,6 +140,63 @@ TEST(ReduceStatistics, TwoHundredTensorsCostOneMessagePerBucket) {
     for (std::int64_t i = 0; i < 100; ++i)
       ASSERT_NEAR(last[i], reference_sum<T>(n, 199, i), sum_tolerance<T>(n));
   }
+}
+
+// All ranks of the tests share one node: sums go through the window, one pass per bucket and no
+// message carrying tensor data, and every rank holds the same bits (each element is summed by
+// one rank, in rank order).
+TEST(ReduceStatistics, OneNodeSumsThroughSharedMemoryWithoutMessages) {
+  using T = float;
+  const int n = world_size(), rank = world_rank();
+  const std::vector<std::int64_t> sizes(200, 100);
+  ReduceOptions options;
+  options.fusion_bytes = std::size_t(50 * 100) * sizeof(T);
+  GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
+  const auto tensors = make_inputs<T>(rank, sizes);
+  reducer.mean(Exec(), tensors);
+  const auto stats = reducer.statistics();
+  EXPECT_EQ(stats.data_messages, 0);
+  EXPECT_EQ(stats.shared_memory_sums, n == 1 ? 0 : 4);
+  const auto last = read_view(tensors[199]);
+  auto first = last;
+  MPI_Bcast(first.data(), int(first.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(std::memcmp(last.data(), first.data(), last.size() * sizeof(T)), 0);
+  for (std::int64_t i = 0; i < 100; ++i)
+    ASSERT_NEAR(last[i], reference_sum<T>(n, 199, i) / n, sum_tolerance<T>(n));
+}
+
+// A ParameterList whose gradients were placed in the reducer's window is summed where it lies,
+// its 4.8 MB bucket too (a bucket above 4 MiB that would have to be copied goes through MPI);
+// a rank whose list is not placed while the others' are is an agreement error on every rank.
+TEST(ReduceSharedMemory, PlacedGradientsAreSummedWhereTheyLie) {
+  using T = float;
+  const int n = world_size(), rank = world_rank();
+  const std::vector<std::int64_t> sizes = {7, 300000, 5, 1200000};
+  std::vector<lather::ParameterSpec> specs;
+  for (std::size_t t = 0; t < sizes.size(); ++t) specs.push_back({"p" + std::to_string(t), {sizes[t]}});
+  GradientReducer<Exec, T> reducer(MPI_COMM_WORLD);
+  lather::ParameterList<T, Memory> list(Exec(), specs);
+  const auto storage = reducer.shared_gradient_storage(std::int64_t(list.gradient_buffer().extent(0)));
+  if (n == 1) {
+    EXPECT_EQ(storage.data(), nullptr) << "one rank has nothing to share";
+    return;
+  }
+  ASSERT_NE(storage.data(), nullptr);
+  list.place_gradients(Exec(), storage);
+  ASSERT_EQ(list.gradient_buffer().data(), storage.data());
+  const auto inputs = make_inputs<T>(rank, sizes);
+  for (std::size_t t = 0; t < sizes.size(); ++t) Kokkos::deep_copy(list.gradient(t), inputs[t]);
+  reducer.mean(Exec(), list.gradients());
+  EXPECT_EQ(reducer.statistics().data_messages, 0);
+  EXPECT_EQ(reducer.statistics().shared_memory_sums, 1);
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const auto got = read_view(list.gradient(t));
+    for (std::int64_t i = 0; i < sizes[t]; i += 997)
+      ASSERT_NEAR(got[std::size_t(i)], reference_sum<T>(n, int(t), i) / n, sum_tolerance<T>(n)) << t << " " << i;
+  }
+  // The last rank reduces a copy of its gradients instead: the ranks disagree, every rank says so.
+  const auto copies = make_contiguous_inputs<T>(rank, sizes);
+  expect_error([&] { reducer.mean(Exec(), rank == n - 1 ? copies : list.gradients()); }, "shared window");
 }
 
 TEST(ReduceStatistics, RepeatedCallsCostOneAgreementOrNone) {

@@ -59,6 +59,14 @@ struct ReduceOptions {
   /// reaches become NaN or Inf on every rank), and Adasum turns the whole tensor into NaN, because
   /// its dot products do. lather-train turns it on.
   bool check_finite = false;
+  /// Sum, mean and weighted mean (native wire precision, host memory) of a group whose ranks all
+  /// sit on one node go through a node-shared window (MPI_Win_allocate_shared, one slot of the
+  /// largest bucket per rank, made at the first such call): each rank copies its bucket into its
+  /// slot, and after a barrier sums its share of the elements over every slot and writes the
+  /// result into every slot, one rank per element, so all hold the same bits; after a second
+  /// barrier each copies its slot back. No message carries tensor data. 2.1 MB on 2 ranks of the
+  /// development machine: see collectives.md. False: MPI's collectives, as across nodes. Agreed.
+  bool shared_memory = true;
 
   void validate() const;  ///< Throws lather::Error naming the first bad field.
 };
@@ -80,6 +88,7 @@ struct ReducerStatistics {
   long data_messages = 0;      ///< MPI calls that carried tensor data
   long scalar_collectives = 0; ///< small collectives besides the agreement (Adasum dot products)
   double bytes = 0;            ///< tensor bytes this rank sent or contributed
+  long shared_memory_sums = 0; ///< buckets summed through the node-shared window (no message)
 };
 
 /// Reduces lists of tensors over one group, reusing its fusion and scratch buffers across calls.
@@ -132,6 +141,15 @@ class GradientReducer {
   double reduce(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op,
                 double local_weight = 1.0, const std::vector<AgreedValue>& agreed = {},
                 const std::string& local_error = std::string());
+
+  /// Memory for a ParameterList's gradients that the group's ranks on this node share, where sums
+  /// go through the node-shared window (ReduceOptions::shared_memory; a group on one node, host
+  /// memory, native wire precision): a list placed here (ParameterList::place_gradients, or the
+  /// models' place_gradients) is summed where it lies, without the copies into the window and back,
+  /// as PyTorch DDP's gradient_as_bucket_view. Elsewhere an empty View: keep the list's own
+  /// gradients. Collective; the window is sized to the largest `elements` of the group. The memory
+  /// lives as long as the reducer.
+  FlatTensor<Scalar, memory_space> shared_gradient_storage(std::int64_t elements);
 
   /// Names of the tensors of the lists this reducer is given, in list order, for error messages
   /// (check_finite); without them a tensor is named by its position.

@@ -91,6 +91,30 @@ class ParameterList {
   /// Every value as one View (list order) when the list allocated them, else an empty View.
   const tensor& value_buffer() const { return m_value_buffer; }
 
+  /// Moves the gradients into `storage` (at least gradient_buffer().extent(0) elements, in this
+  /// list's memory space, alive as long as the list is used): their values are copied on `space`,
+  /// then gradient(i) and gradient_buffer() view `storage`, in list order. For memory a reduction
+  /// sums where it lies (comm::GradientReducer::shared_gradient_storage). Needs a list that
+  /// allocated its gradients. Views of the gradients taken before keep the old memory.
+  template <class ExecutionSpace>
+  void place_gradients(const ExecutionSpace& space, const tensor& storage) {
+    LATHER_REQUIRE(m_gradient_buffer.data() != nullptr || m_specs.empty(),
+                   "ParameterList::place_gradients: the list does not own a gradient buffer (built with add())");
+    const std::size_t total = m_gradient_buffer.extent(0);
+    LATHER_REQUIRE(storage.extent(0) >= total, "ParameterList::place_gradients: the storage holds ",
+                   storage.extent(0), " elements; the gradients need ", total);
+    const tensor placed = Kokkos::subview(storage, std::make_pair(std::size_t(0), total));
+    Kokkos::deep_copy(space, placed, m_gradient_buffer);
+    Impl::fence(space, "Lather::ParameterList::place_gradients: copied");
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < m_specs.size(); ++i) {
+      const std::size_t n = m_gradients[i].extent(0);
+      m_gradients[i] = Kokkos::subview(placed, std::make_pair(offset, offset + n));
+      offset += n;
+    }
+    m_gradient_buffer = placed;
+  }
+
   /// value(i) := host (element_count of its shape values), copied on `space`; waits for the copy.
   template <class ExecutionSpace>
   void set_value(const ExecutionSpace& space, std::size_t i, const std::vector<Scalar>& host) const {

@@ -49,6 +49,11 @@ class Mlp {
   /// axes; the gradients live in one contiguous buffer.
   const Parameters& parameters() const { return m_parameters; }
   const std::vector<ParameterSpec>& parameter_specs() const { return m_parameters.specs(); }
+  /// Moves the gradients into `storage` (ParameterList::place_gradients): memory the gradient
+  /// reducer sums where it lies (comm::GradientReducer::shared_gradient_storage).
+  void place_gradients(const ExecutionSpace& space, const typename Parameters::tensor& storage) {
+    m_parameters.place_gradients(space, storage);
+  }
 
   /// Forward and backward on one micro-batch: the gradient of the summed loss is added to the
   /// parameters' gradients (set instead of added when `accumulate` is false). Collective over the

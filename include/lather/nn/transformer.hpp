@@ -85,6 +85,11 @@ class Transformer {
   const TransformerConfig& config() const { return m_config; }
   const Parameters& parameters() const { return m_parameters; }
   const std::vector<ParameterSpec>& parameter_specs() const { return m_parameters.specs(); }
+  /// Moves the gradients into `storage` (ParameterList::place_gradients): memory the gradient
+  /// reducer sums where it lies (comm::GradientReducer::shared_gradient_storage).
+  void place_gradients(const ExecutionSpace& space, const typename Parameters::tensor& storage) {
+    m_parameters.place_gradients(space, storage);
+  }
 
   /// Forward and backward on `batch` windows of `time` tokens: inputs and targets hold
   /// batch x time token ids, row b * time + t. The gradient of the summed loss (cross-entropy plus

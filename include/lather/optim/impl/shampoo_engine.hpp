@@ -14,6 +14,7 @@
 // one all-gather of parameter values ends the step.
 
 #include <lather/comm/group.hpp>
+#include <lather/comm/impl/node_window.hpp>
 #include <lather/core/impl/fault_injection.hpp>
 #include <lather/optim/impl/block_products.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
@@ -212,6 +213,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     }
     // Distributed, the new values also go to this rank's part of the gathered buffer, which the
     // all-gather then fills in place; only the other parts are unpacked into the parameters.
+    if (m_step_plan.distributed && m_gather_shared < 0) share_gathered_buffer();
     const V1<Scalar> own = m_step_plan.distributed
                                ? V1<Scalar>(Kokkos::subview(m_gathered, std::make_pair(std::size_t(m_own_offset),
                                                                                        std::size_t(m_own_offset +
@@ -222,7 +224,15 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     std::swap(m_scales[0], m_scales[1]);  // the new scales are the current ones from here on
     phases.end("update");
     if (m_step_plan.distributed) {
-      m_group.allgatherv(space, V1<const Scalar>(own), m_gathered, part_counts());
+      if (m_gather_shared == 1) {
+        // The buffer is node-shared memory: every part is in place once all ranks wrote theirs. A
+        // rank rewrites its part only in its next step, after the collectives of that step's
+        // start (the norms), which no rank enters before it has unpacked this step's parts.
+        ::lather::Impl::fence(space, "Lather::Shampoo: own part in the shared buffer");
+        m_gather_window.synchronize();
+      } else {
+        m_group.allgatherv(space, V1<const Scalar>(own), m_gathered, part_counts());
+      }
       phases.end("communication");
       scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, m_others_table, m_values.device(), m_gathered);
       phases.end("update");
@@ -327,6 +337,10 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   bool split_by_rows(int p) const;
   void upload_parameter_scalars(const ExecutionSpace& space);
   std::vector<std::size_t> part_counts() const;
+  /// Distributed, at the first step (collective over the group): on one node, the gathered buffer
+  /// moves into a node-shared window whose slots are the parts, so the all-gather becomes a
+  /// barrier (ReduceOptions::shared_memory explains the window).
+  void share_gathered_buffer();
 
   // ---- members ----------------------------------------------------------------------------------
 
@@ -357,6 +371,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   V1<Scalar> m_packed;  // this rank's gradient values in packed order; after the graft pass, the graft
   V1<Scalar> m_diagonal, m_momentum, m_diagonal_momentum;
   V1<Scalar> m_gathered;          // distributed: every part's new values, part by part
+  comm::Impl::NodeWindow m_gather_window;  // holds m_gathered where the group shares one node
+  int m_gather_shared = -1;               // 1: m_gathered is node-shared; -1: not decided yet
   std::int64_t m_own_offset = 0;  // where this rank's part starts in it
   V1<T> m_packed_t, m_direction;
   V1<std::int8_t> m_momentum_codes, m_diagonal_momentum_codes;

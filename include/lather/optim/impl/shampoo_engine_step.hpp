@@ -285,6 +285,19 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::set_multipliers(const ExecutionSp
 }
 
 template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::share_gathered_buffer() {
+  m_gather_shared = 0;
+  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace> &&
+                std::is_same<memory_space, Kokkos::HostSpace>::value) {
+    if (!comm::Impl::NodeWindow::group_on_one_node(m_group)) return;
+    if (!m_gather_window.allocate_contiguous(m_group, std::size_t(m_step_plan.my_elements()) * sizeof(Scalar)))
+      return;
+    m_gathered = V1<Scalar>(static_cast<Scalar*>(m_gather_window.slot(0)), m_gathered.extent(0));
+    m_gather_shared = 1;
+  }
+}
+
+template <class ExecutionSpace, class Scalar, class T>
 std::vector<std::size_t> ShampooEngine<ExecutionSpace, Scalar, T>::part_counts() const {
   return std::vector<std::size_t>(m_step_plan.part_elements.begin(), m_step_plan.part_elements.end());
 }

@@ -1,0 +1,52 @@
+#pragma once
+// Memory that every rank of a group can address, where the whole group sits on one node: an MPI
+// shared-memory window (MPI_Win_allocate_shared), one slot per rank. The gradient reducer sums
+// through it: each rank copies its bucket into its slot, and after a barrier sums its share of
+// the elements over every slot, with no message in between (GradientReducer, `shared_memory`).
+// Without MPI, or on a group spread over nodes, there is no window (available() is false).
+
+#include <lather/comm/group.hpp>
+
+#include <cstddef>
+#include <memory>
+
+namespace lather::comm::Impl {
+
+class NodeWindow {
+ public:
+  NodeWindow();
+  ~NodeWindow();
+  NodeWindow(NodeWindow&&) noexcept;
+  NodeWindow& operator=(NodeWindow&&) noexcept;
+  NodeWindow(const NodeWindow&) = delete;
+  NodeWindow& operator=(const NodeWindow&) = delete;
+
+  /// Collective over `group`: whether every one of its ranks shares this rank's node memory
+  /// (false without MPI, or for a group of one).
+  static bool group_on_one_node(const Group& group);
+
+  /// Collective over `group` (on one node), with `bytes` the same on every rank: a window of at
+  /// least `bytes` per rank, kept when the current one is large enough. An MPI error is thrown
+  /// where MPI reports it. Freeing the window (here and in the destructor) is collective too:
+  /// every rank of the group drops its reducer at the same point of the program.
+  void reserve(const Group& group, std::size_t bytes);
+  /// Collective over `group` (on one node): a window of `bytes` on this rank (they may differ
+  /// between ranks) whose slots lie one after the other, so that slot(0) starts one array holding
+  /// every rank's part in rank order (an all-gather's buffer). False, and no window, where MPI did
+  /// not place them so (the same answer on every rank).
+  bool allocate_contiguous(const Group& group, std::size_t bytes);
+  bool available() const { return m_state != nullptr; }
+  /// Bytes of this rank's slot (0 without a window).
+  std::size_t bytes() const;
+  /// Slot of group rank `r` (reserve()d bytes, aligned to 64 bytes).
+  void* slot(int r) const;
+  /// Collective: every rank's stores into the window before it are seen by every rank after it
+  /// (MPI_Win_sync, barrier, MPI_Win_sync).
+  void synchronize() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> m_state;
+};
+
+}  // namespace lather::comm::Impl

@@ -1,0 +1,101 @@
+#pragma once
+// Sums through a node-shared window (GradientReducer with ReduceOptions::shared_memory): every
+// rank's bucket sits in its slot of the window, each rank sums its share of the elements over
+// every slot and writes the result into every slot, with a barrier before and after. Host
+// memory only: the reducer takes this path for host execution spaces alone.
+
+#include <lather/comm/impl/layout.hpp>
+#include <lather/comm/impl/node_window.hpp>
+#include <lather/core/kokkos_compat.hpp>
+#include <lather/core/tensor.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace lather::comm::Impl {
+
+/// Elements [begin, end) of every rank's slot of a node-shared window (`slots`: `ranks` addresses)
+/// become factor * (slot_0 + slot_1 + ... + slot_{ranks-1}), summed in rank order: one rank
+/// computes each element, so every rank's slot holds the same bits. Host memory only.
+template <class ExecutionSpace, class S>
+void sum_slots(const ExecutionSpace& space, S* const* slots, int ranks, std::int64_t begin, std::int64_t end,
+               double factor) {
+  constexpr std::int64_t run = 2048;
+  const S f = S(factor);
+  const bool plain = factor == 1.0;
+  ::lather::Impl::parallel_for_runs("Lather::comm::sum_slots", space, end - begin,
+                                    [=](std::int64_t first, std::int64_t last) {
+                                      S total[run];
+                                      const std::int64_t count = last - first, at = begin + first;
+                                      for (std::int64_t done = 0; done < count; done += run) {
+                                        const std::int64_t n = std::min(run, count - done);
+                                        const S* KOKKOS_RESTRICT x0 = slots[0] + at + done;
+                                        for (std::int64_t i = 0; i < n; ++i) total[i] = x0[i];
+                                        for (int r = 1; r < ranks; ++r) {
+                                          const S* KOKKOS_RESTRICT x = slots[r] + at + done;
+                                          for (std::int64_t i = 0; i < n; ++i) total[i] += x[i];
+                                        }
+                                        if (!plain)
+                                          for (std::int64_t i = 0; i < n; ++i) total[i] *= f;
+                                        for (int r = 0; r < ranks; ++r) {
+                                          S* KOKKOS_RESTRICT x = slots[r] + at + done;
+                                          for (std::int64_t i = 0; i < n; ++i) x[i] = total[i];
+                                        }
+                                      }
+                                    });
+}
+
+/// Whether `tensors` lie in `rank`'s slot of `window` one after the other from its start (a list
+/// placed there by GradientReducer::shared_gradient_storage).
+template <class S, class MemorySpace>
+bool lies_in_slot(const NodeWindow& window, int rank, const TensorList<S, MemorySpace>& tensors) {
+  if (!window.available() || tensors.empty()) return false;
+  const S* mine = static_cast<const S*>(window.slot(rank));
+  std::int64_t at = 0;
+  for (const auto& tensor : tensors) {
+    const std::int64_t n = std::int64_t(tensor.extent(0));
+    if (n > 0 && tensor.data() != mine + at) return false;
+    at += n;
+  }
+  return std::size_t(at) * sizeof(S) <= window.bytes();
+}
+
+/// One bucket of `tensors` (sizes: the list's tensor sizes): into this rank's slot at element
+/// `first` (its offset in a placed list, else 0) unless it lies there, a barrier, this rank's
+/// share of the elements summed over every slot (times `factor`) into every slot, a barrier, back
+/// out of the slot. Collective over the window's group.
+template <class ExecutionSpace, class S>
+void sum_bucket_through_window(const ExecutionSpace& space, const NodeWindow& window, int rank, int size,
+                               const TensorList<S, typename ExecutionSpace::memory_space>& tensors,
+                               const std::vector<std::int64_t>& sizes, const Bucket& bucket, std::int64_t first,
+                               double factor) {
+  using M = typename ExecutionSpace::memory_space;
+  std::vector<S*> slots(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) slots[std::size_t(r)] = static_cast<S*>(window.slot(r));
+  S* const mine = slots[std::size_t(rank)];
+  const auto move = [&](bool in) {
+    std::int64_t at = first;
+    for (std::size_t t = bucket.first; t < bucket.last; at += sizes[t++]) {
+      const std::int64_t n = sizes[t];
+      if (n == 0 || tensors[t].data() == mine + at) continue;
+      const Kokkos::View<S*, M> place(mine + at, std::size_t(n));
+      if (in)
+        Kokkos::deep_copy(space, place, tensors[t]);
+      else
+        Kokkos::deep_copy(space, tensors[t], place);
+    }
+  };
+  move(true);
+  ::lather::Impl::fence(space, "Lather::GradientReducer: bucket in the shared window");
+  window.synchronize();
+  const std::int64_t begin = bucket.elements * rank / size, end = bucket.elements * (rank + 1) / size;
+  sum_slots(space, slots.data(), size, first + begin, first + end, factor);
+  ::lather::Impl::fence(space, "Lather::GradientReducer: share summed");
+  window.synchronize();
+  move(false);
+}
+
+}  // namespace lather::comm::Impl
