@@ -196,7 +196,8 @@ const std::vector<std::string>& option_names() {
       "relative_matrix_epsilon", "merge_small_dims_block_size", "skip_preconditioning_rank_lt",
       "decoupled_learning_rate", "decoupled_weight_decay", "generate_training_metrics", "root_method",
       "root_compute_precision", "root_max_iterations", "root_tolerance", "root_host_threads", "retry_failed_roots_in_double",
-      "max_consecutive_root_failures", "statistics_precision", "balance_root_work", "step_mode", "async_roots", "async_roots_in_background"};
+      "max_consecutive_root_failures", "statistics_precision", "balance_root_work", "step_mode", "async_roots", "async_roots_in_background",
+      "shared_memory_gather"};
   return names;
 }
 
@@ -245,6 +246,8 @@ std::string option_help(const std::string& name) {
                       "host thread (needs root_method eigh)"},
       {"async_roots_in_background", "async_roots: compute on a host thread (false: the same stale schedule "
                                     "in the foreground)"},
+      {"shared_memory_gather", "distributed step on one node: gather the new values through node-shared memory "
+                               "(false: MPI_Allgatherv)"},
   };
   for (const auto& [key, text] : help)
     if (name == key) return text;
@@ -293,6 +296,7 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
   else if (name == "step_mode") out << to_string(o.step_mode);
   else if (name == "async_roots") out << o.async_roots;
   else if (name == "async_roots_in_background") out << o.async_roots_in_background;
+  else if (name == "shared_memory_gather") out << o.shared_memory_gather;
   else LATHER_FAIL("unknown Shampoo option '", name, "'");
   return out.str();
 }
@@ -342,6 +346,7 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
   else if (name == "step_mode") o.step_mode = parse_step_mode(value);
   else if (name == "async_roots") o.async_roots = b();
   else if (name == "async_roots_in_background") o.async_roots_in_background = b();
+  else if (name == "shared_memory_gather") o.shared_memory_gather = b();
   else LATHER_FAIL("unknown Shampoo option '", name, "'");
 }
 

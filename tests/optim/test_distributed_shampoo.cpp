@@ -1,6 +1,7 @@
 // Shampoo on a group of ranks gives the parameters one rank computes alone, in both step modes:
 // replicated (every rank updates every block, the roots are split and exchanged) and distributed
-// (each rank updates its share of the blocks, one all-gather of the new values ends the step);
+// (each rank updates its share of the blocks, one all-gather of the new values ends the step:
+// through node-shared memory, as here where all ranks share a node, or MPI_Allgatherv);
 // with int8 quantized state, and with weight shards (tensor-parallel slices of some parameters,
 // whose norms are summed over the shard group). Every rank computes the single-rank reference
 // on the whole (unsplit) model itself.
@@ -91,6 +92,7 @@ struct Mode {
   int shards;
   optim::PreconditionerType side = optim::PreconditionerType::all;
   bool async_roots = false;
+  bool mpi_gather = false;  // the parameter all-gather through MPI even on one node
 };
 
 class DistributedShampoo : public ::testing::TestWithParam<Mode> {};
@@ -121,6 +123,7 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
     o.root.method = linalg::RootMethod::eigh;
   }
   o.root.workspace_bytes = 8 << 10;  // several root chunks and gram batches
+  o.shared_memory_gather = !mode.mpi_gather;
   const comm::Mesh mesh(MPI_COMM_WORLD, mode.shards);
   const auto specs = local_specs(mode.shards, mesh.shard());
   optim::Shampoo<Space, float> distributed(Space(), specs, o, mesh);
@@ -166,6 +169,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"replicated_even_quantized", StepMode::replicated, false, true, 1},
                       Mode{"distributed", StepMode::distributed, true, false, 1},
                       Mode{"distributed_quantized", StepMode::distributed, true, true, 1},
+                      Mode{"distributed_mpi_gather", StepMode::distributed, true, false, 1,
+                           optim::PreconditionerType::all, false, true},
                       Mode{"replicated_shards2", StepMode::replicated, true, false, 2},
                       Mode{"distributed_shards2", StepMode::distributed, true, false, 2},
                       Mode{"distributed_shards2_quantized", StepMode::distributed, true, true, 2},

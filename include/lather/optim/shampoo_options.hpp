@@ -102,6 +102,10 @@ struct ShampooOptions {
   /// With async_roots: false computes the same stale schedule in the foreground at the step the
   /// roots are started (for comparison, and where nothing would overlap).
   bool async_roots_in_background = true;
+  /// Distributed step on a group whose ranks share one node (host memory): the new parameter
+  /// values are gathered through a node-shared buffer (each rank writes its part, a barrier) instead
+  /// of MPI_Allgatherv. False: MPI's all-gather, as across nodes.
+  bool shared_memory_gather = true;
 
   void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
 };

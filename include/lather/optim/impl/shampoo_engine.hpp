@@ -213,7 +213,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     }
     // Distributed, the new values also go to this rank's part of the gathered buffer, which the
     // all-gather then fills in place; only the other parts are unpacked into the parameters.
-    if (m_step_plan.distributed && m_gather_shared < 0) share_gathered_buffer();
+    if (m_step_plan.distributed && m_gather_shared < 0) share_gathered_buffer();  // collective, once
     const V1<Scalar> own = m_step_plan.distributed
                                ? V1<Scalar>(Kokkos::subview(m_gathered, std::make_pair(std::size_t(m_own_offset),
                                                                                        std::size_t(m_own_offset +

@@ -287,6 +287,7 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::set_multipliers(const ExecutionSp
 template <class ExecutionSpace, class Scalar, class T>
 void ShampooEngine<ExecutionSpace, Scalar, T>::share_gathered_buffer() {
   m_gather_shared = 0;
+  if (!m_options.shared_memory_gather) return;  // agreed at construction, with every option
   if constexpr (::lather::Impl::runs_on_host<ExecutionSpace> &&
                 std::is_same<memory_space, Kokkos::HostSpace>::value) {
     if (!comm::Impl::NodeWindow::group_on_one_node(m_group)) return;
