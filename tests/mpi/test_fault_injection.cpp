@@ -350,6 +350,17 @@ void mlp_case(int failing) {
   EXPECT_EQ(a.correct, b.correct);
 }
 
+/// A one-layer transformer of 12 heads (split over 1 to 4 shards) and 11 tokens.
+nn::TransformerConfig small_transformer() {
+  nn::TransformerConfig config;
+  config.vocab_size = 11;
+  config.n_layer = 1;
+  config.n_head = 12;
+  config.d_model = 24;
+  config.block_size = 4;
+  return config;
+}
+
 /// Mlp split over all ranks, failing as it allocates and initialises its parameters: every shard
 /// throws, and a model built next holds the same initial values as one built beside it.
 void mlp_construct_case(int failing) {
@@ -367,12 +378,7 @@ void mlp_construct_case(int failing) {
 void transformer_construct_case(int failing) {
   const int size = world_size();
   const comm::Mesh mesh(MPI_COMM_WORLD, size);
-  nn::TransformerConfig config;
-  config.vocab_size = 11;
-  config.n_layer = 1;
-  config.n_head = 12;
-  config.d_model = 24;
-  config.block_size = 4;
+  const nn::TransformerConfig config = small_transformer();
   using Model = nn::Transformer<Exec, double>;
   if (expect_failure_everywhere("transformer.construct", failing, [&] { Model model(Exec(), config, 3, mesh); }) !=
       size)
@@ -386,12 +392,7 @@ void transformer_construct_case(int failing) {
 void transformer_case(int failing) {
   const int size = world_size();
   const comm::Mesh mesh(MPI_COMM_WORLD, size);
-  nn::TransformerConfig config;
-  config.vocab_size = 11;
-  config.n_layer = 1;
-  config.n_head = 12;
-  config.d_model = 24;
-  config.block_size = 4;
+  const nn::TransformerConfig config = small_transformer();
   using Model = nn::Transformer<Exec, double>;
   Model model(Exec(), config, 3, mesh), fresh(Exec(), config, 3, mesh);
   const int windows = 1, time = 4;
