@@ -197,6 +197,18 @@ TEST(ReduceSharedMemory, PlacedGradientsAreSummedWhereTheyLie) {
   // The last rank reduces a copy of its gradients instead: the ranks disagree, every rank says so.
   const auto copies = make_contiguous_inputs<T>(rank, sizes);
   expect_error([&] { reducer.mean(Exec(), rank == n - 1 ? copies : list.gradients()); }, "shared window");
+  // A window handed out is never reallocated: more is refused on every rank, and a bucket it
+  // cannot hold goes through MPI (a 1 MB bucket beside a 4 KB window).
+  GradientReducer<Exec, T> small(MPI_COMM_WORLD);
+  ASSERT_NE(small.shared_gradient_storage(1000).data(), nullptr);
+  expect_error([&] { small.shared_gradient_storage(rank == 0 ? 3000 : 10); }, "already handed out");
+  const auto larger = make_inputs<T>(rank, {250000});
+  small.mean(Exec(), larger);
+  EXPECT_GT(small.statistics().data_messages, 0);
+  EXPECT_EQ(small.statistics().shared_memory_sums, 0);
+  const auto got = read_view(larger[0]);
+  for (std::int64_t i = 0; i < 250000; i += 997)
+    ASSERT_NEAR(got[std::size_t(i)], reference_sum<T>(n, 0, i) / n, sum_tolerance<T>(n)) << i;
 }
 
 TEST(ReduceStatistics, RepeatedCallsCostOneAgreementOrNone) {

@@ -148,7 +148,9 @@ class GradientReducer {
   /// models' place_gradients) is summed where it lies, without the copies into the window and back,
   /// as PyTorch DDP's gradient_as_bucket_view. Elsewhere an empty View: keep the list's own
   /// gradients. Collective; the window is sized to the largest `elements` of the group. The memory
-  /// lives as long as the reducer.
+  /// lives as long as the reducer and is never reallocated: asking again for more elements than
+  /// the first call gave is an error on every rank, and buckets of other lists that do not fit
+  /// go through MPI.
   FlatTensor<Scalar, memory_space> shared_gradient_storage(std::int64_t elements);
 
   /// Names of the tensors of the lists this reducer is given, in list order, for error messages

@@ -44,6 +44,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   Impl::NodeWindow window;  ///< ReduceOptions::shared_memory
   int group_on_one_node = -1;  ///< unknown until the first sum that could use the window
   bool placed_agreed = false;  ///< this call's tensors lie in the window on every rank
+  bool window_handed_out = false;  ///< shared_gradient_storage gave it away: never reallocated
   ReducerStatistics statistics;
   std::vector<std::string> tensor_names;
 
@@ -264,18 +265,25 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     const bool native = options.wire_precision == WirePrecision::native;
     bool windowed = false;
     if constexpr (window_capable) windowed = through_window();
+    std::int64_t copy_limit = window_copy_bytes;  // bytes of a bucket copied through the window
     if (windowed) {
       // A placed list lies in the window at its offsets; small buckets are copied to its start.
-      std::int64_t need = placed_agreed ? layout.total : 0;
-      for (const auto& bucket : layout.buckets)
-        if (bucket.elements * std::int64_t(sizeof(S)) <= window_copy_bytes) need = std::max(need, bucket.elements);
-      if (need > 0) window.reserve(group, std::size_t(need) * sizeof(S));
+      // A window handed out by shared_gradient_storage is never reallocated (lists live in it):
+      // buckets it cannot hold go through MPI. The window's size is the same on every rank.
+      if (window_handed_out) {
+        copy_limit = std::min<std::int64_t>(copy_limit, std::int64_t(window.bytes()));
+      } else {
+        std::int64_t need = 0;
+        for (const auto& bucket : layout.buckets)
+          if (bucket.elements * std::int64_t(sizeof(S)) <= window_copy_bytes) need = std::max(need, bucket.elements);
+        if (need > 0) window.reserve(group, std::size_t(need) * sizeof(S));
+      }
     }
     std::int64_t first = 0;  // the bucket's first element in the list
     for (const auto& bucket : layout.buckets) {
       first += bucket.elements;
       if (bucket.elements == 0) continue;
-      if (windowed && (placed_agreed || bucket.elements * std::int64_t(sizeof(S)) <= window_copy_bytes)) {
+      if (windowed && (placed_agreed || bucket.elements * std::int64_t(sizeof(S)) <= copy_limit)) {
         if constexpr (window_capable)
           sum_through_window(space, tensors, bucket, placed_agreed ? first - bucket.elements : 0, factor);
         continue;
@@ -536,7 +544,13 @@ FlatTensor<Scalar, typename ExecutionSpace::memory_space> GradientReducer<Execut
   if constexpr (State::window_capable) {
     if (!st.through_window()) return {};
     const std::int64_t most = st.group.allreduce(std::max<std::int64_t>(elements, 0), Combine::max);
+    // Lists placed in the window before live in it: it can be handed out, not reallocated.
+    LATHER_REQUIRE(!st.window_handed_out || std::size_t(most) * sizeof(Scalar) <= st.window.bytes(),
+                   "GradientReducer::shared_gradient_storage: ", most, " elements asked for on some rank, but this "
+                   "reducer's window, already handed out, holds ", st.window.bytes() / sizeof(Scalar),
+                   "; use one reducer per list, or ask for the largest first");
     st.window.reserve(st.group, std::size_t(most) * sizeof(Scalar));
+    st.window_handed_out = true;
     return FlatTensor<Scalar, memory_space>(static_cast<Scalar*>(st.window.slot(st.rank)),
                                             std::size_t(std::max<std::int64_t>(elements, 0)));
   } else {
