@@ -27,6 +27,7 @@ void average_tensors(const ExecutionSpace& space, const Group& group,
                      const ReduceOptions& options = {}) {
   ReduceOptions native = options;
   native.wire_precision = WirePrecision::native;  // replicated state is never rounded on the wire
+  native.shared_memory = false;                    // one call: a window would not pay (reduce.hpp)
   GradientReducer<ExecutionSpace, Scalar>(group, native).mean(space, tensors);
 }
 
