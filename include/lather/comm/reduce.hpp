@@ -60,12 +60,13 @@ struct ReduceOptions {
   /// its dot products do. lather-train turns it on.
   bool check_finite = false;
   /// Sum, mean and weighted mean (native wire precision, host memory) of a group whose ranks all
-  /// sit on one node go through a node-shared window (MPI_Win_allocate_shared, one slot of the
-  /// largest bucket per rank, made at the first such call): each rank copies its bucket into its
-  /// slot, and after a barrier sums its share of the elements over every slot and writes the
-  /// result into every slot, one rank per element, so all hold the same bits; after a second
-  /// barrier each copies its slot back. No message carries tensor data. 2.1 MB on 2 ranks of the
-  /// development machine: see collectives.md. False: MPI's collectives, as across nodes. Agreed.
+  /// sit on one node go through a node-shared window (MPI_Win_allocate_shared, one slot per rank,
+  /// made at the first such call): each bucket is in its rank's slot (a list placed there by
+  /// shared_gradient_storage lies in it; buckets up to 4 MiB are copied in, larger ones go through
+  /// MPI), and after a barrier each rank sums its share of the elements over every slot and writes
+  /// the result into every slot, one rank per element, so all hold the same bits; after a second
+  /// barrier copied buckets are copied back. No message carries tensor data. Figures: see
+  /// collectives.md. False: MPI's collectives, as across nodes. Agreed.
   bool shared_memory = true;
 
   void validate() const;  ///< Throws lather::Error naming the first bad field.

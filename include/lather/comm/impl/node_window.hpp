@@ -3,12 +3,14 @@
 // shared-memory window (MPI_Win_allocate_shared), one slot per rank. The gradient reducer sums
 // through it: each rank copies its bucket into its slot, and after a barrier sums its share of
 // the elements over every slot, with no message in between (GradientReducer, `shared_memory`).
-// Without MPI, or on a group spread over nodes, there is no window (available() is false).
+// The group must sit on one node (Group::ranks_on_node() == size()); without MPI there is no
+// window (available() is false).
 
 #include <lather/comm/group.hpp>
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 namespace lather::comm::Impl {
 
@@ -20,10 +22,6 @@ class NodeWindow {
   NodeWindow& operator=(NodeWindow&&) noexcept;
   NodeWindow(const NodeWindow&) = delete;
   NodeWindow& operator=(const NodeWindow&) = delete;
-
-  /// Collective over `group`: whether every one of its ranks shares this rank's node memory
-  /// (false without MPI, or for a group of one).
-  static bool group_on_one_node(const Group& group);
 
   /// Collective over `group` (on one node), with `bytes` the same on every rank: a window of at
   /// least `bytes` per rank, kept when the current one is large enough. An MPI error is thrown
@@ -46,6 +44,9 @@ class NodeWindow {
 
  private:
   struct State;
+  /// Collective: a window of `bytes` on this rank, locked for the ranks' loads and stores, with
+  /// every rank's slot; `sizes` receives every slot's bytes.
+  static std::unique_ptr<State> open(const Group& group, std::size_t bytes, std::vector<std::size_t>& sizes);
   std::unique_ptr<State> m_state;
 };
 

@@ -14,7 +14,6 @@
 #include <lather/core/impl/fault_injection.hpp>
 
 #include <cmath>
-#include <type_traits>
 #include <limits>
 
 namespace lather::comm {
@@ -41,10 +40,8 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   Impl::ItemPlan<M> items;
   std::vector<Group> adasum_levels;
   bool adasum_levels_ready = false;
-  Impl::NodeWindow window;  ///< ReduceOptions::shared_memory
-  int group_on_one_node = -1;  ///< unknown until the first sum that could use the window
+  Impl::WindowSums<ExecutionSpace, S> shared;  ///< ReduceOptions::shared_memory
   bool placed_agreed = false;  ///< this call's tensors lie in the window on every rank
-  bool window_handed_out = false;  ///< shared_gradient_storage gave it away: never reallocated
   ReducerStatistics statistics;
   std::vector<std::string> tensor_names;
 
@@ -236,56 +233,19 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
 
   // ---- operations ------------------------------------------------------------------------------
 
-  /// Whether sums go through the node-shared window (ReduceOptions::shared_memory). Collective
-  /// the first time (every rank reaches it after the agreement on the options and layout).
-  static constexpr bool window_capable =
-      Impl::runs_on_host<ExecutionSpace> && std::is_same<M, Kokkos::HostSpace>::value;
-  bool through_window() {
-    if (!options.shared_memory || options.wire_precision != WirePrecision::native || size == 1) return false;
-    if (group_on_one_node < 0) group_on_one_node = Impl::NodeWindow::group_on_one_node(group) ? 1 : 0;
-    return group_on_one_node == 1;
-  }
-
-  /// Buckets of at most this many bytes are copied through the window when they do not lie in it:
-  /// in cache, the two copies cost less than MPI's; a larger bucket that must be copied goes
-  /// through MPI (2 ranks of the development machine: 0.14 ms against 0.2 for 2 MiB, 4.0 ms
-  /// against 3.6 for 16 MiB, see collectives.md).
-  static constexpr std::int64_t window_copy_bytes = std::int64_t(4) << 20;
-
-  bool placed_in_window(const tensor_list& tensors) const { return Impl::lies_in_slot(window, rank, tensors); }
-
-  void sum_through_window(const ExecutionSpace& space, const tensor_list& tensors, const Impl::Bucket& bucket,
-                          std::int64_t first, double factor) {
-    Impl::sum_bucket_through_window(space, window, rank, size, tensors, layout.sizes, bucket, first, factor);
-    ++statistics.shared_memory_sums;
-    statistics.bytes += double(bucket.elements) * double(sizeof(S));
-  }
-
   void sum_like(const ExecutionSpace& space, const tensor_list& tensors, double factor) {
     const bool native = options.wire_precision == WirePrecision::native;
-    bool windowed = false;
-    if constexpr (window_capable) windowed = through_window();
-    std::int64_t copy_limit = window_copy_bytes;  // bytes of a bucket copied through the window
-    if (windowed) {
-      // A placed list lies in the window at its offsets; small buckets are copied to its start.
-      // A window handed out by shared_gradient_storage is never reallocated (lists live in it):
-      // buckets it cannot hold go through MPI. The window's size is the same on every rank.
-      if (window_handed_out) {
-        copy_limit = std::min<std::int64_t>(copy_limit, std::int64_t(window.bytes()));
-      } else {
-        std::int64_t need = 0;
-        for (const auto& bucket : layout.buckets)
-          if (bucket.elements * std::int64_t(sizeof(S)) <= window_copy_bytes) need = std::max(need, bucket.elements);
-        if (need > 0) window.reserve(group, std::size_t(need) * sizeof(S));
-      }
-    }
+    const bool windowed = shared.active(group, options.shared_memory && native);
+    if (windowed) shared.prepare(group, layout);
     std::int64_t first = 0;  // the bucket's first element in the list
     for (const auto& bucket : layout.buckets) {
       first += bucket.elements;
       if (bucket.elements == 0) continue;
-      if (windowed && (placed_agreed || bucket.elements * std::int64_t(sizeof(S)) <= copy_limit)) {
-        if constexpr (window_capable)
-          sum_through_window(space, tensors, bucket, placed_agreed ? first - bucket.elements : 0, factor);
+      if (windowed && shared.takes(bucket, placed_agreed)) {
+        // A placed list lies in the window at its offsets; a copied bucket goes to its start.
+        shared.sum(space, group, tensors, layout.sizes, bucket, placed_agreed ? first - bucket.elements : 0, factor);
+        ++statistics.shared_memory_sums;
+        statistics.bytes += double(bucket.elements) * double(sizeof(S));
         continue;
       }
       if (size == 1) {
@@ -481,7 +441,7 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
   if (local_error.empty()) local_error = non_finite;
   if (weighted && !weight_valid && local_error.empty())
     local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
-  const bool placed = st.placed_in_window(gradients);
+  const bool placed = st.shared.placed(st.rank, gradients);
   if (st.options.verify_layout || !same_as_before) {
     std::vector<Impl::AgreementField> extra = {
         {"gradients placed in the reducer's shared window (shared_gradient_storage)", std::int64_t(placed)}};
@@ -541,22 +501,8 @@ FlatTensor<Scalar, typename ExecutionSpace::memory_space> GradientReducer<Execut
     std::int64_t elements) {
   LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
   auto& st = *m_state;
-  if constexpr (State::window_capable) {
-    if (!st.through_window()) return {};
-    const std::int64_t most = st.group.allreduce(std::max<std::int64_t>(elements, 0), Combine::max);
-    // Lists placed in the window before live in it: it can be handed out, not reallocated.
-    LATHER_REQUIRE(!st.window_handed_out || std::size_t(most) * sizeof(Scalar) <= st.window.bytes(),
-                   "GradientReducer::shared_gradient_storage: ", most, " elements asked for on some rank, but this "
-                   "reducer's window, already handed out, holds ", st.window.bytes() / sizeof(Scalar),
-                   "; use one reducer per list, or ask for the largest first");
-    st.window.reserve(st.group, std::size_t(most) * sizeof(Scalar));
-    st.window_handed_out = true;
-    return FlatTensor<Scalar, memory_space>(static_cast<Scalar*>(st.window.slot(st.rank)),
-                                            std::size_t(std::max<std::int64_t>(elements, 0)));
-  } else {
-    (void)elements;
-    return {};
-  }
+  return st.shared.storage(st.group, st.options.shared_memory && st.options.wire_precision == WirePrecision::native,
+                           elements);
 }
 
 template <class ExecutionSpace, class Scalar>

@@ -290,7 +290,7 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::share_gathered_buffer() {
   if (!m_options.shared_memory_gather) return;  // agreed at construction, with every option
   if constexpr (::lather::Impl::runs_on_host<ExecutionSpace> &&
                 std::is_same<memory_space, Kokkos::HostSpace>::value) {
-    if (!comm::Impl::NodeWindow::group_on_one_node(m_group)) return;
+    if (m_group.ranks_on_node() != m_group.size()) return;  // the group is not on one node
     if (!m_gather_window.allocate_contiguous(m_group, std::size_t(m_step_plan.my_elements()) * sizeof(Scalar)))
       return;
     m_gathered = V1<Scalar>(static_cast<Scalar*>(m_gather_window.slot(0)), m_gathered.extent(0));
