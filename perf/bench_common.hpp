@@ -14,8 +14,16 @@
 
 namespace lather::bench {
 
-/// Prints one JSON line and flushes, so partial runs still leave complete records.
-inline void emit(const nlohmann::json& record) { std::cout << record.dump() << std::endl; }
+/// Prints one JSON line and flushes, so partial runs still leave complete records. Every record
+/// carries "blas_kernels": the kernels the BLAS chose for this CPU (blas_kernels() below).
+void emit(nlohmann::json record);
+
+/// Which kernels the BLAS runs: OpenBLAS's core name ("Haswell", "Cooperlake", ...; the
+/// environment's OPENBLAS_CORETYPE overrides OpenBLAS's own choice), or "unknown" for another
+/// BLAS. The GEMM-bound figures (Shampoo's statistics, preconditioning and roots) depend on it:
+/// on the development machine's Zen 4 the AVX-512 kernels run 128 x 128 GEMMs at nearly twice
+/// the AVX2 ones' rate.
+std::string blas_kernels();
 
 /// Parses "a,b,c" into numbers; CLI11 does the per-item conversion and reports bad items.
 template <class T>
