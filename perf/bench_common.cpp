@@ -1,5 +1,8 @@
 #include "bench_common.hpp"
 
+#include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Core.hpp>
+
 #include <dlfcn.h>
 
 namespace lather::bench {
@@ -20,5 +23,25 @@ void emit(nlohmann::json record) {
   record["blas_kernels"] = blas_kernels();
   std::cout << record.dump() << std::endl;
 }
+
+template <class Scalar>
+double gemm_gflops(int n, double seconds) {
+  using Matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space>;
+  Matrix a("bench::gemm_a", n, n), b("bench::gemm_b", n, n), c("bench::gemm_c", n, n);
+  Kokkos::deep_copy(a, Scalar(1.0 / n));
+  Kokkos::deep_copy(b, Scalar(0.5));
+  KokkosBlas::gemm("N", "N", Scalar(1), a, b, Scalar(0), c);  // warm-up
+  Kokkos::fence();
+  long reps = 0;
+  Kokkos::Timer timer;
+  do {
+    KokkosBlas::gemm("N", "N", Scalar(1), a, b, Scalar(0), c);
+    Kokkos::fence();
+    ++reps;
+  } while (timer.seconds() < seconds);
+  return 2.0 * double(n) * n * n * double(reps) / timer.seconds() / 1e9;
+}
+template double gemm_gflops<float>(int, double);
+template double gemm_gflops<double>(int, double);
 
 }  // namespace lather::bench

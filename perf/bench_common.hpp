@@ -25,6 +25,11 @@ void emit(nlohmann::json record);
 /// the AVX2 ones' rate.
 std::string blas_kernels();
 
+/// GFLOP/s of one n x n x n GEMM of `Scalar` through KokkosBlas::gemm on the default execution
+/// space, repeated for at least `seconds`: the same-run GEMM baseline (float and double).
+template <class Scalar>
+double gemm_gflops(int n, double seconds);
+
 /// Parses "a,b,c" into numbers; CLI11 does the per-item conversion and reports bad items.
 template <class T>
 void add_list_option(CLI::App& app, const std::string& name, std::vector<T>& values,

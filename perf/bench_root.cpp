@@ -44,23 +44,6 @@ Stack make_statistics(int batch, int n, unsigned seed) {
   return stack;
 }
 
-/// GFLOP/s of one n x n x n GEMM through KokkosBlas::gemm, repeated for at least `seconds`.
-double gemm_gflops(int n, double seconds) {
-  Matrix a("bench::a", n, n), b("bench::b", n, n), c("bench::c", n, n);
-  Kokkos::deep_copy(a, 1.0 / n);
-  Kokkos::deep_copy(b, 0.5);
-  KokkosBlas::gemm("N", "N", 1.0, a, b, 0.0, c);  // warm-up
-  Kokkos::fence();
-  long reps = 0;
-  Kokkos::Timer timer;
-  do {
-    KokkosBlas::gemm("N", "N", 1.0, a, b, 0.0, c);
-    Kokkos::fence();
-    ++reps;
-  } while (timer.seconds() < seconds);
-  return 2.0 * double(n) * n * n * reps / timer.seconds() / 1e9;
-}
-
 void run_root(const RootBenchOptions& o) {
   std::vector<linalg::RootMethod> methods;
   if (o.method == "all" || o.method == "newton") methods.push_back(linalg::RootMethod::newton);
@@ -69,7 +52,7 @@ void run_root(const RootBenchOptions& o) {
   const auto precision = linalg::parse_precision(o.precision);
   for (int n : o.n) {
     LATHER_REQUIRE(n >= 1, "--n values must be >= 1, got ", n);
-    const double baseline = gemm_gflops(n, o.gemm_seconds);
+    const double baseline = gemm_gflops<double>(n, o.gemm_seconds);
     for (int batch : o.batch) {
       LATHER_REQUIRE(batch >= 1, "--batch values must be >= 1, got ", batch);
       const Stack statistics = make_statistics(batch, n, 1234u + unsigned(n));

@@ -126,6 +126,9 @@ void run_step(const StepBenchOptions& o) {
             {"update_gbps", adam_bytes / adam_seconds / 1e9}, {"triad_gbps", adam_bytes / triad / 1e9},
             {"ratio_to_triad", triad / adam_seconds},
             {"ns_per_value", adam_seconds / double(elements) * 1e9}});
+    // The BLAS's rate for GEMMs of the block size, in the statistics' precision: Shampoo's
+    // products (its statistics and preconditioning) cannot take less than their flops at this rate.
+    const double gemm_rate = gemm_gflops<float>(std::max(1, shampoo_options.block_size), 0.3);
     for (const auto& method : o.root_methods) {
       auto options = shampoo_options;
       options.root.method = linalg::parse_root_method(method);
@@ -139,6 +142,8 @@ void run_step(const StepBenchOptions& o) {
       nlohmann::json breakdown;
       for (const auto& [phase, total] : phases) breakdown[phase] = total / steps;
       const auto largest_state = mesh.world().allreduce(shampoo.memory_report().total(), comm::Combine::max);
+      const double product_flops = mesh.world().allreduce(shampoo.product_flops(), comm::Combine::max) / steps;
+      const double product_floor = product_flops / (gemm_rate * 1e9);
       if (print)
         emit({{"bench", "step"},
               {"set", set},
@@ -154,7 +159,11 @@ void run_step(const StepBenchOptions& o) {
               {"preconditioning_compute_steps", window},
               {"max_inverse_root_error", worst},
               {"seconds_per_step_by_phase", breakdown},
-              {"gemm_launches_per_step", double(shampoo.gemm_launches()) / steps}});
+              {"gemm_launches_per_step", double(shampoo.gemm_launches()) / steps},
+              {"product_gflop_per_step", product_flops / 1e9},
+              {"gemm_gflops", gemm_rate},
+              {"product_floor_seconds", product_floor},
+              {"product_floor_ratio_to_adam", product_floor / adam_seconds}});
     }
     // SOAP with the set's Shampoo blocking (its bases refreshed every preconditioning_compute_steps,
     // the same window), its blocks split over the ranks; Muon, its matrices split over the ranks.

@@ -385,6 +385,35 @@ TEST(Shampoo, BadArgumentsAreNamed) {
   EXPECT_THROW((Shampoo<Space, float>(Space(), {{"w", {2}}, {"w", {3}}}, ShampooOptions{})), lather::Error);
 }
 
+// product_flops counts the statistics' and the preconditioning's products block by block, by
+// hand from the shapes: [6, 4] in blocks of 4 is a 4x4 and a 2x4 block, [3] one block of 3, every
+// dimension preconditioned. A Gram matrix along a dimension of size n of a block of E elements is
+// 2 n E flops by GEMM and (n + 1) E by the host's syrk (the upper triangle), which writes in place
+// only statistics of the stack's full size (4 here; smaller ones go through a scratch by GEMM); a
+// contraction is 2 n E. Statistics every other step: the second step adds the preconditioning.
+TEST(Shampoo, ProductFlopsCountEveryBlocksProducts) {
+  ShampooOptions o;
+  o.block_size = 4;
+  o.best_effort_shape_interpretation = false;
+  o.statistics_compute_steps = 2;
+  const std::vector<Shape> shapes = {{6, 4}, {3}};
+  Shampoo<Space, double> shampoo(Space(), specs_for(shapes), o);
+  auto params = initial(shapes);
+  auto device = to_device<double>(params);
+  // (n, E) of every preconditioned dimension of every block.
+  const std::vector<std::pair<double, double>> dims = {{4, 16}, {4, 16}, {2, 8}, {4, 8}, {3, 3}};
+  double gram = 0, contraction = 0;
+  for (const auto& [n, e] : dims) {
+    gram += lather::Impl::runs_on_host<Space> && n == 4 ? (n + 1) * e : 2 * n * e;
+    contraction += 2 * n * e;
+  }
+  EXPECT_EQ(shampoo.product_flops(), 0.0);
+  shampoo.step(Space(), device, to_device<double>(gradients(params, 0)));
+  EXPECT_EQ(shampoo.product_flops(), gram + contraction);
+  shampoo.step(Space(), device, to_device<double>(gradients(params, 1)));
+  EXPECT_EQ(shampoo.product_flops(), gram + 2 * contraction);
+}
+
 // The memory report adds up the stacks and the local state: float stacks [N, max, max] twice,
 // momentum and diagonal momentum per element, diagonal statistics for an AdaGrad graft.
 TEST(Shampoo, MemoryReportCountsState) {

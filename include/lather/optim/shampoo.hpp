@@ -117,6 +117,10 @@ class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
   /// GEMM launches since construction (statistics, preconditioning and roots; a batched call is
   /// one launch).
   long gemm_launches() const;
+  /// Floating-point operations of this rank's statistics and preconditioning products since
+  /// construction (the roots left out), as its BLAS computes them (syrk: the upper triangle).
+  /// Divided by a GEMM rate, the least time those products can take.
+  double product_flops() const;
 
  protected:
   void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;

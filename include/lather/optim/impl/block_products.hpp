@@ -61,6 +61,10 @@ class BlockProducts {
   }
   /// GEMM launches since construction.
   long launches() const { return m_launches; }
+  /// Floating-point operations of the products since construction, as the BLAS computes them:
+  /// a Gram matrix of an n-sized dimension of a block of E elements 2 n E by GEMM, n (n + 1) E / n
+  /// by syrk (the upper triangle); a contraction with a preconditioner 2 n E.
+  double flops() const { return m_flops; }
 
   /// statistics(slot) <- w1 * statistics + w2 * (Gram matrix of the block along each dimension),
   /// for every unit of every group; `packed` holds the blocks (statistics precision).
@@ -87,6 +91,7 @@ class BlockProducts {
         // S = w2 X X^T + w1 S, with no Gram scratch and no blend pass.
         if (T* slots = statistics.contiguous(first_slot, int(n))) {
           if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
+            m_flops += double(units) * double(n + 1) * double(elements);
             // On the host, BLAS syrk: the upper triangles only, half the flops; the lower ones
             // are filled in by symmetrize() before anything reads the statistics.
             ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before syrk");
@@ -96,6 +101,7 @@ class BlockProducts {
             continue;
           }
           gram_products(space, first, elements, int(n), before, after, w2, w1, slots, square, units);
+          m_flops += 2.0 * double(units) * double(n) * double(elements);
           continue;
         }
         // As many of the group's units at once as the Gram scratch holds.
@@ -104,6 +110,7 @@ class BlockProducts {
           const int count = int(std::min<std::int64_t>(units - begin, (m_gram_capacity - used) / square));
           gram_products(space, first + begin * elements, elements, int(n), before, after, T(1), T(0),
                         m_grams.data() + used, square, count);
+          m_flops += 2.0 * double(count) * double(n) * double(elements);
           for (int k = 0; k < count; ++k) {
             list.add(first_slot + begin + k, int(n), used, int(n));
             used += square;
@@ -217,6 +224,7 @@ class BlockProducts {
     const int d = group.dims[std::size_t(j)];
     const std::int64_t n = group.size[std::size_t(d)];
     const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
+    m_flops += 2.0 * double(count) * double(n) * double(elements);
     if (before == 1)  // P^T X with X [n, after]
       m_launches += gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p, x, elements,
                                          T(0), y, elements, count);
@@ -240,6 +248,7 @@ class BlockProducts {
   std::int64_t m_gram_capacity = 1;
   Flat m_grams, m_gram_scratch, m_matrices, m_work;
   long m_launches = 0;
+  double m_flops = 0;
   bool m_upper_only = false;
 };
 

@@ -68,6 +68,7 @@ class ShampooEngineBase {
   virtual void measure_phases(bool on) = 0;
   virtual std::vector<std::pair<std::string, double>> phase_seconds() const = 0;
   virtual long gemm_launches() const = 0;
+  virtual double product_flops() const = 0;
 };
 
 template <class ExecutionSpace, class Scalar, class T>
@@ -255,6 +256,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     return {m_phase_seconds.begin(), m_phase_seconds.end()};
   }
   long gemm_launches() const override { return m_products->launches() + m_root_gemm_calls; }
+  double product_flops() const override { return m_products->flops(); }
 
   StateMemoryReport memory_report() const override;
   std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;

@@ -90,6 +90,10 @@ long Shampoo<ExecutionSpace, Scalar>::gemm_launches() const {
   return m_engine->gemm_launches();
 }
 template <class ExecutionSpace, class Scalar>
+double Shampoo<ExecutionSpace, Scalar>::product_flops() const {
+  return m_engine->product_flops();
+}
+template <class ExecutionSpace, class Scalar>
 const ShampooOptions& Shampoo<ExecutionSpace, Scalar>::options() const {
   return m_engine->options();
 }
