@@ -62,8 +62,9 @@ class BlockProducts {
   /// GEMM launches since construction.
   long launches() const { return m_launches; }
   /// Floating-point operations of the products since construction, as the BLAS computes them:
-  /// a Gram matrix of an n-sized dimension of a block of E elements 2 n E by GEMM, n (n + 1) E / n
-  /// by syrk (the upper triangle); a contraction with a preconditioner 2 n E.
+  /// a Gram matrix along a dimension of size n of a block of E elements 2 n E by GEMM, (n + 1) E
+  /// by syrk (the upper triangle); a contraction with a preconditioner 2 n E. Counted beside the
+  /// launches, in the helpers that make them.
   double flops() const { return m_flops; }
 
   /// statistics(slot) <- w1 * statistics + w2 * (Gram matrix of the block along each dimension),
@@ -91,7 +92,6 @@ class BlockProducts {
         // S = w2 X X^T + w1 S, with no Gram scratch and no blend pass.
         if (T* slots = statistics.contiguous(first_slot, int(n))) {
           if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-            m_flops += double(units) * double(n + 1) * double(elements);
             // On the host, BLAS syrk: the upper triangles only, half the flops; the lower ones
             // are filled in by symmetrize() before anything reads the statistics.
             ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before syrk");
@@ -101,7 +101,6 @@ class BlockProducts {
             continue;
           }
           gram_products(space, first, elements, int(n), before, after, w2, w1, slots, square, units);
-          m_flops += 2.0 * double(units) * double(n) * double(elements);
           continue;
         }
         // As many of the group's units at once as the Gram scratch holds.
@@ -110,7 +109,6 @@ class BlockProducts {
           const int count = int(std::min<std::int64_t>(units - begin, (m_gram_capacity - used) / square));
           gram_products(space, first + begin * elements, elements, int(n), before, after, T(1), T(0),
                         m_grams.data() + used, square, count);
-          m_flops += 2.0 * double(count) * double(n) * double(elements);
           for (int k = 0; k < count; ++k) {
             list.add(first_slot + begin + k, int(n), used, int(n));
             used += square;
@@ -128,6 +126,7 @@ class BlockProducts {
   void gram_products(const ExecutionSpace& space, const T* x, std::int64_t elements, int n, std::int64_t before,
                      std::int64_t after, T alpha, T beta, T* c, std::int64_t stride_c, int count) {
     using lather::Impl::gemm_strided_batched;
+    m_flops += 2.0 * double(count) * double(n) * double(elements);
     if (before == 1)
       m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(after), alpha, x, elements, x, elements, beta, c,
                                          stride_c, count);
@@ -151,6 +150,7 @@ class BlockProducts {
       for (std::int64_t a = 0; a < before; ++a)
         host_gram_upper(false, n, int(after), alpha, x + a * n * after, a == 0 ? beta : T(1), c, n);
     m_launches += before > 1 && after > 1 ? long(before) : 1;
+    m_flops += double(n + 1) * double(before) * double(n) * double(after);
   }
 
   /// True when update_statistics left dense statistics with their upper triangles only: the
