@@ -3,8 +3,15 @@
 // bandwidth of the same disk in the same run: every rank writing (and reading back) its share with
 // plain POSIX I/O to its own file, fsync'ed, as the checkpoint is.
 //
-// The raw files live as checkpoints do: each repeat writes a new file and then deletes the
-// previous one (keep_last = 1). Overwriting one file in place is also reported
+// The raw baseline is the faster of two plain ways to move the bytes, each measured every repeat:
+// through the page cache, and with O_DIRECT (as checkpoints write). Which is faster depends on the
+// machine: on a VM whose balloon hands freed memory back to the host, allocating page-cache pages
+// can make cached writes several times slower than O_DIRECT ones, and a baseline of cached writes
+// alone would flatter the checkpoint.
+//
+// The raw files live as checkpoints do: each repeat writes new files, and the previous ones are
+// deleted untimed afterwards (a checkpoint's pruning runs in the background after the save
+// returns, and is waited for untimed here too). Overwriting one file in place is also reported
 // (raw_rewrite_gbps): on thin-provisioned or discard-mounted disks (cloud VMs) rewriting blocks
 // just freed can be several times faster than allocating new ones, which no crash-safe checkpoint
 // (always a new file, renamed into place) can use.
@@ -14,6 +21,9 @@
 // restart on a fresh node. A read that finds the bytes still cached measures memory copies (every
 // rank copying the replicated parameters, the checksums' pass) rather than the disk; those warm
 // reads are reported too (*_cached_*), right after the cold ones.
+//
+// Odd repeats time the checkpoint before the raw I/O, even ones after, so that a drift of the
+// disk's speed during a run does not favour either side.
 #include "bench_common.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
@@ -24,6 +34,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fcntl.h>
 #include <filesystem>
 #include <unistd.h>
@@ -34,7 +46,7 @@ namespace {
 struct CheckpointBenchOptions {
   std::vector<double> bytes = {1024.0 * 1024 * 1024};
   std::string directory = "lather-bench-checkpoint";
-  int repeats = 2;
+  int repeats = 3;
   bool scattered = false;  ///< rows owned round-robin (worst case of the balanced assignment)
 };
 
@@ -49,15 +61,57 @@ double timed(const comm::Group& world, Work&& work) {
   return world.allreduce(now() - start, comm::Combine::max);
 }
 
-void write_raw(const std::string& path, const std::vector<char>& data) {
+/// Page-aligned bytes, as O_DIRECT needs them.
+struct AlignedBytes {
+  explicit AlignedBytes(std::size_t n) : size(n) {
+    void* p = nullptr;
+    LATHER_REQUIRE(::posix_memalign(&p, page, std::max<std::size_t>(n, 1)) == 0, "cannot allocate ", n, " bytes");
+    data = static_cast<char*>(p);
+    std::memset(data, 1, n);
+  }
+  ~AlignedBytes() { std::free(data); }
+  AlignedBytes(const AlignedBytes&) = delete;
+  AlignedBytes& operator=(const AlignedBytes&) = delete;
+  static constexpr std::size_t page = 4096;
+  char* data = nullptr;
+  std::size_t size = 0;
+};
+
+/// Opens `path` with O_DIRECT where the file system allows it, else -1 (then the cache is used).
+int open_direct(const std::string& path, int flags) {
+#ifdef O_DIRECT
+  return ::open(path.c_str(), flags | O_DIRECT, 0644);
+#else
+  (void)path, (void)flags;
+  return -1;
+#endif
+}
+
+/// Moves [from, to) of `data` through `fd` with pwrite or pread, whole calls at a time.
+template <class Transfer>
+void transfer(Transfer&& call, int fd, char* data, std::size_t from, std::size_t to, const std::string& what) {
+  while (from < to) {
+    const ssize_t n = call(fd, data + from, to - from, off_t(from));
+    LATHER_REQUIRE(n > 0, what, " failed");
+    from += std::size_t(n);
+  }
+}
+
+/// Writes `data` to a new file `path` and fsyncs it: through the page cache, or with `direct` the
+/// whole pages with O_DIRECT (as checkpoints are written) and the tail through the cache.
+void write_raw(const std::string& path, const AlignedBytes& data, bool direct) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   LATHER_REQUIRE(fd >= 0, "cannot create '", path, "'");
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    LATHER_REQUIRE(n > 0, "write to '", path, "' failed");
-    done += std::size_t(n);
+  std::size_t cached_from = 0;
+  if (direct) {
+    const int direct_fd = open_direct(path, O_WRONLY);
+    if (direct_fd >= 0) {
+      cached_from = data.size / AlignedBytes::page * AlignedBytes::page;
+      transfer(::pwrite, direct_fd, data.data, 0, cached_from, "O_DIRECT write to '" + path + "'");
+      ::close(direct_fd);
+    }
   }
+  transfer(::pwrite, fd, data.data, cached_from, data.size, "write to '" + path + "'");
   ::fsync(fd);
   ::close(fd);
 }
@@ -67,15 +121,20 @@ void remove_file(const std::string& path) {
   std::filesystem::remove(path, ec);
 }
 
-void read_raw(const std::string& path, std::vector<char>& data) {
+/// Reads `path` into `data`: through the page cache, or with `direct` the whole pages with O_DIRECT.
+void read_raw(const std::string& path, AlignedBytes& data, bool direct) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   LATHER_REQUIRE(fd >= 0, "cannot open '", path, "'");
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
-    LATHER_REQUIRE(n > 0, "read of '", path, "' failed");
-    done += std::size_t(n);
+  std::size_t cached_from = 0;
+  if (direct) {
+    const int direct_fd = open_direct(path, O_RDONLY);
+    if (direct_fd >= 0) {
+      cached_from = data.size / AlignedBytes::page * AlignedBytes::page;
+      transfer(::pread, direct_fd, data.data, 0, cached_from, "O_DIRECT read of '" + path + "'");
+      ::close(direct_fd);
+    }
   }
+  transfer(::pread, fd, data.data, cached_from, data.size, "read of '" + path + "'");
   ::close(fd);
 }
 
@@ -138,23 +197,30 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     const std::int64_t parameter_share =
         parameter_elements * (rank + 1) / ranks - parameter_elements * rank / ranks;  // the checkpoint's split
     const std::size_t mine = stack_data.size() * 4 + std::size_t(parameter_share) * 4;
-    std::vector<char> raw(mine, 1);
-    auto raw_path = [&](long k) {
-      return (fs::path(o.directory) / ("raw-" + std::to_string(rank) + "-" + std::to_string(k) + ".bin")).string();
+    AlignedBytes raw(mine);
+    auto raw_path = [&](const char* kind, long k) {
+      return (fs::path(o.directory) / ("raw-" + std::string(kind) + "-" + std::to_string(rank) + "-" + std::to_string(k) + ".bin"))
+          .string();
     };
 
-    double best_write = 1e300, best_read = 1e300, best_raw_write = 1e300, best_raw_read = 1e300;
-    double best_raw_rewrite = 1e300, best_cached_read = 1e300, best_raw_cached_read = 1e300;
-    for (int repeat = 0; repeat < o.repeats; ++repeat) {
+    double best_write = 1e300, best_read = 1e300, best_cached_read = 1e300;
+    double best_raw_write[2] = {1e300, 1e300}, best_raw_read[2] = {1e300, 1e300};  // [page cache, O_DIRECT]
+    double best_raw_rewrite = 1e300, best_raw_cached_read = 1e300;
+    const char* kinds[2] = {"page-cache", "direct"};
+    auto time_raw = [&] {
       const long raw_step = ++raw_files;
-      best_raw_write = std::min(best_raw_write, timed(world, [&] {
-                                  write_raw(raw_path(raw_step), raw);
-                                  remove_file(raw_path(raw_step - 1));  // as pruning does
-                                }));
-      evict(raw_path(raw_step));
-      best_raw_read = std::min(best_raw_read, timed(world, [&] { read_raw(raw_path(raw_step), raw); }));
-      best_raw_cached_read = std::min(best_raw_cached_read, timed(world, [&] { read_raw(raw_path(raw_step), raw); }));
-      best_raw_rewrite = std::min(best_raw_rewrite, timed(world, [&] { write_raw(raw_path(raw_step), raw); }));
+      for (int direct = 0; direct < 2; ++direct) {
+        const std::string path = raw_path(kinds[direct], raw_step);
+        best_raw_write[direct] = std::min(best_raw_write[direct], timed(world, [&] { write_raw(path, raw, direct == 1); }));
+        remove_file(raw_path(kinds[direct], raw_step - 1));  // untimed, as the checkpoint's pruning
+        evict(path);
+        best_raw_read[direct] = std::min(best_raw_read[direct], timed(world, [&] { read_raw(path, raw, direct == 1); }));
+      }
+      const std::string path = raw_path(kinds[0], raw_step);
+      best_raw_cached_read = std::min(best_raw_cached_read, timed(world, [&] { read_raw(path, raw, false); }));
+      best_raw_rewrite = std::min(best_raw_rewrite, timed(world, [&] { write_raw(path, raw, false); }));
+    };
+    auto time_checkpoint = [&] {
       std::string file;
       best_write = std::min(best_write, timed(world, [&] { file = checkpointer.save(++step, {stack, parameters}, {}); }));
       // The previous checkpoint is deleted on a helper thread after the save returns; in training
@@ -165,8 +231,19 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
       best_read = std::min(best_read, timed(world, [&] { checkpointer.load(file, {stack, read_parameters}); }));
       best_cached_read =
           std::min(best_cached_read, timed(world, [&] { checkpointer.load(file, {stack, read_parameters}); }));
+    };
+    for (int repeat = 0; repeat < o.repeats; ++repeat) {
+      if (repeat % 2 == 0) {
+        time_raw();
+        time_checkpoint();
+      } else {
+        time_checkpoint();
+        time_raw();
+      }
     }
-    remove_file(raw_path(raw_files));
+    for (const char* kind : kinds) remove_file(raw_path(kind, raw_files));
+    const double raw_write = std::min(best_raw_write[0], best_raw_write[1]);
+    const double raw_read = std::min(best_raw_read[0], best_raw_read[1]);
     const double gb = total_bytes / 1e9;
     if (rank == 0)
       emit({{"bench", "checkpoint"},
@@ -175,11 +252,15 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
             {"layout", o.scattered ? "scattered" : "contiguous"},
             {"write_gbps", gb / best_write},
             {"read_gbps", gb / best_read},
-            {"raw_write_gbps", gb / best_raw_write},
-            {"raw_read_gbps", gb / best_raw_read},
+            {"raw_write_gbps", gb / raw_write},
+            {"raw_read_gbps", gb / raw_read},
+            {"raw_write_page_cache_gbps", gb / best_raw_write[0]},
+            {"raw_write_direct_gbps", gb / best_raw_write[1]},
+            {"raw_read_page_cache_gbps", gb / best_raw_read[0]},
+            {"raw_read_direct_gbps", gb / best_raw_read[1]},
             {"raw_rewrite_gbps", gb / best_raw_rewrite},
-            {"ratio_write", best_raw_write / best_write},
-            {"ratio_read", best_raw_read / best_read},
+            {"ratio_write", raw_write / best_write},
+            {"ratio_read", raw_read / best_read},
             {"read_cached_gbps", gb / best_cached_read},
             {"raw_read_cached_gbps", gb / best_raw_cached_read},
             {"ratio_read_cached", best_raw_cached_read / best_cached_read},
