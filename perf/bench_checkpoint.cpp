@@ -87,55 +87,40 @@ int open_direct(const std::string& path, int flags) {
 #endif
 }
 
-/// Moves [from, to) of `data` through `fd` with pwrite or pread, whole calls at a time.
-template <class Transfer>
-void transfer(Transfer&& call, int fd, char* data, std::size_t from, std::size_t to, const std::string& what) {
-  while (from < to) {
-    const ssize_t n = call(fd, data + from, to - from, off_t(from));
-    LATHER_REQUIRE(n > 0, what, " failed");
-    from += std::size_t(n);
-  }
-}
-
-/// Writes `data` to a new file `path` and fsyncs it: through the page cache, or with `direct` the
-/// whole pages with O_DIRECT (as checkpoints are written) and the tail through the cache.
-void write_raw(const std::string& path, const AlignedBytes& data, bool direct) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  LATHER_REQUIRE(fd >= 0, "cannot create '", path, "'");
+/// Writes `data` to a new file `path` and fsyncs it (`writing`), or reads the file into `data`:
+/// through the page cache, or with `direct` the whole pages with O_DIRECT (as checkpoints write)
+/// and the tail through the cache.
+void move_raw(const std::string& path, AlignedBytes& data, bool direct, bool writing) {
+  const int fd = ::open(path.c_str(), writing ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY, 0644);
+  LATHER_REQUIRE(fd >= 0, "cannot open '", path, "'");
+  auto transfer = [&](int through, std::size_t from, std::size_t to) {
+    while (from < to) {
+      const ssize_t n = writing ? ::pwrite(through, data.data + from, to - from, off_t(from))
+                                : ::pread(through, data.data + from, to - from, off_t(from));
+      LATHER_REQUIRE(n > 0, writing ? "write to '" : "read of '", path, "' failed");
+      from += std::size_t(n);
+    }
+  };
   std::size_t cached_from = 0;
   if (direct) {
-    const int direct_fd = open_direct(path, O_WRONLY);
+    const int direct_fd = open_direct(path, writing ? O_WRONLY : O_RDONLY);
     if (direct_fd >= 0) {
       cached_from = data.size / AlignedBytes::page * AlignedBytes::page;
-      transfer(::pwrite, direct_fd, data.data, 0, cached_from, "O_DIRECT write to '" + path + "'");
+      transfer(direct_fd, 0, cached_from);
       ::close(direct_fd);
     }
   }
-  transfer(::pwrite, fd, data.data, cached_from, data.size, "write to '" + path + "'");
-  ::fsync(fd);
+  transfer(fd, cached_from, data.size);
+  if (writing) ::fsync(fd);
   ::close(fd);
 }
+
+void write_raw(const std::string& path, AlignedBytes& data, bool direct) { move_raw(path, data, direct, true); }
+void read_raw(const std::string& path, AlignedBytes& data, bool direct) { move_raw(path, data, direct, false); }
 
 void remove_file(const std::string& path) {
   std::error_code ec;
   std::filesystem::remove(path, ec);
-}
-
-/// Reads `path` into `data`: through the page cache, or with `direct` the whole pages with O_DIRECT.
-void read_raw(const std::string& path, AlignedBytes& data, bool direct) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  LATHER_REQUIRE(fd >= 0, "cannot open '", path, "'");
-  std::size_t cached_from = 0;
-  if (direct) {
-    const int direct_fd = open_direct(path, O_RDONLY);
-    if (direct_fd >= 0) {
-      cached_from = data.size / AlignedBytes::page * AlignedBytes::page;
-      transfer(::pread, direct_fd, data.data, 0, cached_from, "O_DIRECT read of '" + path + "'");
-      ::close(direct_fd);
-    }
-  }
-  transfer(::pread, fd, data.data, cached_from, data.size, "read of '" + path + "'");
-  ::close(fd);
 }
 
 /// Writes back and drops the cached pages of `path`, so the next read comes from the disk.

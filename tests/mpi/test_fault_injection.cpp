@@ -361,30 +361,27 @@ nn::TransformerConfig small_transformer() {
   return config;
 }
 
-/// Mlp split over all ranks, failing as it allocates and initialises its parameters: every shard
-/// throws, and a model built next holds the same initial values as one built beside it.
-void mlp_construct_case(int failing) {
-  const int size = world_size();
-  const comm::Mesh mesh(MPI_COMM_WORLD, size);
-  const std::vector<int> sizes = {6, 4 * size, 2 * size, 3};
-  if (expect_failure_everywhere("mlp.construct", failing, [&] { nn::Mlp<Exec> model(Exec(), sizes, 7, mesh); }) !=
-      size)
-    return;
-  nn::Mlp<Exec> model(Exec(), sizes, 7, mesh), fresh(Exec(), sizes, 7, mesh);
+/// A model split over all ranks, failing as it allocates and initialises its parameters: every
+/// shard throws, and a model built next holds the same initial values as one built beside it.
+template <class Build>
+void construct_case(const char* point, int failing, const Build& build) {
+  if (expect_failure_everywhere(point, failing, [&] { auto model = build(); }) != world_size()) return;
+  auto model = build(), fresh = build();
   EXPECT_EQ(test::host_vectors(model.parameters().values()), test::host_vectors(fresh.parameters().values()));
 }
 
-/// The same for the Transformer (12 heads: 1 to 4 shards).
+void mlp_construct_case(int failing) {
+  const comm::Mesh mesh(MPI_COMM_WORLD, world_size());
+  const std::vector<int> sizes = {6, 4 * world_size(), 2 * world_size(), 3};
+  construct_case("mlp.construct", failing, [&] { return nn::Mlp<Exec>(Exec(), sizes, 7, mesh); });
+}
+
+/// The Transformer has 12 heads: 1 to 4 shards.
 void transformer_construct_case(int failing) {
-  const int size = world_size();
-  const comm::Mesh mesh(MPI_COMM_WORLD, size);
+  const comm::Mesh mesh(MPI_COMM_WORLD, world_size());
   const nn::TransformerConfig config = small_transformer();
-  using Model = nn::Transformer<Exec, double>;
-  if (expect_failure_everywhere("transformer.construct", failing, [&] { Model model(Exec(), config, 3, mesh); }) !=
-      size)
-    return;
-  Model model(Exec(), config, 3, mesh), fresh(Exec(), config, 3, mesh);
-  EXPECT_EQ(test::host_vectors(model.parameters().values()), test::host_vectors(fresh.parameters().values()));
+  construct_case("transformer.construct", failing,
+                 [&] { return nn::Transformer<Exec, double>(Exec(), config, 3, mesh); });
 }
 
 /// Transformer split over all ranks (12 heads: 1 to 4 shards): the next evaluation equals a
