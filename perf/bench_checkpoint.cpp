@@ -27,6 +27,7 @@
 #include "bench_common.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
+#include <lather/checkpoint/page_aligned.hpp>
 #include <lather/comm/group.hpp>
 #include <lather/core/error.hpp>
 
@@ -61,21 +62,10 @@ double timed(const comm::Group& world, Work&& work) {
   return world.allreduce(now() - start, comm::Combine::max);
 }
 
-/// Page-aligned bytes, as O_DIRECT needs them.
-struct AlignedBytes {
-  explicit AlignedBytes(std::size_t n) : size(n) {
-    void* p = nullptr;
-    LATHER_REQUIRE(::posix_memalign(&p, page, std::max<std::size_t>(n, 1)) == 0, "cannot allocate ", n, " bytes");
-    data = static_cast<char*>(p);
-    std::memset(data, 1, n);
-  }
-  ~AlignedBytes() { std::free(data); }
-  AlignedBytes(const AlignedBytes&) = delete;
-  AlignedBytes& operator=(const AlignedBytes&) = delete;
-  static constexpr std::size_t page = 4096;
-  char* data = nullptr;
-  std::size_t size = 0;
-};
+/// The raw baseline's bytes: the same kind of memory as the checkpoint's (page-aligned, as
+/// O_DIRECT needs them, and offered to huge pages), so that neither side gains from its memory.
+using RawBytes = checkpoint::PageAlignedVector<char>;
+constexpr std::size_t page = 4096;
 
 /// Opens `path` with O_DIRECT where the file system allows it, else -1 (then the cache is used).
 int open_direct(const std::string& path, int flags) {
@@ -90,13 +80,13 @@ int open_direct(const std::string& path, int flags) {
 /// Writes `data` to a new file `path` and fsyncs it (`writing`), or reads the file into `data`:
 /// through the page cache, or with `direct` the whole pages with O_DIRECT (as checkpoints write)
 /// and the tail through the cache.
-void move_raw(const std::string& path, AlignedBytes& data, bool direct, bool writing) {
+void move_raw(const std::string& path, RawBytes& data, bool direct, bool writing) {
   const int fd = ::open(path.c_str(), writing ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY, 0644);
   LATHER_REQUIRE(fd >= 0, "cannot open '", path, "'");
   auto transfer = [&](int through, std::size_t from, std::size_t to) {
     while (from < to) {
-      const ssize_t n = writing ? ::pwrite(through, data.data + from, to - from, off_t(from))
-                                : ::pread(through, data.data + from, to - from, off_t(from));
+      const ssize_t n = writing ? ::pwrite(through, data.data() + from, to - from, off_t(from))
+                                : ::pread(through, data.data() + from, to - from, off_t(from));
       LATHER_REQUIRE(n > 0, writing ? "write to '" : "read of '", path, "' failed");
       from += std::size_t(n);
     }
@@ -105,18 +95,18 @@ void move_raw(const std::string& path, AlignedBytes& data, bool direct, bool wri
   if (direct) {
     const int direct_fd = open_direct(path, writing ? O_WRONLY : O_RDONLY);
     if (direct_fd >= 0) {
-      cached_from = data.size / AlignedBytes::page * AlignedBytes::page;
+      cached_from = data.size() / page * page;
       transfer(direct_fd, 0, cached_from);
       ::close(direct_fd);
     }
   }
-  transfer(fd, cached_from, data.size);
+  transfer(fd, cached_from, data.size());
   if (writing) ::fsync(fd);
   ::close(fd);
 }
 
-void write_raw(const std::string& path, AlignedBytes& data, bool direct) { move_raw(path, data, direct, true); }
-void read_raw(const std::string& path, AlignedBytes& data, bool direct) { move_raw(path, data, direct, false); }
+void write_raw(const std::string& path, RawBytes& data, bool direct) { move_raw(path, data, direct, true); }
+void read_raw(const std::string& path, RawBytes& data, bool direct) { move_raw(path, data, direct, false); }
 
 void remove_file(const std::string& path) {
   std::error_code ec;
@@ -163,7 +153,7 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
       for (std::int64_t r = rank; r < stack_rows; r += ranks) stack.rows.push_back(r);
     else
       for (std::int64_t r = stack_rows * rank / ranks; r < stack_rows * (rank + 1) / ranks; ++r) stack.rows.push_back(r);
-    std::vector<float> stack_data(stack.rows.size() * row);
+    checkpoint::PageAlignedVector<float> stack_data(stack.rows.size() * row);
     for (std::size_t k = 0; k < stack_data.size(); ++k) stack_data[k] = float(k % 1000) * 1e-3f;
     stack.data = stack_data.data();
     checkpoint::ArraySlice parameters;
@@ -171,7 +161,7 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     parameters.dtype = optim::DType::float32;
     parameters.shape = {parameter_elements};
     parameters.writer = true;
-    std::vector<float> parameter_data(parameter_elements, 0.5f);
+    checkpoint::PageAlignedVector<float> parameter_data(parameter_elements, 0.5f);
     parameters.data = parameter_data.data();
 
     checkpoint::CheckpointOptions options;
@@ -182,7 +172,7 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     const std::int64_t parameter_share =
         parameter_elements * (rank + 1) / ranks - parameter_elements * rank / ranks;  // the checkpoint's split
     const std::size_t mine = stack_data.size() * 4 + std::size_t(parameter_share) * 4;
-    AlignedBytes raw(mine);
+    RawBytes raw(mine, char(1));
     auto raw_path = [&](const char* kind, long k) {
       return (fs::path(o.directory) / ("raw-" + std::string(kind) + "-" + std::to_string(rank) + "-" + std::to_string(k) + ".bin"))
           .string();

@@ -1,4 +1,5 @@
 #include <lather/checkpoint/checkpoint.hpp>
+#include <lather/checkpoint/page_aligned.hpp>
 
 #include "directory.hpp"
 #include "file_format.hpp"
@@ -122,13 +123,16 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   // still takes part in the exchanges of rows and checksums; the ranks agree on it after them.
   std::string error;
   {
+    // Copies of an array's rows, sorted or gathered from other ranks. Declared before the writer,
+    // which writes from them on its helper thread: on an exception the writer is destroyed (and
+    // waits for its queue) first.
+    PageAlignedVector<char> sorted, bytes;
     PlacedWriter writer(temporary, m_options.fsync, m_options.direct_io);
     for (std::size_t k = 0; k < arrays.size(); ++k) {
       const auto& a = arrays[k];
       if (element_count(a.shape) == 0) continue;
       const std::string where = "dataset '" + a.path + "'";
       const auto dims = stored_dims(a.shape);
-      std::vector<char> sorted;
       const void* source = a.data;
       if (!rows_sorted(a) && a.elements() > 0) {
         sorted.resize(a.bytes());
@@ -140,7 +144,6 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         // contiguous ranges), then each run of rows is one write.
         ArraySlice contiguous = a;
         contiguous.writer = true;
-        std::vector<char> bytes;
         if (!rows_in_place(m_group, a, true)) {
           std::tie(contiguous.rows, bytes) = gather_contiguous_rows(m_group, a, static_cast<const char*>(source));
           source = bytes.data();
@@ -149,8 +152,9 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         }
         const std::size_t bytes_per_row = row_bytes(a);
         const std::int64_t row = std::int64_t(bytes_per_row / optim::size_of(a.dtype));
-        // In pieces of about 1 MiB: each piece's checksum terms are added right after its write
-        // has read it, while it is in cache, and the disk writes the previous pieces meanwhile.
+        // In pieces of about 1 MiB: each piece's checksum terms are added while the disk writes it
+        // (from page-aligned memory, on the writer's helper thread), or right after its staged
+        // write has read it into cache.
         const std::int64_t piece_rows = std::max<std::int64_t>(1, std::int64_t((std::size_t(1) << 20) / bytes_per_row));
         std::int64_t at = 0, counted_to = 0;
         for (const auto& [run_first, run_rows] : row_runs(contiguous)) {
@@ -169,6 +173,7 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
           counted_to = std::max(counted_to, run_first + run_rows);
           at += run_rows;
         }
+        if (source != a.data) writer.wait();  // before the copies change
         continue;
       }
       // A whole array or a block: this rank writes its share of the rows. Ranks holding the same
@@ -188,8 +193,9 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
       writer.write_box(static_cast<const char*>(source) + std::size_t(first) * block_row_bytes, dims, start, count,
                        optim::size_of(a.dtype), offsets[k], where);
       checks.add_selection(k, source);
+      if (source != a.data) writer.wait();
     }
-    if (m_options.fsync) writer.flush();
+    writer.flush();
     error = writer.error();
   }
   // One allreduce sums every rank's checksum terms; then the ranks agree on any failure.

@@ -100,11 +100,20 @@ PlacedWriter::PlacedWriter(const std::string& file, bool durable, bool direct) :
 }
 
 PlacedWriter::~PlacedWriter() {
+  if (m_thread.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(m_mutex);
+      m_stopping = true;
+    }
+    m_changed.notify_all();
+    m_thread.join();  // after the queue is empty
+  }
   if (m_fd >= 0) ::close(m_fd);
   if (m_direct_fd >= 0) ::close(m_direct_fd);
 }
 
-bool PlacedWriter::write_all(int fd, const char* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
+bool PlacedWriter::write_all(int fd, const char* data, std::size_t bytes, std::int64_t offset, const std::string& where,
+                             std::string& error) const {
   std::size_t done = 0;
   while (done < bytes) {
     const ssize_t n = ::pwrite(fd, data + done, bytes - done, off_t(offset) + off_t(done));
@@ -112,9 +121,9 @@ bool PlacedWriter::write_all(int fd, const char* data, std::size_t bytes, std::i
     // O_DIRECT refused for this file or buffer: the caller writes these bytes through the cache.
     if (n < 0 && errno == EINVAL && fd == m_direct_fd && done == 0) return false;
     if (n <= 0) {
-      m_error = "checkpoint '" + m_file + "' " + where + ": write of " + std::to_string(bytes - done) +
-                " bytes at offset " + std::to_string(offset + std::int64_t(done)) +
-                " failed: " + (n < 0 ? std::strerror(errno) : "nothing written");
+      error = "checkpoint '" + m_file + "' " + where + ": write of " + std::to_string(bytes - done) +
+              " bytes at offset " + std::to_string(offset + std::int64_t(done)) +
+              " failed: " + (n < 0 ? std::strerror(errno) : "nothing written");
       return true;
     }
     done += std::size_t(n);
@@ -124,7 +133,7 @@ bool PlacedWriter::write_all(int fd, const char* data, std::size_t bytes, std::i
 
 void PlacedWriter::write_cached(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
   if (!m_error.empty() || bytes == 0) return;
-  write_all(m_fd, data, bytes, offset, where);
+  write_all(m_fd, data, bytes, offset, where, m_error);
   m_first = m_first < 0 ? offset : std::min(m_first, offset);
   m_last = std::max(m_last, offset + std::int64_t(bytes));
 #ifdef __linux__
@@ -133,18 +142,69 @@ void PlacedWriter::write_cached(const char* data, std::size_t bytes, std::int64_
 #endif
 }
 
+void PlacedWriter::queue(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
+  {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_queue.push_back({data, bytes, offset, where});
+  }
+  if (!m_thread.joinable()) m_thread = std::thread([this] { write_queued(); });
+  m_changed.notify_all();
+}
+
+void PlacedWriter::write_queued() {
+  // Writes that continue each other, in memory and in the file, go as one request of up to this
+  // many bytes: the disk gets requests as large as one write of the whole share would make.
+  constexpr std::size_t request_bytes = std::size_t(64) << 20;
+  std::unique_lock<std::mutex> lock(m_mutex);
+  for (;;) {
+    m_changed.wait(lock, [&] { return m_stopping || !m_queue.empty(); });
+    if (m_queue.empty()) return;
+    QueuedWrite next = std::move(m_queue.front());
+    m_queue.pop_front();
+    while (!m_queue.empty() && next.bytes < request_bytes && m_queue.front().data == next.data + next.bytes &&
+           m_queue.front().offset == next.offset + std::int64_t(next.bytes)) {
+      next.bytes += m_queue.front().bytes;
+      m_queue.pop_front();
+    }
+    m_writing = true;
+    const bool failed = !m_queue_error.empty();  // after a failure the rest is not written
+    lock.unlock();
+    std::string error;
+    if (!failed && !write_all(m_direct_fd, next.data, next.bytes, next.offset, next.where, error))
+      error = "checkpoint '" + m_file + "' " + next.where + ": O_DIRECT refused after earlier writes took it";
+    lock.lock();
+    if (m_queue_error.empty()) m_queue_error = error;
+    m_writing = false;
+    m_changed.notify_all();
+  }
+}
+
+void PlacedWriter::wait() {
+  if (!m_thread.joinable()) return;
+  std::unique_lock<std::mutex> lock(m_mutex);
+  m_changed.wait(lock, [&] { return m_queue.empty() && !m_writing; });
+  if (m_error.empty()) m_error = m_queue_error;
+}
+
 bool PlacedWriter::write_direct(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
   // O_DIRECT wants the memory aligned too (to the disk's sector; some file systems, older Lustre
-  // among them, want whole pages): sources not on a page boundary are staged.
+  // among them, want whole pages): sources on a page boundary go straight from the caller's
+  // memory, on the helper thread once the file has taken one such write (the first is written
+  // here, so that a refusal falls back to the cache); other sources are staged.
   if (reinterpret_cast<std::uintptr_t>(data) % std::uintptr_t(page) == 0) {
-    if (!write_all(m_direct_fd, data, bytes, offset, where)) return false;
+    if (m_direct_taken) {
+      queue(data, bytes, offset, where);
+    } else {
+      if (!write_all(m_direct_fd, data, bytes, offset, where, m_error)) return false;
+      m_direct_taken = m_error.empty();
+    }
   } else {
     if (!m_bounce) m_bounce.reset(static_cast<char*>(std::aligned_alloc(std::size_t(page), bounce_bytes)));
     if (!m_bounce) return false;  // through the cache then
     for (std::size_t done = 0; done < bytes && m_error.empty(); done += bounce_bytes) {
       const std::size_t n = std::min(bounce_bytes, bytes - done);
       std::memcpy(m_bounce.get(), data + done, n);
-      if (!write_all(m_direct_fd, m_bounce.get(), n, offset + std::int64_t(done), where)) {
+      if (!write_all(m_direct_fd, m_bounce.get(), n, offset + std::int64_t(done), where, m_error)) {
         if (done == 0) return false;
         m_error = "checkpoint '" + m_file + "' " + where + ": O_DIRECT refused in the middle of a write";
       }
@@ -167,6 +227,7 @@ void PlacedWriter::write(const void* data, std::size_t bytes, std::int64_t offse
       write_cached(from + (last_page - offset), std::size_t(end - last_page), last_page, where);
       return;
     }
+    wait();  // the helper thread may still be writing with it
     ::close(m_direct_fd);
     m_direct_fd = -1;
     write_cached(from + (first_page - offset), std::size_t(end - first_page), first_page, where);
@@ -203,8 +264,9 @@ void PlacedWriter::write_box(const void* data, const std::vector<hsize_t>& dims,
 }
 
 void PlacedWriter::flush() {
+  wait();
 #ifdef __linux__
-  if (!m_error.empty() || m_fd < 0 || m_last <= m_first) return;
+  if (!m_durable || !m_error.empty() || m_fd < 0 || m_last <= m_first) return;
   if (::sync_file_range(m_fd, off_t(m_first), off_t(m_last - m_first),
                         SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
     m_error = "checkpoint '" + m_file + "': write-back failed: " + std::strerror(errno);

@@ -31,8 +31,9 @@ std::size_t total(const std::vector<std::size_t>& counts) {
 
 }  // namespace
 
-std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(const comm::Group& group,
-                                                                              const ArraySlice& a, const char* data) {
+std::pair<std::vector<std::int64_t>, PageAlignedVector<char>> gather_contiguous_rows(const comm::Group& group,
+                                                                                    const ArraySlice& a,
+                                                                                    const char* data) {
   const int size = group.size();
   const std::int64_t n = a.shape[0];
   const std::size_t bytes_per_row = row_bytes(a);
@@ -45,7 +46,7 @@ std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(c
   // Rows are sorted, so rows for each target are consecutive in `data`: they are sent in place.
   std::vector<std::int64_t> rows(total(receive_rows));
   group.alltoallv(mine.data(), send_rows, rows.data(), receive_rows, sizeof(std::int64_t));
-  std::vector<char> bytes(rows.size() * bytes_per_row);
+  PageAlignedVector<char> bytes(rows.size() * bytes_per_row);
   group.alltoallv(data, send_rows, bytes.data(), receive_rows, bytes_per_row);
   if (std::is_sorted(rows.begin(), rows.end())) return {std::move(rows), std::move(bytes)};
   // From different senders the rows interleave: sort them with their bytes.
@@ -53,7 +54,7 @@ std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(c
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return rows[x] < rows[y]; });
   std::vector<std::int64_t> sorted_rows(rows.size());
-  std::vector<char> sorted_bytes(bytes.size());
+  PageAlignedVector<char> sorted_bytes(bytes.size());
   for (std::size_t k = 0; k < order.size(); ++k) {
     sorted_rows[k] = rows[order[k]];
     std::memcpy(sorted_bytes.data() + k * bytes_per_row, bytes.data() + order[k] * bytes_per_row, bytes_per_row);

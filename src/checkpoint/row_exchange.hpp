@@ -4,6 +4,7 @@
 // [k N / P, (k + 1) N / P), so every rank reads or writes at most one run of the file.
 
 #include <lather/checkpoint/checkpoint.hpp>
+#include <lather/checkpoint/page_aligned.hpp>
 #include <lather/comm/group.hpp>
 
 #include <cstdint>
@@ -18,8 +19,10 @@ inline std::int64_t first_row(std::int64_t k, std::int64_t n, int size) { return
 /// Before writing: this rank's rows (`data` holds them in ascending row order, whatever the order of
 /// a.rows; none unless a.writer) move to the ranks that write their ranges. Returns the rows this rank
 /// writes (sorted) and their bytes.
-std::pair<std::vector<std::int64_t>, std::vector<char>> gather_contiguous_rows(const comm::Group& group,
-                                                                              const ArraySlice& a, const char* data);
+/// The bytes are page-aligned, so that their whole pages go to the disk without a copy.
+std::pair<std::vector<std::int64_t>, PageAlignedVector<char>> gather_contiguous_rows(const comm::Group& group,
+                                                                                    const ArraySlice& a,
+                                                                                    const char* data);
 /// Whether every rank's rows (for writing: only a writer's) are exactly its range, in order -- the
 /// layout of a restart on the same rank count -- so that rows go straight between the caller's
 /// buffer and the file. One small allreduce.

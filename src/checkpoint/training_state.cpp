@@ -1,4 +1,5 @@
 #include <lather/checkpoint/checkpoint.hpp>
+#include <lather/checkpoint/page_aligned.hpp>
 
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
@@ -14,14 +15,15 @@ namespace {
 using HostBytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
 /// Host staging for one array: the bytes a rank reads into (`slice`), and the part it writes
-/// (`write`, a subset of the rows with its own compacted buffer, or the same as `slice`).
+/// (`write`, a subset of the rows with its own compacted buffer, or the same as `slice`). Both
+/// page-aligned: a save writes their whole pages to the disk with no further copy.
 struct Staged {
   ArraySlice slice;
-  std::vector<char> host;
+  PageAlignedVector<char> host;
   std::function<void()> to_device;  // after a load: copies on the caller's execution space
   bool partial_write = false;
   ArraySlice write;
-  std::vector<char> write_host;
+  PageAlignedVector<char> write_host;
 };
 
 /// The selection of a parameter-shaped array: whole, or this rank's block of the global tensor.

@@ -4,12 +4,15 @@
 // direct path is really taken where the file system allows it, and refused O_DIRECT falls back.
 #include "checkpoint/placed_writes.hpp"
 
+#include <lather/checkpoint/page_aligned.hpp>
+
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -19,6 +22,7 @@
 
 namespace {
 
+using lather::checkpoint::PageAlignedVector;
 using lather::checkpoint::Impl::PlacedWriter;
 
 unsigned char expected_byte(std::int64_t at) { return static_cast<unsigned char>((at * 131 + at / 4096) % 251); }
@@ -56,13 +60,14 @@ std::int64_t write_pieces(const std::string& path, std::int64_t size, bool direc
     at += n;
   }
   std::shuffle(pieces.begin(), pieces.end(), std::mt19937(7));
-  std::vector<unsigned char> source(std::size_t(size) + 4096 + 64);
+  // Each piece's own source, kept until flush() (page-aligned ones are written on a helper thread).
+  std::vector<PageAlignedVector<unsigned char>> sources;
   PlacedWriter writer(path, true, direct);
   std::size_t shift = 0;
   for (const auto& [offset, length] : pieces) {
     // The source at every alignment: 0, 1, ..., 63 bytes past a 4 KiB boundary.
-    unsigned char* base = source.data() + (4096 - reinterpret_cast<std::uintptr_t>(source.data()) % 4096) % 4096;
-    unsigned char* from = base + shift;
+    sources.emplace_back(std::size_t(length) + 64);
+    unsigned char* from = sources.back().data() + shift;
     shift = (shift + 1) % 64;
     for (std::int64_t i = 0; i < length; ++i) from[i] = expected_byte(offset + i);
     writer.write(from, std::size_t(length), offset, "test");
@@ -90,6 +95,38 @@ TEST(PlacedWriter, DirectAndCachedWritesPutEveryByteInPlace) {
     // Most of the file is whole pages of pieces longer than a page: those went directly.
     if (direct && direct_supported(path)) EXPECT_GT(direct_bytes, size / 2);
   }
+  std::filesystem::remove(path);
+}
+
+TEST(PlacedWriter, PageAlignedPiecesGoStraightAndWaitLetsTheCallerReuseTheirBytes) {
+  // A save's pattern: one page-aligned buffer handed over in consecutive 1 MiB pieces (queued for
+  // the helper thread and joined there into larger requests), then, after wait(), the same
+  // buffer refilled for the next array. A write still queued when the buffer changed would leave
+  // the second array's bytes in the first's place.
+  const std::string path = (std::filesystem::current_path() / "placed-writes-aligned.bin").string();
+  const std::int64_t half = 24 << 20, piece = 1 << 20;
+  {
+    std::ofstream create(path, std::ios::binary | std::ios::trunc);
+  }
+  std::filesystem::resize_file(path, std::uintmax_t(2 * half));
+  PageAlignedVector<unsigned char> buffer((std::size_t(half)));
+  std::int64_t direct_bytes = 0;
+  {
+    PlacedWriter writer(path, true, true);
+    std::vector<unsigned char> image(std::size_t(2 * half));  // refills by memcpy, faster than the disk
+    for (std::int64_t i = 0; i < 2 * half; ++i) image[std::size_t(i)] = expected_byte(i);
+    for (std::int64_t base : {std::int64_t(0), half}) {
+      std::memcpy(buffer.data(), image.data() + base, std::size_t(half));
+      for (std::int64_t at = 0; at < half; at += piece) writer.write(buffer.data() + at, std::size_t(piece), base + at, "test");
+      writer.wait();
+      EXPECT_EQ(writer.error(), "");
+    }
+    writer.flush();
+    EXPECT_EQ(writer.error(), "");
+    direct_bytes = writer.direct_bytes();
+  }
+  check_file(path, 2 * half);
+  if (direct_supported(path)) EXPECT_EQ(direct_bytes, 2 * half);
   std::filesystem::remove(path);
 }
 
