@@ -5,12 +5,14 @@
 
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <system_error>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -142,12 +144,22 @@ void PlacedWriter::write_cached(const char* data, std::size_t bytes, std::int64_
 #endif
 }
 
+bool PlacedWriter::helper_running() {
+  if (m_thread.joinable()) return true;
+  try {
+    ::lather::Impl::fault_point("checkpoint.writer_thread");
+    m_thread = std::thread([this] { write_queued(); });
+  } catch (const std::system_error&) {  // no thread to be had: this one writes
+    return false;
+  }
+  return true;
+}
+
 void PlacedWriter::queue(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where) {
   {
     std::lock_guard<std::mutex> lock(m_mutex);
     m_queue.push_back({data, bytes, offset, where});
   }
-  if (!m_thread.joinable()) m_thread = std::thread([this] { write_queued(); });
   m_changed.notify_all();
 }
 
@@ -192,7 +204,7 @@ bool PlacedWriter::write_direct(const char* data, std::size_t bytes, std::int64_
   // memory, on the helper thread once the file has taken one such write (the first is written
   // here, so that a refusal falls back to the cache); other sources are staged.
   if (reinterpret_cast<std::uintptr_t>(data) % std::uintptr_t(page) == 0) {
-    if (m_direct_taken) {
+    if (m_direct_taken && helper_running()) {
       queue(data, bytes, offset, where);
     } else {
       if (!write_all(m_direct_fd, data, bytes, offset, where, m_error)) return false;

@@ -85,6 +85,8 @@ class PlacedWriter {
   /// Other failures set `error`.
   bool write_all(int fd, const char* data, std::size_t bytes, std::int64_t offset, const std::string& where,
                  std::string& error) const;
+  /// Starts the helper thread where none runs; false when the system gives none.
+  bool helper_running();
   void queue(const char* data, std::size_t bytes, std::int64_t offset, const std::string& where);
   void write_queued();  // the helper thread
 

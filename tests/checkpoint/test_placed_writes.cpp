@@ -5,6 +5,7 @@
 #include "checkpoint/placed_writes.hpp"
 
 #include <lather/checkpoint/page_aligned.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 
 #include <gtest/gtest.h>
 
@@ -18,6 +19,7 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace {
@@ -98,12 +100,11 @@ TEST(PlacedWriter, DirectAndCachedWritesPutEveryByteInPlace) {
   std::filesystem::remove(path);
 }
 
-TEST(PlacedWriter, PageAlignedPiecesGoStraightAndWaitLetsTheCallerReuseTheirBytes) {
-  // A save's pattern: one page-aligned buffer handed over in consecutive 1 MiB pieces (queued for
-  // the helper thread and joined there into larger requests), then, after wait(), the same
-  // buffer refilled for the next array. A write still queued when the buffer changed would leave
-  // the second array's bytes in the first's place.
-  const std::string path = (std::filesystem::current_path() / "placed-writes-aligned.bin").string();
+/// A save's pattern: one page-aligned buffer handed over in consecutive 1 MiB pieces (queued for
+/// the helper thread and joined there into larger requests), then, after wait(), the same buffer
+/// refilled for the next array. A write still queued when the buffer changed would leave the
+/// second array's bytes in the first's place.
+void write_one_buffer_twice(const std::string& path) {
   const std::int64_t half = 24 << 20, piece = 1 << 20;
   {
     std::ofstream create(path, std::ios::binary | std::ios::trunc);
@@ -128,6 +129,21 @@ TEST(PlacedWriter, PageAlignedPiecesGoStraightAndWaitLetsTheCallerReuseTheirByte
   check_file(path, 2 * half);
   if (direct_supported(path)) EXPECT_EQ(direct_bytes, 2 * half);
   std::filesystem::remove(path);
+}
+
+TEST(PlacedWriter, PageAlignedPiecesGoStraightAndWaitLetsTheCallerReuseTheirBytes) {
+  write_one_buffer_twice((std::filesystem::current_path() / "placed-writes-aligned.bin").string());
+}
+
+TEST(PlacedWriter, WithoutAHelperThreadTheCallerWritesEveryByte) {
+  // The system refuses the helper thread (std::thread throws std::system_error): the writer
+  // writes on the calling thread instead, and nothing is lost.
+  lather::Impl::set_fault_hook([](const char* point) {
+    if (std::string(point) == "checkpoint.writer_thread")
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+  });
+  write_one_buffer_twice((std::filesystem::current_path() / "placed-writes-no-thread.bin").string());
+  lather::Impl::set_fault_hook(nullptr);
 }
 
 TEST(PlacedWriter, ARefusedDirectWriteFallsBackToTheCache) {

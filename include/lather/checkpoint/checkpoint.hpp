@@ -49,7 +49,8 @@ struct ArraySlice {
   std::vector<std::int64_t> rows;
   std::vector<std::int64_t> offset, count;
   bool writer = true;
-  void* data = nullptr;  ///< host memory: written from on save, read into on load
+  void* data = nullptr;  ///< host memory: written from on save, read into on load (saves write
+                         ///< page-aligned memory, e.g. a PageAlignedVector, without a copy)
 
   std::int64_t elements() const;  ///< elements in this rank's selection
   std::size_t bytes() const { return std::size_t(elements()) * optim::size_of(dtype); }

@@ -5,9 +5,9 @@
 // piece, and written while nothing else runs. From these buffers the pages go to the disk with no
 // copy, on a helper thread while the save computes their checksums. Buffers of 2 MiB or more are
 // also aligned to 2 MiB and offered to Linux's transparent huge pages (`madvise`, which the
-// default "madvise" setting honours): a huge page is one segment of a disk request where 4 KiB
-// pages are 512, and on the development machine that alone writes 1.15-1.3 times faster
-// (docs/reference/benchmarks.md). The library's own saves stage through such buffers; callers of
+// default "madvise" setting honours): the 2 MiB of a huge page are one segment of a disk
+// request, against 512 segments in 4 KiB pages, and on the development machine that alone writes
+// 1.15-1.3 times faster (docs/reference/benchmarks.md). The library's own saves stage through such buffers; callers of
 // Checkpointer::save with their own ArraySlice data can use them too.
 
 #include <cstddef>
