@@ -35,8 +35,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <fcntl.h>
 #include <filesystem>
 #include <unistd.h>
@@ -65,7 +63,6 @@ double timed(const comm::Group& world, Work&& work) {
 /// The raw baseline's bytes: the same kind of memory as the checkpoint's (page-aligned, as
 /// O_DIRECT needs them, and offered to huge pages), so that neither side gains from its memory.
 using RawBytes = checkpoint::PageAlignedVector<char>;
-constexpr std::size_t page = 4096;
 
 /// Opens `path` with O_DIRECT where the file system allows it, else -1 (then the cache is used).
 int open_direct(const std::string& path, int flags) {
@@ -95,7 +92,7 @@ void move_raw(const std::string& path, RawBytes& data, bool direct, bool writing
   if (direct) {
     const int direct_fd = open_direct(path, writing ? O_WRONLY : O_RDONLY);
     if (direct_fd >= 0) {
-      cached_from = data.size() / page * page;
+      cached_from = data.size() / checkpoint::page_bytes * checkpoint::page_bytes;
       transfer(direct_fd, 0, cached_from);
       ::close(direct_fd);
     }

@@ -9,13 +9,13 @@
 namespace lather::checkpoint {
 
 namespace {
-constexpr std::size_t page = 4096, huge_page = std::size_t(2) << 20;
+constexpr std::size_t huge_page = std::size_t(2) << 20;
 std::size_t round_up(std::size_t x, std::size_t to) { return (x + to - 1) / to * to; }
 }  // namespace
 
 void* allocate_page_aligned(std::size_t bytes) noexcept {
   // std::aligned_alloc wants a size that is a multiple of the alignment.
-  const std::size_t alignment = bytes >= huge_page ? huge_page : page;
+  const std::size_t alignment = bytes >= huge_page ? huge_page : page_bytes;
   const std::size_t size = round_up(bytes == 0 ? 1 : bytes, alignment);
   void* p = std::aligned_alloc(alignment, size);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)

@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <system_error>
@@ -80,7 +79,7 @@ std::vector<std::int64_t> lay_out(const std::string& file, const std::vector<Arr
 
 namespace {
 
-constexpr std::int64_t page = 4096;
+constexpr std::int64_t page = std::int64_t(page_bytes);
 // O_DIRECT transfers from a staging buffer of this size where the caller's bytes are not aligned
 // to the disk's sectors (the largest piece the checkpointer writes at once).
 constexpr std::size_t bounce_bytes = std::size_t(1) << 20;
@@ -211,7 +210,7 @@ bool PlacedWriter::write_direct(const char* data, std::size_t bytes, std::int64_
       m_direct_taken = m_error.empty();
     }
   } else {
-    if (!m_bounce) m_bounce.reset(static_cast<char*>(std::aligned_alloc(std::size_t(page), bounce_bytes)));
+    if (!m_bounce) m_bounce.reset(static_cast<char*>(allocate_page_aligned(bounce_bytes)));
     if (!m_bounce) return false;  // through the cache then
     for (std::size_t done = 0; done < bytes && m_error.empty(); done += bounce_bytes) {
       const std::size_t n = std::min(bounce_bytes, bytes - done);

@@ -12,10 +12,10 @@
 #include "hdf5_handles.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
+#include <lather/checkpoint/page_aligned.hpp>
 
 #include <condition_variable>
 #include <cstdint>
-#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -96,7 +96,7 @@ class PlacedWriter {
   bool m_direct_taken = false;  // a direct write from aligned memory succeeded: the file takes O_DIRECT
   std::int64_t m_first = -1, m_last = -1;  // the span written through the cache, for the write-back
   std::int64_t m_direct_bytes = 0;
-  std::unique_ptr<char, void (*)(void*)> m_bounce{nullptr, std::free};  // page-aligned, for unaligned sources
+  std::unique_ptr<char, void (*)(void*)> m_bounce{nullptr, free_page_aligned};  // for unaligned sources
 
   std::thread m_thread;
   std::mutex m_mutex;

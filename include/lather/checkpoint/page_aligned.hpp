@@ -16,8 +16,12 @@
 
 namespace lather::checkpoint {
 
+/// The page: O_DIRECT's unit of memory alignment, offset and length for a checkpoint's writes.
+inline constexpr std::size_t page_bytes = 4096;
+
 /// `bytes` bytes on a 4 KiB boundary (2 MiB, offered to huge pages, from 2 MiB up); nullptr
-/// when the memory is not there. Freed with free_page_aligned().
+/// when the memory is not there (or `bytes` is beyond any allocation). Freed with
+/// free_page_aligned().
 void* allocate_page_aligned(std::size_t bytes) noexcept;
 void free_page_aligned(void* p) noexcept;
 
