@@ -14,7 +14,8 @@ std::size_t round_up(std::size_t x, std::size_t to) { return (x + to - 1) / to *
 }  // namespace
 
 void* allocate_page_aligned(std::size_t bytes) noexcept {
-  // std::aligned_alloc wants a size that is a multiple of the alignment.
+  // std::aligned_alloc wants a size that is a multiple of the alignment, which must not overflow.
+  if (bytes > std::size_t(-1) - huge_page) return nullptr;
   const std::size_t alignment = bytes >= huge_page ? huge_page : page_bytes;
   const std::size_t size = round_up(bytes == 0 ? 1 : bytes, alignment);
   void* p = std::aligned_alloc(alignment, size);

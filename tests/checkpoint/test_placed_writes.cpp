@@ -146,6 +146,21 @@ TEST(PlacedWriter, WithoutAHelperThreadTheCallerWritesEveryByte) {
   lather::Impl::set_fault_hook(nullptr);
 }
 
+TEST(PageAligned, BuffersStartOnPagesAndAbsurdSizesAreRefused) {
+  using lather::checkpoint::allocate_page_aligned;
+  using lather::checkpoint::free_page_aligned;
+  for (std::size_t bytes : {std::size_t(0), std::size_t(1), std::size_t(5000), std::size_t(3) << 20}) {
+    void* p = allocate_page_aligned(bytes);
+    ASSERT_NE(p, nullptr) << bytes;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % lather::checkpoint::page_bytes, 0u) << bytes;
+    if (bytes >= (std::size_t(2) << 20)) EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % (std::size_t(2) << 20), 0u);
+    free_page_aligned(p);
+  }
+  // Rounding these up to whole pages would wrap around to a few bytes.
+  EXPECT_EQ(allocate_page_aligned(std::size_t(-1)), nullptr);
+  EXPECT_EQ(allocate_page_aligned(std::size_t(-1) - 4096), nullptr);
+}
+
 TEST(PlacedWriter, ARefusedDirectWriteFallsBackToTheCache) {
   // /dev/shm is tmpfs, which refuses O_DIRECT on older kernels and takes it on newer ones: either
   // way every byte must land.
