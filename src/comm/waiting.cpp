@@ -49,9 +49,11 @@ NodeOccupancy node_occupancy(MPI_Comm comm) {
   return out;
 }
 
-void note_node_occupancy(MPI_Comm comm) {
-  if (requested_mode() != WaitMode::automatic || g_oversubscribed.load(std::memory_order_relaxed)) return;
-  if (node_occupancy(comm).oversubscribed()) g_oversubscribed.store(true, std::memory_order_relaxed);
+std::optional<NodeOccupancy> note_node_occupancy(MPI_Comm comm) {
+  if (requested_mode() != WaitMode::automatic || g_oversubscribed.load(std::memory_order_relaxed)) return std::nullopt;
+  const NodeOccupancy counted = node_occupancy(comm);
+  if (counted.oversubscribed()) g_oversubscribed.store(true, std::memory_order_relaxed);
+  return counted;
 }
 
 bool yield_while_waiting() {

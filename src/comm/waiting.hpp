@@ -19,14 +19,18 @@
 
 #include <mpi.h>
 
+#include <optional>
+
 namespace lather::comm::Impl {
 
 /// Collective over `comm`: its ranks on this rank's node and the CPUs they may run on.
 NodeOccupancy node_occupancy(MPI_Comm comm);
 
-/// Collective over `comm`: notes whether the ranks of `comm` on this node outnumber the CPUs
-/// their affinity masks allow (once true, true for the process).
-void note_node_occupancy(MPI_Comm comm);
+/// Collective over `comm` (where the wait is decided automatically and no group has been found
+/// oversubscribed yet; otherwise nothing): notes whether the ranks of `comm` on this node
+/// outnumber the CPUs their affinity masks allow (once true, true for the process). Returns the
+/// occupancy where it counted it.
+std::optional<NodeOccupancy> note_node_occupancy(MPI_Comm comm);
 
 /// True when this process's waits yield the CPU (see above).
 bool yield_while_waiting();

@@ -78,9 +78,11 @@ class Group {
 
   void barrier() const;
   /// How many ranks of this group share this rank's node (memory): 1 for a local group.
-  /// Collective (MPI_Comm_split_type).
+  /// Collective, as node_occupancy().
   int ranks_on_node() const { return node_occupancy().ranks; }
-  /// The ranks of this group on this rank's node and the CPUs they may run on. Collective.
+  /// The ranks of this group on this rank's node and the CPUs they may run on. Collective the
+  /// first time it is asked of a communicator (MPI_Comm_split_type; every rank asks at the same
+  /// point), the answer kept for its copies after that.
   NodeOccupancy node_occupancy() const;
   /// values[0, count) := element-wise `op` over the group, in place.
   template <class T>
