@@ -144,13 +144,6 @@ bool read_rows(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>
          H5Dread(dataset, type, memory.get(), space.get(), dxpl, into) >= 0;
 }
 
-namespace {
-
-/// Asks the kernel to read rows [first, first + count) of a contiguous dataset ahead, all at once
-/// (posix_fadvise WILLNEED on the file's descriptor): the pieces below then find their bytes
-/// arriving, instead of each piece's read waiting for its own 1 MiB with the default read-ahead
-/// window (cold reads from the disk 1.3-2.0 GB/s against raw reads' 2.6-3.3, benchmarks.md).
-/// Chunked or filtered datasets, or other drivers, are left alone.
 void read_ahead(hid_t dataset, std::int64_t first, std::int64_t count, std::size_t row_bytes) {
   const haddr_t at = H5Dget_offset(dataset);
   if (at == HADDR_UNDEF || count <= 0) return;
@@ -165,8 +158,6 @@ void read_ahead(hid_t dataset, std::int64_t first, std::int64_t count, std::size
                           off_t(count) * off_t(row_bytes), POSIX_FADV_WILLNEED);
   H5Fclose(file);
 }
-
-}  // namespace
 
 void read_rows_in_pieces(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>& dims, std::int64_t first,
                          std::int64_t count, std::size_t row_bytes, char* into, const std::string& where, bool overlap,
