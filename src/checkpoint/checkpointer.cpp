@@ -381,19 +381,8 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
             verification.add_whole_rows(k, first, rows, bytes);
         };
       };
-      // The whole arrays read through the cache (below) asked of the disk first, so that copying
-      // them out of the cache overlaps the disk's reading of the queued ranges: on 4 ranks,
-      // 0.86-0.90 of the raw bandwidth against 0.83-0.88 asked after (benchmarks.md).
-      if (!whole_direct)
-        for (const auto& in_file : order) {
-          const auto& a = arrays[in_file.second];
-          if (a.selection == ArraySlice::Selection::whole && datasets[in_file.second].valid())
-            read_ahead(datasets[in_file.second].get(), 0, std::int64_t(stored_dims(a.shape)[0]), row_bytes(a));
-        }
-      // First the stored checksums, and the ranges read straight from the disk queued: the disk
-      // reads them on a helper thread while this thread reads the rest through HDF5 below.
-      PlacedReader placed(file);  // destroyed (its thread stopped) before the buffers it fills
-      std::vector<int> queued(arrays.size(), -1);
+      // First the stored checksums (small reads, before the disk is busy with the large ones),
+      // and the datasets that did not open opened again, so that the error names them.
       for (const auto& in_file : order) {
         const std::size_t k = in_file.second;
         const auto& a = arrays[k];
@@ -404,8 +393,26 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
             LATHER_FAIL("checkpoint '", file, "': ", e.message());
           }
         }
-        Dataset& dataset = datasets[k];
-        if (!dataset.valid()) dataset = Dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where_of(k)));
+        if (!datasets[k].valid()) datasets[k] = Dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where_of(k)));
+      }
+      // The whole arrays read through the cache (below) asked of the disk next, so that copying
+      // them out of the cache overlaps the disk's reading of the queued ranges: on 4 ranks,
+      // 0.86-0.90 of the raw bandwidth against 0.83-0.88 asked after (benchmarks.md).
+      if (!whole_direct)
+        for (const auto& in_file : order) {
+          const auto& a = arrays[in_file.second];
+          if (a.selection == ArraySlice::Selection::whole)
+            read_ahead(datasets[in_file.second].get(), 0, std::int64_t(stored_dims(a.shape)[0]), row_bytes(a));
+        }
+      // Then the ranges read straight from the disk queued: the disk reads them on a helper
+      // thread while this thread reads the rest through HDF5 below.
+      PlacedReader placed(file);  // destroyed (its thread stopped) before the buffers it fills
+      std::vector<int> queued(arrays.size(), -1);
+      for (const auto& in_file : order) {
+        if (!m_options.direct_io) break;
+        const std::size_t k = in_file.second;
+        const auto& a = arrays[k];
+        const Dataset& dataset = datasets[k];
         auto& r = ranges[k];
         if (a.selection == ArraySlice::Selection::rows && r.last > r.first)
           queued[k] = placed.add(dataset.get(), native_type(a.dtype), r.first, r.last - r.first, row_bytes(a),

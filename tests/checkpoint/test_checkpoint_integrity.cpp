@@ -491,7 +491,10 @@ TEST(CheckpointIntegrity, LargeRangesReadFromTheDiskComeBackExactAndFlipsInThemA
   // Loads `path` into fresh page-aligned buffers: rows in place (as saved), or dealt round-robin
   // (read by ranges, then sent to their owners); returns the error ("" if none) and whether the
   // bytes are the saved ones.
-  auto load = [&](const std::string& path, bool round_robin) {
+  checkpoint::CheckpointOptions through_cache = options;
+  through_cache.direct_io = false;  // every byte through HDF5 and the page cache
+  checkpoint::Checkpointer cached_loader(MPI_COMM_WORLD, through_cache);
+  auto load = [&](const std::string& path, bool round_robin, bool direct = true) {
     evict_everywhere(path);
     auto rows_slice = stack;
     rows_slice.rows.clear();
@@ -503,7 +506,7 @@ TEST(CheckpointIntegrity, LargeRangesReadFromTheDiskComeBackExactAndFlipsInThemA
     shared_slice.data = got_shared.data();
     std::string error;
     try {
-      checkpointer.load(path, {rows_slice, shared_slice});
+      (direct ? checkpointer : cached_loader).load(path, {rows_slice, shared_slice});
     } catch (const Error& e) {
       error = e.what();
     }
@@ -514,11 +517,12 @@ TEST(CheckpointIntegrity, LargeRangesReadFromTheDiskComeBackExactAndFlipsInThemA
     for (std::int64_t i = 0; i < shared_elements && same; ++i) same = got_shared[std::size_t(i)] == value(1, i);
     return std::make_pair(error, same);
   };
-  for (bool round_robin : {false, true}) {
-    const auto [error, same] = load(file, round_robin);
-    EXPECT_EQ(error, "") << (round_robin ? "round robin" : "in place");
-    EXPECT_TRUE(same) << (round_robin ? "round robin" : "in place");
-  }
+  for (bool direct : {true, false})
+    for (bool round_robin : {false, true}) {
+      const auto [error, same] = load(file, round_robin, direct);
+      EXPECT_EQ(error, "") << (round_robin ? "round robin" : "in place") << " direct_io " << direct;
+      EXPECT_TRUE(same) << (round_robin ? "round robin" : "in place") << " direct_io " << direct;
+    }
   // A flip in the middle of the last rank's rows, and one in the last page of the parameters.
   std::vector<std::pair<haddr_t, hsize_t>> stack_chunks, shared_chunks;
   if (me == 0) stack_chunks = chunk_locations(file, stack.path), shared_chunks = chunk_locations(file, shared.path);

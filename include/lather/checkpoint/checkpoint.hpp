@@ -95,9 +95,10 @@ struct CheckpointOptions {
   std::size_t chunk_bytes = std::size_t(1) << 20;  ///< rows of about this many bytes share a checksum
   bool fsync = true;  ///< fsync the file and directory before and after the rename
   /// Write each rank's whole 4 KiB pages of the arrays with O_DIRECT, past the page cache, where
-  /// the file system takes it (Linux; elsewhere, or when refused, plain writes). Saves then cost
-  /// no page-cache allocation, which on virtual machines that hand freed memory back to the host
-  /// made 1 GiB saves 3-5x slower than the disk (docs/reference/checkpoint-format.md, "Saving").
+  /// the file system takes it (Linux; elsewhere, or when refused, plain writes), and read ranges
+  /// of 8 MiB or more the cache does not hold the same way. Saves and loads then cost no
+  /// page-cache allocation, which on virtual machines that hand freed memory back to the host
+  /// made 1 GiB saves 3-5x slower than the disk and first loads 5x slower (checkpoint-format.md).
   bool direct_io = true;
   void validate() const;
 };
