@@ -2,6 +2,7 @@
 // a crash or a hang: bit flips in the data (per-chunk checksums), flips anywhere (refused, or the data
 // comes back exactly), truncation, foreign files, absurd dimensions.
 #include "checkpoint_test_support.hpp"
+#include "page_cache_support.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
 #include <lather/checkpoint/page_aligned.hpp>
@@ -15,8 +16,6 @@
 #include <fstream>
 #include <random>
 
-#include <fcntl.h>
-#include <unistd.h>
 
 namespace {
 
@@ -428,14 +427,7 @@ namespace {
 
 /// Drops `file`'s pages from the page cache (rank 0, then every rank), as on a fresh node.
 void evict_everywhere(const std::string& file) {
-  if (world_rank() == 0) {
-    const int fd = ::open(file.c_str(), O_RDONLY);
-    if (fd >= 0) {
-      ::fsync(fd);
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-      ::close(fd);
-    }
-  }
+  if (world_rank() == 0) test::drop_from_page_cache(file);
   MPI_Barrier(MPI_COMM_WORLD);
 }
 

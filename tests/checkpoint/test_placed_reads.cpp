@@ -5,6 +5,7 @@
 // finish() reads; a file cut short and a piece that throws end in errors, not hangs.
 #include "checkpoint/placed_reads.hpp"
 #include "checkpoint/placed_writes.hpp"
+#include "page_cache_support.hpp"
 
 #include <lather/checkpoint/page_aligned.hpp>
 #include <lather/core/error.hpp>
@@ -27,42 +28,12 @@ using lather::checkpoint::ArraySlice;
 using lather::checkpoint::PageAlignedVector;
 using lather::checkpoint::Impl::PlacedReader;
 namespace ck = lather::checkpoint::Impl;
+using lather::test::direct_supported;
 
 constexpr std::int64_t rows = 3000, columns = 1000;  // rows of 4000 bytes: ranges start inside pages
 constexpr std::int64_t row_bytes = columns * 4;
 
 unsigned char expected_byte(std::int64_t at) { return static_cast<unsigned char>((at * 131 + at / 4096) % 251); }
-
-bool direct_supported(const std::string& path) {
-#ifdef O_DIRECT
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
-  if (fd < 0) return false;
-  ::close(fd);
-  return true;
-#else
-  (void)path;
-  return false;
-#endif
-}
-
-/// Drops the file's pages from the page cache, as on a fresh node.
-void evict(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  ::fsync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
-
-/// Reads the file through the page cache, so that its pages are there.
-void warm(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  std::vector<char> piece(1 << 20);
-  for (off_t at = 0; ::pread(fd, piece.data(), piece.size(), at) > 0; at += off_t(piece.size())) {
-  }
-  ::close(fd);
-}
 
 /// A checkpoint-like file with two float arrays of `rows` x `columns` ("a" and "b"), laid out as a
 /// save lays them out, every byte expected_byte(its offset in the file). Returns their offsets.
@@ -83,7 +54,7 @@ std::vector<std::int64_t> make_file(const std::string& path) {
     EXPECT_EQ(::pwrite(fd, bytes.data(), bytes.size(), off_t(at)), ssize_t(bytes.size()));
   }
   ::close(fd);
-  evict(path);
+  lather::test::drop_from_page_cache(path);
   return offsets;
 }
 
@@ -121,6 +92,14 @@ void finish_and_check(PlacedReader& reader, int range, std::int64_t offset, std:
   EXPECT_EQ(next, first + count);
   for (std::int64_t i = 0; i < count * row_bytes; ++i)
     ASSERT_EQ(static_cast<unsigned char>(into[i]), expected_byte(offset + first * row_bytes + i)) << "byte " << i;
+}
+
+/// The system refuses the reader's helper thread (std::thread throws std::system_error).
+void refuse_reader_thread() {
+  lather::Impl::set_fault_hook([](const char* point) {
+    if (std::string(point) == "checkpoint.reader_thread")
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+  });
 }
 
 class PlacedReaderTest : public ::testing::Test {
@@ -167,16 +146,13 @@ TEST_F(PlacedReaderTest, WhatItMustNotTakeIsRefusedHavingReadNothing) {
   for (char c : into.memory) ASSERT_EQ(c, 0x5a);
   EXPECT_EQ(reader.queued_bytes(), 0);
   // Once the cache holds the file, the cache serves it (a copy beats a read from the disk).
-  warm(path);
+  lather::test::read_through_page_cache(path);
   Into cached(offsets[0], 0, rows);
   EXPECT_EQ(reader.add(h5.a.get(), H5T_NATIVE_FLOAT, 0, rows, row_bytes, cached.at, "cached"), -1);
 }
 
 TEST_F(PlacedReaderTest, WithoutAHelperThreadFinishReadsEveryByte) {
-  lather::Impl::set_fault_hook([](const char* point) {
-    if (std::string(point) == "checkpoint.reader_thread")
-      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
-  });
+  refuse_reader_thread();
   Opened h5(path);
   PlacedReader reader(path);
   Into into(offsets[1], 0, rows);
@@ -187,10 +163,7 @@ TEST_F(PlacedReaderTest, WithoutAHelperThreadFinishReadsEveryByte) {
 
 TEST_F(PlacedReaderTest, AFileCutShortFailsNamingTheRange) {
   // No helper thread, so that the cut comes between add() and the reads.
-  lather::Impl::set_fault_hook([](const char* point) {
-    if (std::string(point) == "checkpoint.reader_thread")
-      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
-  });
+  refuse_reader_thread();
   Opened h5(path);
   PlacedReader reader(path);
   Into into(offsets[1], 0, rows);

@@ -3,6 +3,7 @@
 // to, whether their whole pages go with O_DIRECT or every byte through the page cache; the
 // direct path is really taken where the file system allows it, and refused O_DIRECT falls back.
 #include "checkpoint/placed_writes.hpp"
+#include "page_cache_support.hpp"
 
 #include <lather/checkpoint/page_aligned.hpp>
 #include <lather/core/impl/fault_injection.hpp>
@@ -26,24 +27,13 @@ namespace {
 
 using lather::checkpoint::PageAlignedVector;
 using lather::checkpoint::Impl::PlacedWriter;
+using lather::test::direct_supported;
 
 unsigned char expected_byte(std::int64_t at) { return static_cast<unsigned char>((at * 131 + at / 4096) % 251); }
 
 std::vector<unsigned char> file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-bool direct_supported(const std::string& path) {
-#ifdef O_DIRECT
-  const int fd = ::open(path.c_str(), O_WRONLY | O_DIRECT);
-  if (fd < 0) return false;
-  ::close(fd);
-  return true;
-#else
-  (void)path;
-  return false;
-#endif
 }
 
 /// Covers a file of `size` bytes with pieces of many lengths (inside one page, across pages, past
