@@ -313,16 +313,17 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
   });
   // Which part of each array every rank checks as it reads (one allgather of the selections).
   SelectionChecksums verification(m_group, arrays, SelectionChecksums::Use::loading);
-  if (!m_node) m_node = m_group.node_occupancy();
+  // The group's ranks and CPUs on this node (counted once per communicator, kept by the group).
+  const comm::NodeOccupancy node = m_group.node_occupancy();
   // Checksums on a second thread only where a CPU is free for it: not on a rank bound to one CPU,
   // however many the node has.
-  const bool overlap = m_node->spare_cpu();
+  const bool overlap = node.spare_cpu();
   // Rows come straight from the disk into the caller's memory (placed_reads.hpp). An array every
   // rank loads whole does too where its rank is alone on the node; where ranks share the node it
   // comes through the page cache, so that the disk reads it once for them all: on 4 ranks of the
   // development machine, each reading its own copy (1.375 times the raw baseline's bytes) loaded
   // at 0.68-0.70 of the raw bandwidth against 0.78-0.82 through the cache (benchmarks.md).
-  const bool whole_direct = m_node->ranks == 1;
+  const bool whole_direct = node.ranks == 1;
   m_group.run_agreed("", [&] {
     // Every rank opens the file on its own (HDF5's default POSIX driver), not through MPI-IO: a
     // load only reads, each rank its own rows, and MPI_File_open and MPI_File_close are

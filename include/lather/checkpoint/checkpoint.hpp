@@ -217,10 +217,6 @@ class Checkpointer {
   WriterRoles m_roles;
   int m_weight_shards = 1;
   CheckpointOptions m_options;
-  /// The group's ranks and CPUs on this rank's node, learnt by the first load (a collective): a
-  /// free CPU checks the checksums beside the reads, and ranks sharing a node read the arrays
-  /// they all load through the page cache, once for the node.
-  mutable std::optional<comm::NodeOccupancy> m_node;
   /// Rank 0 deletes the checkpoints beyond keep_last on a helper thread once the new one is
   /// published (deleting a 1 GiB file took 0.04-0.15 s on the development VM); the next save,
   /// list() and the destructor wait for it, so the directory is never seen half pruned.
