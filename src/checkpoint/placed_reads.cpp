@@ -115,21 +115,28 @@ int PlacedReader::add(hid_t dataset, hid_t type, std::int64_t first, std::int64_
       reinterpret_cast<std::uintptr_t>(into + (first_page - begin)) % std::uintptr_t(page) != 0 ||
       !stored_plainly(dataset, type) || (page_cached(m_fd, first_page) && page_cached(m_fd, last_page - page)))
     return -1;
-  // The first whole page here: it tells whether the file system takes O_DIRECT (EINVAL where not).
   if (m_direct_fd < 0) m_direct_fd = ::open(m_file.c_str(), O_RDONLY | O_DIRECT);
   if (m_direct_fd < 0) {
     m_direct_refused = true;
     return -1;
   }
-  std::string error = read_all(m_direct_fd, into + (first_page - begin), page, first_page, &m_direct_refused);
-  if (m_direct_refused) return -1;
+  // Until the file has taken one, the first whole page here: it tells whether the file system
+  // takes O_DIRECT (EINVAL where not). Later ranges do not wait behind the helper's requests.
+  std::int64_t arrived = first_page;
+  std::string error;
+  if (!m_direct_taken) {
+    error = read_all(m_direct_fd, into + (first_page - begin), page, first_page, &m_direct_refused);
+    if (m_direct_refused) return -1;
+    m_direct_taken = error.empty();
+    arrived += page;
+  }
   // The partial pages at either end, through the cache (another rank may read the rest of them).
   if (error.empty()) error = read_all(m_fd, into, first_page - begin, begin);
   if (error.empty()) error = read_all(m_fd, into + (last_page - begin), end - last_page, last_page);
   if (!error.empty()) fail(where, error);
   {
     std::lock_guard<std::mutex> lock(m_mutex);
-    m_ranges.push_back({into, begin, first_page, last_page, first, count, row, where, first_page + page, ""});
+    m_ranges.push_back({into, begin, first_page, last_page, first, count, row, where, arrived, ""});
   }
   m_changed.notify_all();
   if (!helper_running()) m_no_thread = true;

@@ -70,6 +70,7 @@ class PlacedReader {
   std::string m_file;
   int m_fd = -1, m_direct_fd = -1;
   bool m_direct_refused = false;
+  bool m_direct_taken = false;  // a direct read succeeded: the file takes O_DIRECT
   std::int64_t m_queued_bytes = 0;
 
   std::thread m_thread;
