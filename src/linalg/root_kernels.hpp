@@ -204,7 +204,7 @@ void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m,
                     h(s, i, j) = i == j ? h0 : C(0);
                     t(s, i, j) = alpha * x + (i == j ? C(1) - alpha : C(0));
                     C d = kmath::fabs(x - C(i == j));
-                    if (!is_finite(d)) d = std::numeric_limits<C>::infinity();
+                    if (!is_finite(d)) d = Kokkos::Experimental::infinity<C>::value;
                     if (d > row_local) row_local = d;
                   },
                   Kokkos::Max<C>(row_worst));
@@ -239,7 +239,7 @@ void newton_error_and_step(const ExecutionSpace& space, const Stack3<const C, Me
                     const C x = m(s, i, j);
                     t(s, i, j) = alpha * x + (i == j ? C(1) - alpha : C(0));
                     C d = kmath::fabs(x - C(i == j));
-                    if (!is_finite(d)) d = std::numeric_limits<C>::infinity();
+                    if (!is_finite(d)) d = Kokkos::Experimental::infinity<C>::value;
                     if (d > row_local) row_local = d;
                   },
                   Kokkos::Max<C>(row_worst));

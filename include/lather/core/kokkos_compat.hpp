@@ -80,9 +80,15 @@ template <class ExecutionSpace, class F>
 void parallel_for_runs(const char* label, const ExecutionSpace& space, std::int64_t n, const F& f) {
   constexpr std::int64_t run = run_elements<ExecutionSpace>;
   const std::int64_t runs = (n + run - 1) / run;
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(space, 0, runs),
-      KOKKOS_LAMBDA(std::int64_t r) { f(r * run, r * run + run < n ? r * run + run : n); });
+  const Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>> policy(space, 0, runs);
+  if constexpr (runs_on_host<ExecutionSpace>) {
+    // A host lambda: on a device build the host-space callers pass plain lambdas, and nvcc lets no
+    // device lambda capture one.
+    Kokkos::parallel_for(label, policy, [=](std::int64_t r) { f(r * run, r * run + run < n ? r * run + run : n); });
+  } else {
+    Kokkos::parallel_for(
+        label, policy, KOKKOS_LAMBDA(std::int64_t r) { f(r * run, r * run + run < n ? r * run + run : n); });
+  }
 }
 
 /// MPI may read and write Views of this memory space in place: host memory, or any memory when

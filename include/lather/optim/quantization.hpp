@@ -18,7 +18,7 @@ namespace kmath = ::lather::Impl::kmath;
 
 /// Largest code of a quantized type: 127 for int8, 32767 for int16 (-128 / -32768 unused).
 template <class Code>
-constexpr double max_code() {
+KOKKOS_INLINE_FUNCTION constexpr double max_code() {
   return double((1 << (8 * sizeof(Code) - 1)) - 1);
 }
 

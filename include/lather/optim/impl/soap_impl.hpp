@@ -284,6 +284,48 @@ void Soap<ExecutionSpace, Scalar>::apply_update(const ExecutionSpace& space, std
       });
 }
 
+namespace Impl {
+// The element-wise passes of Soap::do_step, outside it: nvcc takes no device lambda in a
+// protected member function.
+
+/// u = g over n elements.
+template <class ExecutionSpace, class Scalar>
+void soap_copy(const ExecutionSpace& space, std::int64_t n, const Scalar* g, Scalar* u) {
+  Kokkos::parallel_for(
+      "Lather::soap::copy_gradient", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
+      KOKKOS_LAMBDA(std::int64_t e) { u[e] = g[e]; });
+}
+
+/// Adam's moments: m of the gradient g, v of the rotated gradient u; then u = m.
+template <class ExecutionSpace, class Scalar>
+void soap_moments(const ExecutionSpace& space, std::int64_t n, const Scalar* g, Scalar* m, Scalar* v,
+                  Scalar* u, Scalar b1, Scalar b2) {
+  Kokkos::parallel_for(
+      "Lather::soap::moments", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n), KOKKOS_LAMBDA(std::int64_t e) {
+        m[e] = b1 * m[e] + (Scalar(1) - b1) * g[e];
+        v[e] = b2 * v[e] + (Scalar(1) - b2) * u[e] * u[e];
+        u[e] = m[e];
+      });
+}
+
+/// u = u / (sqrt(v) + eps).
+template <class ExecutionSpace, class Scalar>
+void soap_adam_direction(const ExecutionSpace& space, std::int64_t n, const Scalar* v, Scalar* u, Scalar eps) {
+  Kokkos::parallel_for(
+      "Lather::soap::adam_direction", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
+      KOKKOS_LAMBDA(std::int64_t e) { u[e] = u[e] / (::lather::Impl::kmath::sqrt(v[e]) + eps); });
+}
+
+/// sum = sum over n elements of u^2, in double.
+template <class ExecutionSpace, class Scalar, class Sum>
+void soap_sum_of_squares(const ExecutionSpace& space, std::int64_t n, const Scalar* u, const Sum& sum) {
+  Kokkos::parallel_reduce(
+      "Lather::soap::update_norm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
+      KOKKOS_LAMBDA(std::int64_t e, double& s) { s += double(u[e]) * double(u[e]); }, sum);
+}
+
+}  // namespace Impl
+
 template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Tensors& values,
                                            const Tensors& gradients) {
@@ -345,33 +387,20 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
         rotate(space, m_classes[c], u + m_classes[c].local, scratch + m_classes[c].local, forward);
     };
     // m in the original basis; v of the gradient rotated into the current eigenbasis.
-    Kokkos::parallel_for(
-        "Lather::soap::copy_gradient", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
-        KOKKOS_LAMBDA(std::int64_t e) { u[e] = g[e]; });
+    Impl::soap_copy(space, n, g, u);
     rotate_all(true);
-    Kokkos::parallel_for(
-        "Lather::soap::moments", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n), KOKKOS_LAMBDA(std::int64_t e) {
-          m[e] = b1 * m[e] + (Scalar(1) - b1) * g[e];
-          v[e] = b2 * v[e] + (Scalar(1) - b2) * u[e] * u[e];
-          u[e] = m[e];
-        });
+    Impl::soap_moments(space, n, g, m, v, u, b1, b2);
     if (quantized()) store_exp_avg(space);
     rotate_all(true);
-    Kokkos::parallel_for(
-        "Lather::soap::adam_direction", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n),
-        KOKKOS_LAMBDA(std::int64_t e) { u[e] = u[e] / (::lather::Impl::kmath::sqrt(v[e]) + eps); });
+    Impl::soap_adam_direction(space, n, v, u, eps);
     rotate_all(false);
     if (!o.normalize_grads) return;
     // Sums of u^2 block by block: the same bits whichever rank computes a block.
     Kokkos::deep_copy(space, m_block_sums, 0.0);
-    for (std::size_t k = 0; k < m_blocks.size(); ++k) {
-      if (m_blocks[k].owner != rank) continue;
-      const Scalar* ub = u + m_blocks[k].local;
-      Kokkos::parallel_reduce(
-          "Lather::soap::update_norm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m_blocks[k].block.elements()),
-          KOKKOS_LAMBDA(std::int64_t e, double& s) { s += double(ub[e]) * double(ub[e]); },
-          Kokkos::subview(m_block_sums, k));
-    }
+    for (std::size_t k = 0; k < m_blocks.size(); ++k)
+      if (m_blocks[k].owner == rank)
+        Impl::soap_sum_of_squares(space, m_blocks[k].block.elements(), u + m_blocks[k].local,
+                                  Kokkos::subview(m_block_sums, k));
   });
   // normalize_grads: the RMS of each whole parameter's update (the reference: u / (sqrt(mean(u^2))
   // + eps)), from every rank's block sums (one allreduce, which carries the failure flag too).
