@@ -146,6 +146,7 @@ TEST(ReduceStatistics, TwoHundredTensorsCostOneMessagePerBucket) {
 // message carrying tensor data, and every rank holds the same bits (each element is summed by
 // one rank, in rank order).
 TEST(ReduceStatistics, OneNodeSumsThroughSharedMemoryWithoutMessages) {
+  if (!lather::Impl::host_accessible<Memory>) GTEST_SKIP() << "the node window holds host memory only";
   using T = float;
   const int n = world_size(), rank = world_rank();
   const std::vector<std::int64_t> sizes(200, 100);
@@ -169,6 +170,7 @@ TEST(ReduceStatistics, OneNodeSumsThroughSharedMemoryWithoutMessages) {
 // its 4.8 MB bucket too (a bucket above 4 MiB that would have to be copied goes through MPI);
 // a rank whose list is not placed while the others' are is an agreement error on every rank.
 TEST(ReduceSharedMemory, PlacedGradientsAreSummedWhereTheyLie) {
+  if (!lather::Impl::host_accessible<Memory>) GTEST_SKIP() << "the node window holds host memory only";
   using T = float;
   const int n = world_size(), rank = world_rank();
   const std::vector<std::int64_t> sizes = {7, 300000, 5, 1200000};
