@@ -46,7 +46,8 @@ std::pair<double, std::size_t> largest_deviation(const std::vector<T>& got, cons
   std::pair<double, std::size_t> worst{0.0, 0};
   for (std::size_t k = 0; k < got.size(); ++k) {
     const double d = std::fabs(double(got[k]) - double(want[k])) / (1 + std::fabs(double(want[k])));
-    if (!(d <= worst.first)) worst = {d, k};  // a NaN is the worst
+    if (std::isnan(d)) return {d, k};  // a NaN is the worst, and fails any comparison
+    if (d > worst.first) worst = {d, k};
   }
   return worst;
 }
