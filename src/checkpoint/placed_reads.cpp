@@ -1,5 +1,6 @@
 #include "placed_reads.hpp"
 
+#include "file_pages.hpp"
 #include "hdf5_handles.hpp"
 
 #include <lather/checkpoint/page_aligned.hpp>
@@ -20,15 +21,11 @@ namespace lather::checkpoint::Impl {
 
 namespace {
 
-constexpr std::int64_t page = std::int64_t(page_bytes);
 // The helper thread's requests, and the pieces handed to `piece`. On the development machine's
 // disk, O_DIRECT reads in requests of 4 to 64 MiB all ran within 5% of one read of the whole
 // range, and loads with 8, 16 or 32 MiB requests did not differ beyond the noise (benchmarks.md);
 // the smaller the request, the sooner the first piece is checked.
 constexpr std::int64_t request_bytes = std::int64_t(8) << 20;
-
-std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
-std::int64_t round_down(std::int64_t x, std::int64_t to) { return x / to * to; }
 
 /// Whether the dataset's bytes lie in its file as they are to be read: stored as `type`, in a
 /// file opened with HDF5's POSIX driver and without a user block before HDF5's offsets.
@@ -110,7 +107,7 @@ int PlacedReader::add(hid_t dataset, hid_t type, std::int64_t first, std::int64_
   const haddr_t at = H5Dget_offset(dataset);  // HADDR_UNDEF unless contiguous and allocated
   if (at == HADDR_UNDEF) return -1;
   const std::int64_t row = std::int64_t(row_bytes), begin = std::int64_t(at) + first * row, end = begin + count * row;
-  const std::int64_t first_page = round_up(begin, page), last_page = round_down(end, page);
+  const auto [first_page, last_page] = whole_pages(begin, end);
   if (last_page - first_page < request_bytes ||
       reinterpret_cast<std::uintptr_t>(into + (first_page - begin)) % std::uintptr_t(page) != 0 ||
       !stored_plainly(dataset, type) || (page_cached(m_fd, first_page) && page_cached(m_fd, last_page - page)))

@@ -1,6 +1,7 @@
 #include "placed_writes.hpp"
 
 #include "file_format.hpp"
+#include "file_pages.hpp"
 #include "selection.hpp"
 
 #include <lather/core/config.hpp>
@@ -79,13 +80,9 @@ std::vector<std::int64_t> lay_out(const std::string& file, const std::vector<Arr
 
 namespace {
 
-constexpr std::int64_t page = std::int64_t(page_bytes);
 // O_DIRECT transfers from a staging buffer of this size where the caller's bytes are not aligned
 // to the disk's sectors (the largest piece the checkpointer writes at once).
 constexpr std::size_t bounce_bytes = std::size_t(1) << 20;
-
-std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
-std::int64_t round_down(std::int64_t x, std::int64_t to) { return x / to * to; }
 
 }  // namespace
 
@@ -231,7 +228,7 @@ void PlacedWriter::write(const void* data, std::size_t bytes, std::int64_t offse
   const std::int64_t end = offset + std::int64_t(bytes);
   // The whole pages inside [offset, end) go directly; the partial pages at either end, which
   // another rank may be writing the rest of, through the cache.
-  const std::int64_t first_page = round_up(offset, page), last_page = round_down(end, page);
+  const auto [first_page, last_page] = whole_pages(offset, end);
   if (m_direct_fd >= 0 && last_page > first_page) {
     write_cached(from, std::size_t(first_page - offset), offset, where);
     if (write_direct(from + (first_page - offset), std::size_t(last_page - first_page), first_page, where)) {
