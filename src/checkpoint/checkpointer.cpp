@@ -371,6 +371,18 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       }
       std::stable_sort(order.begin(), order.end());
       auto where_of = [&](std::size_t k) { return "checkpoint '" + file + "' dataset '" + arrays[k].path + "'"; };
+      // The rows this rank reads of an array read by rows or whole, and where they go.
+      struct RowsToRead {
+        std::int64_t first, count;
+        char* into;
+      };
+      auto rows_to_read = [&](std::size_t k) {
+        const auto& a = arrays[k];
+        if (a.selection == ArraySlice::Selection::whole)
+          return RowsToRead{0, std::int64_t(stored_dims(a.shape)[0]), static_cast<char*>(a.data)};
+        auto& r = ranges[k];
+        return RowsToRead{r.first, r.last - r.first, r.in_place ? static_cast<char*>(a.data) : r.bytes.data()};
+      };
       // Each piece's checksum terms, taken while its bytes are in cache.
       auto check_piece = [&](std::size_t k) {
         const auto& a = arrays[k];
@@ -401,9 +413,10 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       // 0.86-0.90 of the raw bandwidth against 0.83-0.88 asked after (benchmarks.md).
       if (!whole_direct)
         for (const auto& in_file : order) {
-          const auto& a = arrays[in_file.second];
-          if (a.selection == ArraySlice::Selection::whole)
-            read_ahead(datasets[in_file.second].get(), 0, std::int64_t(stored_dims(a.shape)[0]), row_bytes(a));
+          const std::size_t k = in_file.second;
+          if (arrays[k].selection != ArraySlice::Selection::whole) continue;
+          const RowsToRead whole = rows_to_read(k);
+          read_ahead(datasets[k].get(), whole.first, whole.count, row_bytes(arrays[k]));
         }
       // Then the ranges read straight from the disk queued: the disk reads them on a helper
       // thread while this thread reads the rest through HDF5 below.
@@ -413,14 +426,12 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         if (!m_options.direct_io) break;
         const std::size_t k = in_file.second;
         const auto& a = arrays[k];
-        const Dataset& dataset = datasets[k];
-        auto& r = ranges[k];
-        if (a.selection == ArraySlice::Selection::rows && r.last > r.first)
-          queued[k] = placed.add(dataset.get(), native_type(a.dtype), r.first, r.last - r.first, row_bytes(a),
-                                 r.in_place ? static_cast<char*>(a.data) : r.bytes.data(), where_of(k));
-        if (a.selection == ArraySlice::Selection::whole && whole_direct)
-          queued[k] = placed.add(dataset.get(), native_type(a.dtype), 0, std::int64_t(stored_dims(a.shape)[0]),
-                                 row_bytes(a), static_cast<char*>(a.data), where_of(k));
+        if (a.selection != ArraySlice::Selection::rows && !(a.selection == ArraySlice::Selection::whole && whole_direct))
+          continue;
+        const RowsToRead rows = rows_to_read(k);
+        if (rows.count > 0)
+          queued[k] = placed.add(datasets[k].get(), native_type(a.dtype), rows.first, rows.count, row_bytes(a), rows.into,
+                                 where_of(k));
       }
       // What is not queued, through HDF5 and the cache.
       for (const auto& in_file : order) {
@@ -429,18 +440,12 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         const auto& a = arrays[k];
         const std::string where = where_of(k);
         const Dataset& dataset = datasets[k];
-        if (a.selection == ArraySlice::Selection::rows) {  // in pieces, each checked while in cache
-          auto& r = ranges[k];
-          if (r.last <= r.first) continue;
-          read_rows_in_pieces(dataset.get(), native_type(a.dtype), dxpl.get(), stored_dims(a.shape), r.first,
-                              r.last - r.first, row_bytes(a), r.in_place ? static_cast<char*>(a.data) : r.bytes.data(),
-                              where, overlap, check_piece(k));
-          continue;
-        }
-        if (a.selection == ArraySlice::Selection::whole) {  // in pieces, each checked while in cache
-          const auto dims = stored_dims(a.shape);
-          read_rows_in_pieces(dataset.get(), native_type(a.dtype), dxpl.get(), dims, 0, std::int64_t(dims[0]),
-                              row_bytes(a), static_cast<char*>(a.data), where, overlap, check_piece(k));
+        if (a.selection == ArraySlice::Selection::rows || a.selection == ArraySlice::Selection::whole) {
+          // In pieces, each checked while in cache.
+          const RowsToRead rows = rows_to_read(k);
+          if (rows.count > 0)
+            read_rows_in_pieces(dataset.get(), native_type(a.dtype), dxpl.get(), stored_dims(a.shape), rows.first,
+                                rows.count, row_bytes(a), rows.into, where, overlap, check_piece(k));
           continue;
         }
         Dataspace space(check(H5Dget_space(dataset.get()), where));
