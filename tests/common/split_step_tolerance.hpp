@@ -162,7 +162,7 @@ inline double state_deviation(const std::vector<char>& got, const std::vector<ch
 }
 
 /// One state array's bytes of a split run against one rank's: equal bytes where bits reproduce;
-/// else floats within split_allowance, quantized codes within one code or twice the nudged
+/// else floats within split_allowance, quantized codes within one code or four times the nudged
 /// reruns' difference (`sensitivity`, state_deviation of those reruns), other types equal.
 template <class MemorySpace>
 void expect_same_state(const std::vector<char>& got, const std::vector<char>& want, optim::DType dtype,
