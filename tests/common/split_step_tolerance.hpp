@@ -61,6 +61,10 @@ double split_allowance(double floor, double sensitivity) {
   return bits_reproduce_across_splits<MemorySpace> ? floor : std::max(floor, 4 * sensitivity);
 }
 
+/// The patterns of the nudged reruns (nudge_last_bits' salts are made from them): two, so that
+/// one rerun's luck in missing a flip is less likely to set the allowance.
+inline constexpr std::uint64_t nudge_patterns[] = {1, 2};
+
 /// Moves every element of `values` by one ulp, up or down by a pattern that `salt` picks.
 template <class T, std::enable_if_t<std::is_floating_point<T>::value, int> = 0>
 void nudge_last_bits(std::vector<T>& values, std::uint64_t salt) {

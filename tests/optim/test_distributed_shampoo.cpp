@@ -142,7 +142,7 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
   std::vector<double> sensitivity(b.size(), 0.0);
   if constexpr (!test::bits_reproduce_across_splits<Mem>) {
     std::vector<std::vector<std::vector<float>>> nudged;
-    for (std::uint64_t pattern : {1u, 2u}) {
+    for (std::uint64_t pattern : test::nudge_patterns) {
       optim::Shampoo<Space, float> rerun(Space(), global_specs(), o);
       auto p3 = device_tensors(global_specs(), global_values(0.0));
       for (int step = 0; step < 5; ++step) {

@@ -11,6 +11,7 @@
 #include <lather/core/impl/fault_injection.hpp>
 #include <lather/optim/soap.hpp>
 
+#include "common/host_copies.hpp"
 #include "common/split_step_tolerance.hpp"
 #include "common/state_bytes.hpp"
 
@@ -73,11 +74,6 @@ struct Problem {
     auto mirror = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), values[p]);
     return std::vector<float>(mirror.data(), mirror.data() + mirror.size());
   }
-  std::vector<std::vector<float>> hosts() const {
-    std::vector<std::vector<float>> out;
-    for (std::size_t p = 0; p < s.size(); ++p) out.push_back(host(p));
-    return out;
-  }
   void run(Soap<Space, float>& soap, int first, int steps) {
     for (int t = first; t < first + steps; ++t) {
       for (std::size_t p = 0; p < s.size(); ++p) {
@@ -105,15 +101,15 @@ struct NudgedReruns {
   std::vector<std::vector<std::vector<char>>> state_after_7;
   explicit NudgedReruns(const SoapOptions& o) {
     if constexpr (test::bits_reproduce_across_splits<Mem>) return;
-    for (std::uint64_t pattern : {1u, 2u}) {
+    for (std::uint64_t pattern : test::nudge_patterns) {
       Problem rerun;
       rerun.nudge = pattern;
       Soap<Space, float> soap(Space(), rerun.s, o);
       rerun.run(soap, 0, 7);
-      after_7.push_back(rerun.hosts());
+      after_7.push_back(test::host_vectors(rerun.values));
       state_after_7.push_back(state_bytes(soap.state_arrays(Space())));
       rerun.run(soap, 7, 5);
-      after_12.push_back(rerun.hosts());
+      after_12.push_back(test::host_vectors(rerun.values));
     }
   }
   /// The reruns' largest state_deviation of state array i from `want`.
@@ -126,10 +122,10 @@ struct NudgedReruns {
 
 void expect_same(const Problem& got, const Problem& want, const std::string& when,
                  const std::vector<std::vector<std::vector<float>>>& nudged = {}, bool quantized = false) {
-  const auto sensitivity = test::rounding_sensitivity(nudged, want.hosts(), quantized);
+  const auto wanted = test::host_vectors(want.values), gotten = test::host_vectors(got.values);
+  const auto sensitivity = test::rounding_sensitivity(nudged, wanted, quantized);
   for (std::size_t p = 0; p < want.s.size(); ++p)
-    test::expect_same_values<Space::memory_space>(got.host(p), want.host(p), want.s[p].name + " " + when,
-                                                  sensitivity[p]);
+    test::expect_same_values<Space::memory_space>(gotten[p], wanted[p], want.s[p].name + " " + when, sensitivity[p]);
 }
 
 /// A fresh optimizer on `group` with the parameters of `from`, restored from `saved`.
