@@ -1,5 +1,7 @@
 #include "bench_common.hpp"
 
+#include <lather/core/host_blas_threads.hpp>
+
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
 
@@ -21,6 +23,7 @@ std::string blas_kernels() {
 
 void emit(nlohmann::json record) {
   record["blas_kernels"] = blas_kernels();
+  record["blas_threads"] = host_blas_threads();  // each rank's, 0: the BLAS does not say
   std::cout << record.dump() << std::endl;
 }
 

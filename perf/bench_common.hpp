@@ -15,7 +15,8 @@
 namespace lather::bench {
 
 /// Prints one JSON line and flushes, so partial runs still leave complete records. Every record
-/// carries "blas_kernels": the kernels the BLAS chose for this CPU (blas_kernels() below).
+/// carries "blas_kernels": the kernels the BLAS chose for this CPU (blas_kernels() below), and
+/// "blas_threads": the threads of each of this rank's BLAS calls (comm::fit_host_blas_threads).
 void emit(nlohmann::json record);
 
 /// Which kernels the BLAS runs: OpenBLAS's core name ("Haswell", "Cooperlake", ...; the

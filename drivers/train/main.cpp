@@ -3,6 +3,7 @@
 // optionally with weight shards; see `lather-train --help` and docs/reference/driver.md.
 #include "trainer.hpp"
 
+#include <lather/comm/blas_threads.hpp>
 #include <lather/comm/group.hpp>
 #include <lather/comm/mpi_session.hpp>
 #include <lather/core/config.hpp>
@@ -20,6 +21,8 @@ int main(int argc, char** argv) try {
   {
     const lather::comm::Group world(MPI_COMM_WORLD);
     const int rank = world.rank();
+    // Each rank's share of the node's CPUs for the BLAS, unless the environment says otherwise.
+    lather::comm::fit_host_blas_threads(world);
     // Kokkos takes its --kokkos-* arguments out of argv before CLI11 reads the rest.
     lather::KokkosSession kokkos(argc, argv);
     CLI::App app{"lather-train " LATHER_VERSION_STRING

@@ -1,5 +1,7 @@
 #include <lather/linalg/inverse_root.hpp>
 
+#include <lather/core/host_blas_threads.hpp>
+
 #include "coupled_newton.hpp"
 #include "eigh_root.hpp"
 
@@ -235,6 +237,13 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
       next = tasks.size();  // the others stop after their current task
     }
   };
+  // Every LAPACK call on one BLAS thread, however many threads take the roots: a threaded BLAS
+  // under each would start more threads than the CPUs the pool was sized to (on 1 rank of the
+  // 2-core development machine, OpenBLAS's 2 threads under each of 2 root threads trained Shampoo
+  // at 7,300-7,500 samples/s, against 9,400-10,700 with one; benchmarks.md), and OpenBLAS on 2
+  // threads rounds some of dsyevd's products differently from 1, so the roots' bits would depend
+  // on the pool's size (test_shampoo's RootHostThreadsDoNotChangeTheTrajectory).
+  const ScopedHostBlasThreads one_blas_thread(1);
   std::vector<std::thread> pool;
   for (int thread = 1; thread < threads; ++thread) pool.emplace_back(work, thread);
   work(0);

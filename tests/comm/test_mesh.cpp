@@ -1,7 +1,11 @@
 // The mesh's groups against their definition (rank r = shard r mod S of replica r div S), the
-// ranks a group has on this node and the CPUs they may run on, the all-gather of parts of any size, a bad LATHER_COLLECTIVE_WAIT, bad shard counts as errors on every rank, and the replica tools: broadcast, average, seeds and the
-// divergence check naming the ranks that differ.
+// ranks a group has on this node and the CPUs they may run on, each rank's share of them for the
+// BLAS, the all-gather of parts of any size, a bad LATHER_COLLECTIVE_WAIT, bad shard counts as
+// errors on every rank, and the replica tools: broadcast, average, seeds and the divergence check
+// naming the ranks that differ.
+#include <lather/comm/blas_threads.hpp>
 #include <lather/comm/mesh.hpp>
+#include <lather/core/host_blas_threads.hpp>
 #include <lather/comm/replicas.hpp>
 
 #include "comm_test_utils.hpp"
@@ -9,7 +13,9 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +89,61 @@ TEST(Mesh, NodeOccupancyCountsTheRanksAffinityMasks) {
     EXPECT_EQ(occupancy.spare_cpu(), false);
     EXPECT_EQ(occupancy.oversubscribed(), n > 1);
   }
+}
+
+// fit_host_blas_threads gives each rank its share of the node's CPUs (those of all ranks' masks,
+// gathered here with plain MPI, over the ranks; at most its own), unless the environment names a
+// count; ScopedHostBlasThreads sets a count for its lifetime only. The test harness sets
+// OPENBLAS_NUM_THREADS=1: it is taken away for the first part and put back after.
+TEST(Mesh, HostBlasThreadsAreTheRanksShareOfTheNode) {
+  if (lather::host_blas_threads() == 0) GTEST_SKIP() << "this BLAS does not say how many threads it runs";
+  const int n = world_size(), found = lather::host_blas_threads();
+  cpu_set_t mine, all;
+  CPU_ZERO(&mine);
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
+  std::vector<cpu_set_t> masks(static_cast<std::size_t>(n));
+  MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, masks.data(), int(sizeof mine), MPI_BYTE, MPI_COMM_WORLD);
+  for (auto& set : masks) CPU_OR(&all, &all, &set);
+  const int share = std::max(1, std::min(CPU_COUNT(&mine), CPU_COUNT(&all) / n));
+
+  const char* names[] = {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "BLIS_NUM_THREADS", "MKL_NUM_THREADS",
+                         "OMP_NUM_THREADS"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* name : names) {
+    const char* value = std::getenv(name);
+    saved.push_back(value ? std::optional<std::string>(value) : std::nullopt);
+    unsetenv(name);
+  }
+  const lather::comm::Group world(MPI_COMM_WORLD);
+  EXPECT_FALSE(lather::host_blas_threads_from_environment());
+  ASSERT_TRUE(lather::set_host_blas_threads(share + 1));
+  EXPECT_EQ(lather::comm::fit_host_blas_threads(world), share);
+  EXPECT_EQ(lather::host_blas_threads(), share);
+
+  // A count in the environment is the user's: kept as the BLAS has it.
+  setenv("OMP_NUM_THREADS", "7", 1);
+  EXPECT_TRUE(lather::host_blas_threads_from_environment());
+  ASSERT_TRUE(lather::set_host_blas_threads(share + 1));
+  EXPECT_EQ(lather::comm::fit_host_blas_threads(world), share + 1);
+  unsetenv("OMP_NUM_THREADS");
+
+  {
+    const lather::ScopedHostBlasThreads one(1);
+    EXPECT_EQ(lather::host_blas_threads(), 1);
+    {
+      const lather::ScopedHostBlasThreads none(0);  // < 1: nothing changes
+      EXPECT_EQ(lather::host_blas_threads(), 1);
+    }
+    EXPECT_EQ(lather::host_blas_threads(), 1);
+  }
+  EXPECT_EQ(lather::host_blas_threads(), share + 1);
+  EXPECT_FALSE(lather::set_host_blas_threads(0));
+  EXPECT_EQ(lather::host_blas_threads(), share + 1);
+
+  for (std::size_t k = 0; k < saved.size(); ++k)
+    if (saved[k]) setenv(names[k], saved[k]->c_str(), 1);
+  lather::set_host_blas_threads(found);
 }
 
 // Rank r contributes r + 1 values (rank 1 none, to cover an empty part) of 1000 r + i, from its
