@@ -62,18 +62,27 @@ TEST(Mesh, RanksOnNodeCountTheGroupOnThisMachine) {
   EXPECT_EQ(mesh.shards().ranks_on_node(), mesh.shards().size());
 }
 
+// This rank's affinity mask and the union of every rank's, gathered with plain MPI.
+struct Masks {
+  cpu_set_t mine, all;
+};
+Masks gather_masks() {
+  Masks m;
+  CPU_ZERO(&m.mine);
+  CPU_ZERO(&m.all);
+  EXPECT_EQ(sched_getaffinity(0, sizeof m.mine, &m.mine), 0);
+  std::vector<cpu_set_t> masks(static_cast<std::size_t>(world_size()));
+  MPI_Allgather(&m.mine, int(sizeof m.mine), MPI_BYTE, masks.data(), int(sizeof m.mine), MPI_BYTE, MPI_COMM_WORLD);
+  for (auto& set : masks) CPU_OR(&m.all, &m.all, &set);
+  return m;
+}
+
 // The CPUs of the node's ranks: the union of their affinity masks, gathered here with plain MPI.
 // Under `taskset -c 0` (test_comm_mesh_one_cpu_np2) every rank has one CPU: the node is
 // oversubscribed and no rank has a CPU to spare for a helper thread.
 TEST(Mesh, NodeOccupancyCountsTheRanksAffinityMasks) {
   const int n = world_size();
-  cpu_set_t mine, all;
-  CPU_ZERO(&mine);
-  CPU_ZERO(&all);
-  ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
-  std::vector<cpu_set_t> masks(static_cast<std::size_t>(n));
-  MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, masks.data(), int(sizeof mine), MPI_BYTE, MPI_COMM_WORLD);
-  for (auto& set : masks) CPU_OR(&all, &all, &set);
+  auto [mine, all] = gather_masks();
   const auto occupancy = lather::comm::Group(MPI_COMM_WORLD).node_occupancy();
   EXPECT_EQ(occupancy.ranks, n);
   EXPECT_EQ(occupancy.cpus, CPU_COUNT(&all));
@@ -98,13 +107,7 @@ TEST(Mesh, NodeOccupancyCountsTheRanksAffinityMasks) {
 TEST(Mesh, HostBlasThreadsAreTheRanksShareOfTheNode) {
   if (lather::host_blas_threads() == 0) GTEST_SKIP() << "this BLAS does not say how many threads it runs";
   const int n = world_size(), found = lather::host_blas_threads();
-  cpu_set_t mine, all;
-  CPU_ZERO(&mine);
-  CPU_ZERO(&all);
-  ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
-  std::vector<cpu_set_t> masks(static_cast<std::size_t>(n));
-  MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, masks.data(), int(sizeof mine), MPI_BYTE, MPI_COMM_WORLD);
-  for (auto& set : masks) CPU_OR(&all, &all, &set);
+  auto [mine, all] = gather_masks();
   const int share = std::max(1, std::min(CPU_COUNT(&mine), CPU_COUNT(&all) / n));
 
   const char* names[] = {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "BLIS_NUM_THREADS", "MKL_NUM_THREADS",
