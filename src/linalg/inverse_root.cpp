@@ -240,7 +240,7 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
   // Every LAPACK call on one BLAS thread, however many threads take the roots: a threaded BLAS
   // under each would start more threads than the CPUs the pool was sized to (on 1 rank of the
   // 2-core development machine, OpenBLAS's 2 threads under each of 2 root threads trained Shampoo
-  // at 7,300-7,500 samples/s, against 9,400-10,700 with one; benchmarks.md), and OpenBLAS on 2
+  // at 7,300-7,500 samples/s, against 8,500-10,700 with one; benchmarks.md), and OpenBLAS on 2
   // threads rounds some of dsyevd's products differently from 1, so the roots' bits would depend
   // on the pool's size (test_shampoo's RootHostThreadsDoNotChangeTheTrajectory).
   const ScopedHostBlasThreads one_blas_thread(1);
