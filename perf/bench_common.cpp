@@ -21,6 +21,14 @@ std::string blas_kernels() {
   return name;
 }
 
+comm::Group world_group() {
+#if LATHER_ENABLE_MPI
+  return comm::Group(MPI_COMM_WORLD);
+#else
+  return comm::Group();
+#endif
+}
+
 void emit(nlohmann::json record) {
   record["blas_kernels"] = blas_kernels();
   record["blas_threads"] = host_blas_threads();  // each rank's, 0: the BLAS does not say

@@ -3,6 +3,7 @@
 // one JSON object per line, each carrying its same-run baseline and the ratio to it.
 
 #include <CLI/CLI.hpp>
+#include <lather/comm/group.hpp>
 #include <lather/optim/shampoo_options.hpp>
 #include <lather/optim/optimizer.hpp>
 
@@ -18,6 +19,9 @@ namespace lather::bench {
 /// carries "blas_kernels": the kernels the BLAS chose for this CPU (blas_kernels() below), and
 /// "blas_threads": the threads of each of this rank's BLAS calls (comm::fit_host_blas_threads).
 void emit(nlohmann::json record);
+
+/// The world the benchmark runs on: MPI_COMM_WORLD when MPI is there, else one process.
+comm::Group world_group();
 
 /// Which kernels the BLAS runs: OpenBLAS's core name ("Haswell", "Cooperlake", ...; the
 /// environment's OPENBLAS_CORETYPE overrides OpenBLAS's own choice), or "unknown" for another

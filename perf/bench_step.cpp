@@ -15,10 +15,6 @@
 
 #include <Kokkos_Random.hpp>
 
-#if LATHER_ENABLE_MPI
-#include <mpi.h>
-#endif
-
 #include <algorithm>
 
 namespace lather::bench {
@@ -35,15 +31,6 @@ struct StepBenchOptions {
   int windows = 2;
   std::vector<std::string> shampoo;  // name=value overrides of the set's options
 };
-
-/// The world the benchmark runs on: MPI_COMM_WORLD when MPI is there, else one process.
-comm::Group world_group() {
-#if LATHER_ENABLE_MPI
-  return comm::Group(MPI_COMM_WORLD);
-#else
-  return comm::Group();
-#endif
-}
 
 /// Seconds per step of the slowest rank, averaged over `windows` windows of `window` steps after
 /// one warm-up window.

@@ -2,16 +2,12 @@
 #include "bench_common.hpp"
 
 #include <lather/comm/blas_threads.hpp>
-#include <lather/comm/group.hpp>
 #include <lather/comm/mpi_session.hpp>
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <Kokkos_Core.hpp>
-#if LATHER_ENABLE_MPI
-#include <mpi.h>  // MPI_COMM_WORLD
-#endif
 
 #include <cstdio>
 
@@ -22,11 +18,7 @@ int main(int argc, char** argv) try {
     // Kokkos takes its own --kokkos-* arguments out of argv before CLI11 sees the rest.
     lather::KokkosSession kokkos(argc, argv);
     // Each rank's share of the node for the BLAS, as lather-train gives it (blas_threads.hpp).
-#if LATHER_ENABLE_MPI
-    lather::comm::fit_host_blas_threads(lather::comm::Group(MPI_COMM_WORLD));
-#else
-    lather::comm::fit_host_blas_threads(lather::comm::Group());
-#endif
+    lather::comm::fit_host_blas_threads(lather::bench::world_group());
     CLI::App app{"lather-bench: Lather's benchmarks. Each subcommand prints one JSON object per "
                  "line with a baseline measured in the same run and the ratio to it."};
     app.require_subcommand(1);
