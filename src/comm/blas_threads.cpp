@@ -2,14 +2,11 @@
 
 #include <lather/core/host_blas_threads.hpp>
 
-#include <algorithm>
-
 namespace lather::comm {
 
 int fit_host_blas_threads(const Group& group) {
   const NodeOccupancy node = group.node_occupancy();  // collective: before any rank returns early
-  if (!host_blas_threads_from_environment())
-    set_host_blas_threads(std::max(1, std::min(node.own_cpus, node.cpus / std::max(1, node.ranks))));
+  if (!host_blas_threads_from_environment()) set_host_blas_threads(node.cpu_share());
   return host_blas_threads();
 }
 

@@ -25,6 +25,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -46,6 +47,9 @@ struct NodeOccupancy {
   bool oversubscribed() const { return ranks > cpus; }
   /// A helper thread of this rank would find a CPU that no rank of the group occupies.
   bool spare_cpu() const { return ranks < cpus && own_cpus > 1; }
+  /// The CPUs this rank has to itself: the node's CPUs shared among its ranks, at most its own
+  /// mask's, at least 1 (the BLAS's threads, Shampoo's eigh root threads).
+  int cpu_share() const { return std::max(1, std::min(own_cpus, cpus / std::max(1, ranks))); }
 };
 
 class Group {

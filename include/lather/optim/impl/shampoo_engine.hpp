@@ -43,8 +43,10 @@ namespace lather::optim::Impl {
 inline int root_host_threads(const ShampooOptions& options, const comm::Group& group, const comm::Group& shards) {
   const comm::NodeOccupancy on_node = group.node_occupancy(), shards_on_node = shards.node_occupancy();
   if (options.root.host_threads > 0) return options.root.host_threads;
-  const int ranks = on_node.ranks * shards_on_node.ranks, cpus = std::max(on_node.cpus, shards_on_node.cpus);
-  return std::max(1, std::min(on_node.own_cpus, cpus / std::max(1, ranks)));
+  comm::NodeOccupancy both = on_node;  // the node's ranks of both groups, on the CPUs of either
+  both.ranks *= shards_on_node.ranks;
+  both.cpus = std::max(on_node.cpus, shards_on_node.cpus);
+  return both.cpu_share();
 }
 
 template <class ExecutionSpace, class Scalar>
