@@ -1,6 +1,7 @@
 #include "bench_common.hpp"
 
 #include <lather/core/host_blas_threads.hpp>
+#include <lather/core/impl/gemm.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
@@ -54,5 +55,33 @@ double gemm_gflops(int n, double seconds) {
 }
 template double gemm_gflops<float>(int, double);
 template double gemm_gflops<double>(int, double);
+
+template <class Scalar>
+double batched_gemm_gflops(int n, int batch, double seconds) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  // A and B are shared by every product (stride 0), each product has its own C: the rate of the
+  // batched call itself, without a stack of inputs to stream.
+  Kokkos::View<Scalar*, Space::memory_space> a("bench::batched_a", std::size_t(n) * n),
+      b("bench::batched_b", std::size_t(n) * n), c("bench::batched_c", std::size_t(n) * n * batch);
+  Kokkos::deep_copy(a, Scalar(1.0 / n));
+  Kokkos::deep_copy(b, Scalar(0.5));
+  const Space space;
+  const std::int64_t stride_c = std::int64_t(n) * n;
+  const auto call = [&] {
+    lather::Impl::gemm_strided_batched(space, 'N', 'N', n, n, n, Scalar(1), a.data(), 0, b.data(), 0, Scalar(0),
+                                       c.data(), stride_c, batch);
+    space.fence();
+  };
+  call();  // warm-up (and cuBLAS's handle)
+  long reps = 0;
+  Kokkos::Timer timer;
+  do {
+    call();
+    ++reps;
+  } while (timer.seconds() < seconds);
+  return 2.0 * double(n) * n * n * double(batch) * double(reps) / timer.seconds() / 1e9;
+}
+template double batched_gemm_gflops<float>(int, int, double);
+template double batched_gemm_gflops<double>(int, int, double);
 
 }  // namespace lather::bench

@@ -35,6 +35,12 @@ std::string blas_kernels();
 template <class Scalar>
 double gemm_gflops(int n, double seconds);
 
+/// GFLOP/s of `batch` n x n x n GEMMs of `Scalar` issued as one strided-batched call (the path
+/// Shampoo's products take: one cuBLAS call on CUDA, a GEMM per matrix elsewhere), repeated for at
+/// least `seconds`. On a GPU one small GEMM at a time measures launches, not the GEMM rate.
+template <class Scalar>
+double batched_gemm_gflops(int n, int batch, double seconds);
+
 /// Parses "a,b,c" into numbers; CLI11 does the per-item conversion and reports bad items.
 template <class T>
 void add_list_option(CLI::App& app, const std::string& name, std::vector<T>& values,
