@@ -123,8 +123,9 @@ void run_step(const StepBenchOptions& o) {
     // where one small GEMM at a time is launch-bound: 193 GFLOP/s at n = 128 on an H200, a rate at
     // which the transformer's products would take 16.7 ms a step; they took 0.2-0.46 ms).
     const int block = std::max(1, shampoo_options.block_size);
-    const double gemm_rate =
-        std::max(gemm_gflops<float>(block, 0.3), batched_gemm_gflops<float>(block, gemm_batch, 0.3));
+    const double gemm_rate_one = gemm_gflops<float>(block, 0.3);
+    const double gemm_rate_batched = batched_gemm_gflops<float>(block, gemm_batch, 0.3);
+    const double gemm_rate = std::max(gemm_rate_one, gemm_rate_batched);
     for (const auto& method : o.root_methods) {
       auto options = shampoo_options;
       options.root.method = linalg::parse_root_method(method);
@@ -159,6 +160,8 @@ void run_step(const StepBenchOptions& o) {
               {"product_gflop_per_step", product_flops / 1e9},
               {"gemm_gflops", gemm_rate},
               {"gemm_batch", gemm_batch},
+              {"gemm_gflops_one", gemm_rate_one},
+              {"gemm_gflops_batched", gemm_rate_batched},
               {"product_floor_seconds", product_floor},
               {"product_floor_ratio_to_adam", product_floor / adam_seconds}});
     }
