@@ -36,22 +36,35 @@ void emit(nlohmann::json record) {
   std::cout << record.dump() << std::endl;
 }
 
+namespace {
+
+/// GFLOP/s of `call` (which fences), doing `flops` each time: one untimed call (a warm-up, and
+/// cuBLAS's handle), then as many as fit in at least `seconds`.
+template <class Call>
+double repeated_gflops(const Call& call, double flops, double seconds) {
+  call();
+  long reps = 0;
+  Kokkos::Timer timer;
+  do {
+    call();
+    ++reps;
+  } while (timer.seconds() < seconds);
+  return flops * double(reps) / timer.seconds() / 1e9;
+}
+
+}  // namespace
+
 template <class Scalar>
 double gemm_gflops(int n, double seconds) {
   using Matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, Kokkos::DefaultExecutionSpace::memory_space>;
   Matrix a("bench::gemm_a", n, n), b("bench::gemm_b", n, n), c("bench::gemm_c", n, n);
   Kokkos::deep_copy(a, Scalar(1.0 / n));
   Kokkos::deep_copy(b, Scalar(0.5));
-  KokkosBlas::gemm("N", "N", Scalar(1), a, b, Scalar(0), c);  // warm-up
-  Kokkos::fence();
-  long reps = 0;
-  Kokkos::Timer timer;
-  do {
+  const auto call = [&] {
     KokkosBlas::gemm("N", "N", Scalar(1), a, b, Scalar(0), c);
     Kokkos::fence();
-    ++reps;
-  } while (timer.seconds() < seconds);
-  return 2.0 * double(n) * n * n * double(reps) / timer.seconds() / 1e9;
+  };
+  return repeated_gflops(call, 2.0 * double(n) * n * n, seconds);
 }
 template double gemm_gflops<float>(int, double);
 template double gemm_gflops<double>(int, double);
@@ -72,14 +85,7 @@ double batched_gemm_gflops(int n, int batch, double seconds) {
                                        c.data(), stride_c, batch);
     space.fence();
   };
-  call();  // warm-up (and cuBLAS's handle)
-  long reps = 0;
-  Kokkos::Timer timer;
-  do {
-    call();
-    ++reps;
-  } while (timer.seconds() < seconds);
-  return 2.0 * double(n) * n * n * double(batch) * double(reps) / timer.seconds() / 1e9;
+  return repeated_gflops(call, 2.0 * double(n) * n * n * double(batch), seconds);
 }
 template double batched_gemm_gflops<float>(int, int, double);
 template double batched_gemm_gflops<double>(int, int, double);
