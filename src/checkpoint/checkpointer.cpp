@@ -318,11 +318,18 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
   // Checksums on a second thread only where a CPU is free for it: not on a rank bound to one CPU,
   // however many the node has.
   const bool overlap = node.spare_cpu();
-  // Rows come straight from the disk into the caller's memory (placed_reads.hpp). An array every
-  // rank loads whole does too where its rank is alone on the node; where ranks share the node it
-  // comes through the page cache, so that the disk reads it once for them all: on 4 ranks of the
-  // development machine, each reading its own copy (1.375 times the raw baseline's bytes) loaded
-  // at 0.68-0.70 of the raw bandwidth against 0.78-0.82 through the cache (benchmarks.md).
+  // Rows come straight from the disk into the caller's memory (placed_reads.hpp). So do the
+  // arrays every rank loads whole (replicated parameters): each rank reads only the share of
+  // their rows it checks, and one allgatherv per array hands every rank the others' shares, so
+  // that the disk reads each byte once and no rank copies the array out of the page cache.
+  // Where ranks shared a node, every rank used to read the whole array through the cache:
+  // lather-bench checkpoint's cold 256 MiB loads ran at 2.57-2.92 GB/s on 4 ranks of the
+  // development machine against 2.80-3.45 now (seven alternations), and at 3.31-3.34 against
+  // 3.55-3.80 on 2 ranks (three; benchmarks.md).
+  std::vector<char> split_whole(arrays.size(), 0);
+  for (std::size_t k = 0; k < arrays.size(); ++k)
+    split_whole[k] = m_group.size() > 1 && arrays[k].selection == ArraySlice::Selection::whole &&
+                     verification.whole_on_every_rank(k);
   const bool whole_direct = node.ranks == 1;
   m_group.run_agreed("", [&] {
     // Every rank opens the file on its own (HDF5's default POSIX driver), not through MPI-IO: a
@@ -378,6 +385,11 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       };
       auto rows_to_read = [&](std::size_t k) {
         const auto& a = arrays[k];
+        if (a.selection == ArraySlice::Selection::whole && split_whole[k]) {
+          const auto share = verification.share(k);
+          return RowsToRead{share.first, share.second,
+                            static_cast<char*>(a.data) + std::size_t(share.first) * row_bytes(a)};
+        }
         if (a.selection == ArraySlice::Selection::whole)
           return RowsToRead{0, std::int64_t(stored_dims(a.shape)[0]), static_cast<char*>(a.data)};
         auto& r = ranges[k];
@@ -414,7 +426,7 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       if (!whole_direct)
         for (const auto& in_file : order) {
           const std::size_t k = in_file.second;
-          if (arrays[k].selection != ArraySlice::Selection::whole) continue;
+          if (arrays[k].selection != ArraySlice::Selection::whole || split_whole[k]) continue;
           const RowsToRead whole = rows_to_read(k);
           read_ahead(datasets[k].get(), whole.first, whole.count, row_bytes(arrays[k]));
         }
@@ -426,7 +438,8 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         if (!m_options.direct_io) break;
         const std::size_t k = in_file.second;
         const auto& a = arrays[k];
-        if (a.selection != ArraySlice::Selection::rows && !(a.selection == ArraySlice::Selection::whole && whole_direct))
+        if (a.selection != ArraySlice::Selection::rows &&
+            !(a.selection == ArraySlice::Selection::whole && (whole_direct || split_whole[k])))
           continue;
         const RowsToRead rows = rows_to_read(k);
         if (rows.count > 0)
@@ -476,6 +489,17 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         std::memcpy(a.data, sorted.data(), sorted.size());
       else
         permute_rows(a, row_order(a), sorted.data(), static_cast<char*>(a.data), false);
+    }
+    // The shares of the arrays loaded whole to every rank, in place (collective, as above).
+    for (std::size_t k = 0; k < arrays.size(); ++k) {
+      if (!split_whole[k]) continue;
+      const auto& a = arrays[k];
+      const std::int64_t rows = std::int64_t(stored_dims(a.shape)[0]);
+      std::vector<std::size_t> counts(std::size_t(m_group.size()));
+      for (int r = 0; r < m_group.size(); ++r)
+        counts[std::size_t(r)] = std::size_t(row_share(rows, r, m_group.size()).second) * row_bytes(a);
+      char* whole = static_cast<char*>(a.data);
+      m_group.allgatherv(whole + std::size_t(verification.share(k).first) * row_bytes(a), whole, counts);
     }
     // Every chunk read is compared with its stored checksum (collective, whatever happened above).
     verification.finish();

@@ -23,7 +23,7 @@ void block_of(const ArraySlice& a, std::vector<std::int64_t>& offset, std::vecto
   count = a.count;
 }
 
-constexpr std::int64_t kind_rows = 2;
+constexpr std::int64_t kind_block = 1, kind_rows = 2, kind_whole = 3;
 
 }  // namespace
 
@@ -160,6 +160,7 @@ SelectionChecksums::SelectionChecksums(const comm::Group& group, const std::vect
       m_stored(arrays.size()),
       m_sums(arrays.size()),
       m_share(arrays.size(), {0, 0}),
+      m_whole_everywhere(arrays.size(), 0),
       m_coverage(arrays.size()),
       m_blocks(arrays.size()) {
   // Every rank's selection of every array: kind, then (offset, count) per stored dimension, all
@@ -178,7 +179,9 @@ SelectionChecksums::SelectionChecksums(const comm::Group& group, const std::vect
       offset.assign(rank, 0), count.assign(rank, 0);
     else
       block_of(a, offset, count);
-    mine.push_back(a.selection == ArraySlice::Selection::rows ? kind_rows : 1);
+    mine.push_back(a.selection == ArraySlice::Selection::rows    ? kind_rows
+                   : a.selection == ArraySlice::Selection::whole ? kind_whole
+                                                                 : kind_block);
     mine.insert(mine.end(), offset.begin(), offset.end());
     mine.insert(mine.end(), count.begin(), count.end());
     at[k + 1] = mine.size();
@@ -213,8 +216,11 @@ SelectionChecksums::SelectionChecksums(const comm::Group& group, const std::vect
     }
     if (same.empty()) continue;
     const std::int64_t member = std::find(same.begin(), same.end(), me) - same.begin(), members = std::int64_t(same.size());
-    const std::int64_t rows = own[rank];
-    m_share[k] = {rows * member / members, rows * (member + 1) / members - rows * member / members};
+    m_share[k] = row_share(own[rank], member, members);
+    bool whole_everywhere = int(same.size()) == size;
+    for (int r = 0; r < size; ++r)
+      whole_everywhere = whole_everywhere && all[std::size_t(r) * mine.size() + at[k]] == kind_whole;
+    m_whole_everywhere[k] = whole_everywhere;
   }
 }
 

@@ -55,6 +55,12 @@ std::string read_and_check_rows(hid_t dataset, hid_t type, hid_t dxpl, const std
                                 const StoredChecksums& stored, std::int64_t first_chunk, std::int64_t chunks,
                                 std::vector<unsigned char>& buffer);
 
+/// Rows [first, first + count) of `rows` that member `member` of `members` takes: consecutive
+/// shares in member order, their sizes differing by at most one row.
+inline std::pair<std::int64_t, std::int64_t> row_share(std::int64_t rows, std::int64_t member, std::int64_t members) {
+  return {rows * member / members, rows * (member + 1) / members - rows * member / members};
+}
+
 /// The checksum terms of what the ranks of `group` write or read of `arrays`, each element counted
 /// once: ranks writing or reading the same block (replicas) split its rows between them, rows
 /// are added as written or read. Construct before the transfers (collective when some array is
@@ -82,6 +88,9 @@ class SelectionChecksums {
   /// block's first row. Ranks holding the same block (replicas; saving, a whole array's writers)
   /// split its rows in rank order; saving, each writes its share. (0, 0) where the rank has none.
   std::pair<std::int64_t, std::int64_t> share(std::size_t k) const { return m_share[k]; }
+  /// Every rank of the group selects array k whole (and it is not empty): the shares then split
+  /// its rows over all the ranks in rank order, as row_share(rows, rank, ranks).
+  bool whole_on_every_rank(std::size_t k) const { return m_whole_everywhere[k] != 0; }
   /// Collective: sums every rank's terms (every rank calls it, whatever happened before).
   void finish();
   /// Saving, after finish(): the summed terms of array k; throws naming the array when the ranks'
@@ -100,6 +109,7 @@ class SelectionChecksums {
   std::vector<StoredChecksums> m_stored;  ///< the grid, and when loading the stored sums
   std::vector<std::vector<ChunkSum>> m_sums;
   std::vector<std::pair<std::int64_t, std::int64_t>> m_share;    ///< (first block row, rows) this rank adds
+  std::vector<char> m_whole_everywhere;                           ///< whole_on_every_rank()
   std::vector<std::vector<char>> m_coverage;                      ///< per chunk: 0 none, 1 exactly once, 2 partly
   std::vector<std::vector<std::vector<std::int64_t>>> m_blocks;  ///< distinct blocks: offsets, then counts
 };

@@ -4,13 +4,17 @@
 #include "checkpoint_test_support.hpp"
 #include "common/state_bytes.hpp"
 
+#include <lather/checkpoint/page_aligned.hpp>
+
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 namespace {
 
@@ -351,6 +355,78 @@ TEST(CheckpointRoundTrip, KeepsTheNewestKeepLast) {
   read.data = got.data();
   checkpointer.load(saved[3], {read});
   EXPECT_EQ(got, std::vector<double>(data.size(), 4.0));
+  remove_directory(dir);
+}
+
+// Arrays every rank loads whole (replicated parameters): on several ranks each reads a share of
+// the rows, straight from the disk where the share is large enough and page-aligned (the first
+// array: 32 MiB, shares of whole pages on 1 to 4 ranks, each above the 8 MiB of one direct
+// read), through HDF5 where it is not (the second: shares below 8 MiB, meeting inside pages),
+// and the ranks exchange them. Every element comes back on every rank, and a byte flipped in the
+// last rank's share fails the load on every rank with the array named.
+TEST(CheckpointRoundTrip, WholeArraysAreReadInSharesAndExchanged) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const std::string dir = shared_directory("whole_shares");
+  const std::int64_t aligned = std::int64_t(12) * 1024 * 683, uneven = 300007;  // floats; doubles [rows, 3]
+  checkpoint::PageAlignedVector<float> aligned_data(std::size_t(aligned), 0.0f);
+  for (std::int64_t i = 0; i < aligned; ++i) aligned_data[std::size_t(i)] = float(i % 4093) * 0.25f - 9.0f;
+  std::vector<double> uneven_data(std::size_t(uneven) * 3);
+  for (std::size_t i = 0; i < uneven_data.size(); ++i) uneven_data[i] = double(i) * 0.5 + 1.0;
+  checkpoint::ArraySlice big, odd;
+  big.path = "parameters/all";
+  big.dtype = optim::DType::float32;
+  big.shape = {aligned};
+  big.writer = true;
+  big.data = aligned_data.data();
+  odd.path = "parameters/odd";
+  odd.dtype = optim::DType::float64;
+  odd.shape = {uneven, 3};
+  odd.writer = true;
+  odd.data = uneven_data.data();
+  checkpoint::CheckpointOptions options;
+  options.directory = dir;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  const std::string file = checkpointer.save(1, {big, odd}, {});
+  checkpoint::PageAlignedVector<float> got_big(std::size_t(aligned), -1.0f);
+  std::vector<double> got_odd(uneven_data.size(), -1.0);
+  auto read_big = big, read_odd = odd;
+  read_big.data = got_big.data();
+  read_odd.data = got_odd.data();
+  checkpointer.load(file, {read_big, read_odd});
+  for (std::int64_t i = 0; i < aligned; ++i)
+    ASSERT_EQ(got_big[std::size_t(i)], aligned_data[std::size_t(i)]) << "element " << i << " on " << size << " ranks";
+  ASSERT_EQ(got_odd, uneven_data) << "on " << size << " ranks";
+
+  // One byte of the last rank's share of the first array flipped, in place.
+  if (rank == 0) {
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const hid_t d = H5Dopen2(f, big.path.c_str(), H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    const haddr_t start = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+    ASSERT_NE(start, HADDR_UNDEF);
+    const std::int64_t at = std::int64_t(start) + (aligned * (size - 1) / size + 1000) * 4 + 1;
+    std::fstream bytes(file, std::ios::in | std::ios::out | std::ios::binary);
+    bytes.seekg(at);
+    char c = 0;
+    bytes.read(&c, 1);
+    c = char(c ^ 0x10);
+    bytes.seekp(at);
+    bytes.write(&c, 1);
+    ASSERT_TRUE(bytes.good()) << "could not flip a byte of " << file;
+    bytes.close();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  try {
+    checkpointer.load(file, {read_big, read_odd});
+    ADD_FAILURE() << "a flipped byte in '" << big.path << "' loaded on rank " << rank;
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find(big.path), std::string::npos) << e.message();
+  }
   remove_directory(dir);
 }
 
