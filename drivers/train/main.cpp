@@ -10,6 +10,7 @@
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
+#include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <mpi.h>  // MPI_COMM_WORLD
 

@@ -2,6 +2,8 @@
 
 #include <lather/core/error.hpp>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>

@@ -8,11 +8,15 @@
 #include <lather/optim/shampoo_options.hpp>
 #include <lather/optim/soap.hpp>
 
-#include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>
+
+// CLI11 is header-only and costs about 10 s of compilation in every file that includes it (g++
+// -O3): only the files that build or read the command line include it.
+namespace CLI {
+class App;
+}
 
 namespace lather::train {
 
