@@ -183,28 +183,15 @@ EighOutcome eigh_root_any_size(std::vector<C>& matrix, int n, int exponent, cons
   return outcome;
 }
 
-template <class ExecutionSpace, class S, class C>
-void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
-                const MatrixStack<S, typename ExecutionSpace::memory_space>& roots,
-                const std::vector<RootTask>& tasks, const InverseRootOptions& options,
-                InverseRootResult& result, GemmCount& count) {
-  const int padded = int(matrices.extent(1));
-  using HostStack = Kokkos::View<S***, Kokkos::LayoutRight, Kokkos::HostSpace>;
-  // The stack on the host in one copy, up to the last matrix a task names (Shampoo's last chunk
-  // fills only a prefix of its stack, and its float64 retries name a few matrices); the roots
-  // computed there, then copied back one by one (a root that is not finite is not written, as on
-  // every path).
-  std::size_t used = 0;
-  for (const auto& task : tasks) used = std::max(used, std::size_t(task.index) + 1);
-  HostStack host_in(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_in"), used,
-                    padded, padded);
-  HostStack host_out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_out"), used,
-                     padded, padded);
-  Kokkos::deep_copy(space, host_in,
-                    Kokkos::subview(matrices, std::make_pair(std::size_t(0), used), Kokkos::ALL, Kokkos::ALL));
-  fence(space, "Lather::inverse_pth_root: matrices on the host");
-  // Each thread takes the next task until none is left; no Kokkos call is made in a thread. The
-  // results land at the task's own index, so they do not depend on the number of threads.
+/// The eigh roots of `tasks`, read from `in` and written to `out` (host-accessible stacks of the
+/// same padded size) by options.host_threads threads, each taking the next task until none is left;
+/// no Kokkos call is made in a thread. The results land at the task's own index, so they do not
+/// depend on the number of threads. A root that is not finite is not written, as on every path.
+template <class C, class In, class Out>
+void eigh_on_host_threads(const In& in, const Out& out, const std::vector<RootTask>& tasks,
+                          const InverseRootOptions& options, InverseRootResult& result, GemmCount& count) {
+  using S = typename Out::non_const_value_type;
+  const int padded = int(in.extent(1));
   const int threads = std::max(1, std::min(options.host_threads, int(tasks.size())));
   std::atomic<std::size_t> next{0};
   const auto pool_size = static_cast<std::size_t>(threads);
@@ -219,7 +206,7 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
         const int n = task.size;
         matrix.resize(std::size_t(n) * n);
         for (int i = 0; i < n; ++i)
-          for (int j = 0; j < n; ++j) matrix[std::size_t(i) * n + j] = C(host_in(task.index, i, j));
+          for (int j = 0; j < n; ++j) matrix[std::size_t(i) * n + j] = C(in(task.index, i, j));
         const EighOutcome outcome =
             eigh_root_any_size<C>(matrix, n, task.exponent, options, root, counts[std::size_t(thread)], workspace);
         result.error[t] = outcome.error;
@@ -230,7 +217,7 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
         if (outcome.status == RootStatus::non_finite) continue;
         for (int i = 0; i < padded; ++i)
           for (int j = 0; j < padded; ++j)
-            host_out(task.index, i, j) = (i < n && j < n) ? S(root[std::size_t(i) * n + j]) : S(i == j);
+            out(task.index, i, j) = (i < n && j < n) ? S(root[std::size_t(i) * n + j]) : S(i == j);
       }
     } catch (...) {
       failures[std::size_t(thread)] = std::current_exception();
@@ -251,11 +238,42 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
   for (const auto& failure : failures)
     if (failure) std::rethrow_exception(failure);
   for (const auto& c : counts) count.flops += c.flops, count.calls += c.calls;
-  for (std::size_t t = 0; t < tasks.size(); ++t) {
-    if (result.status[t] == RootStatus::non_finite) continue;
-    const auto at = std::size_t(tasks[t].index);
-    Kokkos::deep_copy(space, Kokkos::subview(roots, at, Kokkos::ALL, Kokkos::ALL),
-                      Kokkos::subview(host_out, at, Kokkos::ALL, Kokkos::ALL));
+}
+
+template <class ExecutionSpace, class S, class C>
+void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
+                const MatrixStack<S, typename ExecutionSpace::memory_space>& roots,
+                const std::vector<RootTask>& tasks, const InverseRootOptions& options,
+                InverseRootResult& result, GemmCount& count) {
+  using memory_space = typename ExecutionSpace::memory_space;
+  if constexpr (::lather::Impl::host_accessible<memory_space>) {
+    // The host reads the stack and writes the roots where they are: no staging copies (on the
+    // transformer set, two 32 MB stacks allocated, filled and copied back at every root step).
+    fence(space, "Lather::inverse_pth_root: matrices ready for the host");
+    eigh_on_host_threads<C>(matrices, roots, tasks, options, result, count);
+  } else {
+    const int padded = int(matrices.extent(1));
+    using HostStack = Kokkos::View<S***, Kokkos::LayoutRight, Kokkos::HostSpace>;
+    // The stack on the host in one copy, up to the last matrix a task names (Shampoo's last chunk
+    // fills only a prefix of its stack, and its float64 retries name a few matrices); the roots
+    // computed there, then copied back one by one (a root that is not finite is not written, as
+    // on every path).
+    std::size_t used = 0;
+    for (const auto& task : tasks) used = std::max(used, std::size_t(task.index) + 1);
+    HostStack host_in(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_in"), used,
+                      padded, padded);
+    HostStack host_out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::inverse_pth_root::eigh_out"), used,
+                       padded, padded);
+    Kokkos::deep_copy(space, host_in,
+                      Kokkos::subview(matrices, std::make_pair(std::size_t(0), used), Kokkos::ALL, Kokkos::ALL));
+    fence(space, "Lather::inverse_pth_root: matrices on the host");
+    eigh_on_host_threads<C>(host_in, host_out, tasks, options, result, count);
+    for (std::size_t t = 0; t < tasks.size(); ++t) {
+      if (result.status[t] == RootStatus::non_finite) continue;
+      const auto at = std::size_t(tasks[t].index);
+      Kokkos::deep_copy(space, Kokkos::subview(roots, at, Kokkos::ALL, Kokkos::ALL),
+                        Kokkos::subview(host_out, at, Kokkos::ALL, Kokkos::ALL));
+    }
   }
   fence(space, "Lather::inverse_pth_root: roots on the device");
 }
