@@ -274,8 +274,10 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
       Kokkos::deep_copy(space, Kokkos::subview(roots, at, Kokkos::ALL, Kokkos::ALL),
                         Kokkos::subview(host_out, at, Kokkos::ALL, Kokkos::ALL));
     }
+    // Before host_out goes: the copies on `space` may still read it. (In place, the threads have
+    // written the roots when they are joined, and solve() fences `space` after either way.)
+    fence(space, "Lather::inverse_pth_root: roots on the device");
   }
-  fence(space, "Lather::inverse_pth_root: roots on the device");
 }
 
 }  // namespace
