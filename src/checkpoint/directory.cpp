@@ -55,19 +55,54 @@ void remove_temporaries(const std::string& directory, const std::string& prefix)
 }
 
 namespace {
-void sync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
+/// fsync of a file or directory; "" when it reached the disk, else what failed. O_NONBLOCK, which
+/// regular files and directories ignore, keeps a FIFO left under the name from blocking the open.
+std::string sync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
+  if (fd < 0) {
+    // Renaming into a directory needs write and search permission, not read: one that may not be
+    // opened cannot be synced by this process, which is not a failure of the disk.
+    if (directory && errno == EACCES) return {};
+    return ::lather::Impl::concat("cannot open '", path, "' to fsync it: ", std::strerror(errno));
+  }
+  int result = 0;
+  do {
+    result = ::fsync(fd);
+  } while (result != 0 && errno == EINTR);
+  const int sync_errno = errno;
+  const int closed = ::close(fd);
+  if (result != 0) {
+    // Some file systems do not sync directories at all (EINVAL; EBADF on systems that want them
+    // opened for writing): their renames are as durable as they can make them.
+    if (directory && (sync_errno == EINVAL || sync_errno == EBADF)) return {};
+    return ::lather::Impl::concat("fsync of '", path, "' failed: ", std::strerror(sync_errno));
+  }
+  if (closed != 0 && !directory)
+    return ::lather::Impl::concat("closing '", path, "' after its fsync: ", std::strerror(errno));
+  return {};
 }
 }  // namespace
 
 void publish(const std::string& from, const std::string& to, bool sync) {
-  if (sync) sync_path(from, false);
+  // A file whose bytes may not be on the disk never takes the final name: after an fsync error
+  // the kernel may already have dropped the pages that failed, so no retry can be trusted either.
+  if (sync) {
+    const std::string failed = sync_path(from, false);
+    if (!failed.empty()) {
+      std::error_code ignored;
+      fs::remove(from, ignored);
+      LATHER_FAIL("checkpoint '", to, "' was not published: ", failed);
+    }
+  }
   if (std::rename(from.c_str(), to.c_str()) != 0)
     LATHER_FAIL("cannot rename checkpoint '", from, "' to '", to, "': ", std::strerror(errno));
-  if (sync) sync_path(fs::path(to).parent_path().string(), true);
+  if (sync) {
+    const std::string failed = sync_path(fs::path(to).parent_path().string(), true);
+    // The file is complete under its final name, but its name may not survive a crash: an error,
+    // so that the run stops before pruning the checkpoints that would.
+    if (!failed.empty())
+      LATHER_FAIL("checkpoint '", to, "' is complete, but its rename may not survive a crash: ", failed);
+  }
 }
 
 void prune(const std::string& directory, const std::string& prefix, int keep) {

@@ -14,7 +14,9 @@ std::string temporary_name(const std::string& directory, const std::string& pref
 std::vector<std::pair<long, std::string>> list_final(const std::string& directory, const std::string& prefix);
 /// Removes leftovers of interrupted writes (temporary names of this prefix).
 void remove_temporaries(const std::string& directory, const std::string& prefix);
-/// fsync(file), rename(from, to), fsync(directory).
+/// fsync(file), rename(from, to), fsync(directory), each checked: a file whose fsync fails is
+/// removed and never renamed, and a failed fsync of the directory after the rename is an error
+/// too (throws lather::Error naming the file and the system's reason). Without `sync`, the rename.
 void publish(const std::string& from, const std::string& to, bool sync);
 /// Deletes all but the newest `keep` final-named checkpoints.
 void prune(const std::string& directory, const std::string& prefix, int keep);

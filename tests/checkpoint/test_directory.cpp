@@ -1,0 +1,119 @@
+// The checkpoint directory (src/checkpoint/directory.hpp), white box: names, listing, pruning, and
+// publication, whose fsyncs are checked. A FIFO under the temporary name makes the kernel's own
+// fsync fail (EINVAL: a FIFO cannot be synchronised), so the failure path runs for real, not
+// through a hook: the file never takes its final name, and the error says which and why.
+#include "checkpoint/directory.hpp"
+
+#include <lather/core/error.hpp>
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace lather::checkpoint::Impl;
+
+/// A fresh directory, removed with the fixture.
+class CheckpointDirectory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "lather-directory-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
+    m_directory = pattern;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(m_directory, ignored);
+  }
+  std::string path(const std::string& name) const { return (fs::path(m_directory) / name).string(); }
+  static void write_text(const std::string& file, const std::string& text) { std::ofstream(file) << text; }
+  static std::string read_text(const std::string& file) {
+    std::ifstream in(file);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+  std::string m_directory;
+};
+
+TEST_F(CheckpointDirectory, PublishRenamesTheSyncedFileIntoPlace) {
+  for (bool sync : {true, false}) {
+    const long step = sync ? 7 : 8;
+    const std::string from = temporary_name(m_directory, "ckpt", step), to = final_name(m_directory, "ckpt", step);
+    write_text(from, "checkpoint bytes");
+    for (const auto& listed : list_final(m_directory, "ckpt"))
+      EXPECT_NE(listed.first, step) << "the temporary name is listed as a checkpoint";
+    publish(from, to, sync);
+    EXPECT_FALSE(fs::exists(from));
+    EXPECT_EQ(read_text(to), "checkpoint bytes");
+    EXPECT_EQ(list_final(m_directory, "ckpt").back(), std::make_pair(step, to));
+  }
+}
+
+TEST_F(CheckpointDirectory, AFileWhoseFsyncFailsIsNeverPublished) {
+  const std::string from = temporary_name(m_directory, "ckpt", 3), to = final_name(m_directory, "ckpt", 3);
+  ASSERT_EQ(::mkfifo(from.c_str(), 0600), 0) << std::strerror(errno);
+  try {
+    publish(from, to, true);
+    FAIL() << "publishing a file whose fsync fails did not throw";
+  } catch (const lather::Error& e) {
+    const std::string message = e.message();
+    EXPECT_NE(message.find("'" + to + "' was not published"), std::string::npos) << message;
+    EXPECT_NE(message.find("fsync of '" + from + "' failed: " + std::strerror(EINVAL)), std::string::npos) << message;
+  }
+  EXPECT_FALSE(fs::exists(to));
+  EXPECT_FALSE(fs::exists(from)) << "the temporary that failed its fsync is left behind";
+  EXPECT_TRUE(list_final(m_directory, "ckpt").empty());
+}
+
+TEST_F(CheckpointDirectory, AMissingTemporaryIsAnErrorNamingIt) {
+  const std::string from = temporary_name(m_directory, "ckpt", 4), to = final_name(m_directory, "ckpt", 4);
+  for (bool sync : {true, false}) {
+    try {
+      publish(from, to, sync);
+      FAIL() << "publishing a missing file did not throw (sync " << sync << ")";
+    } catch (const lather::Error& e) {
+      EXPECT_NE(e.message().find("'" + from + "'"), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find(std::strerror(ENOENT)), std::string::npos) << e.message();
+    }
+    EXPECT_FALSE(fs::exists(to));
+  }
+}
+
+TEST_F(CheckpointDirectory, ListingPruningAndLeftoversKeepToTheirPrefix) {
+  for (long step : {30, 4, 120}) write_text(final_name(m_directory, "ckpt", step), "x");
+  write_text(final_name(m_directory, "other", 50), "x");
+  write_text(path("ckpt-12.h5"), "x");               // not 12 digits
+  write_text(path("ckpt-0000000000ab.h5"), "x");      // not digits
+  write_text(path("ckpt-000000000001.h5.bak"), "x");  // not .h5
+  write_text(temporary_name(m_directory, "ckpt", 200), "x");
+  write_text(temporary_name(m_directory, "other", 200), "x");
+
+  auto listed = list_final(m_directory, "ckpt");
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[0].first, 4);
+  EXPECT_EQ(listed[1].first, 30);
+  EXPECT_EQ(listed[2].first, 120);
+
+  prune(m_directory, "ckpt", 2);
+  listed = list_final(m_directory, "ckpt");
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].first, 30);
+  EXPECT_EQ(listed[1].first, 120);
+  EXPECT_TRUE(fs::exists(final_name(m_directory, "other", 50)));
+  EXPECT_TRUE(fs::exists(path("ckpt-12.h5")));
+
+  remove_temporaries(m_directory, "ckpt");
+  EXPECT_FALSE(fs::exists(temporary_name(m_directory, "ckpt", 200)));
+  EXPECT_TRUE(fs::exists(temporary_name(m_directory, "other", 200)));
+  EXPECT_TRUE(list_final(path("absent"), "ckpt").empty());
+}
+
+}  // namespace
