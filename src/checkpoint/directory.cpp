@@ -1,6 +1,7 @@
 #include "directory.hpp"
 
 #include <lather/core/error.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -69,7 +70,12 @@ std::string sync_path(const std::string& path, bool directory) {
   do {
     result = ::fsync(fd);
   } while (result != 0 && errno == EINTR);
-  const int sync_errno = errno;
+  int sync_errno = errno;
+  // Tests make a file's fsync fail as a disk would (EIO), on the rank that publishes.
+  if (!directory && !::lather::Impl::local_failure("checkpoint.fsync", [] {}).empty()) {
+    result = -1;
+    sync_errno = EIO;
+  }
   const int closed = ::close(fd);
   if (result != 0) {
     // Some file systems do not sync directories at all (EINVAL; EBADF on systems that want them

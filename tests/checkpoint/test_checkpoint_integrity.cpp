@@ -6,6 +6,7 @@
 
 #include <lather/checkpoint/checkpoint.hpp>
 #include <lather/checkpoint/page_aligned.hpp>
+#include <lather/core/impl/fault_injection.hpp>
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -359,6 +360,41 @@ TEST(CheckpointIntegrity, ResumeFallsBackPastABadChecksum) {
   std::vector<std::string> skipped;
   EXPECT_EQ(checkpointer.latest_intact(&skipped), "");
   EXPECT_EQ(skipped.size(), 1u);
+}
+
+// A save whose fsync fails (EIO, injected where the publishing rank checks it) is an error on
+// every rank; the file never takes its final name and is deleted, and the checkpoint before it
+// stays the latest, unpruned, and restores. The next save publishes and prunes as usual.
+TEST(CheckpointIntegrity, AFailedFsyncPublishesNothingAndKeepsThePreviousCheckpoint) {
+  const auto f = make_checkpoint("fsync");
+  checkpoint::CheckpointOptions options;
+  options.directory = f.dir;
+  options.keep_last = 1;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  lather::Impl::set_fault_hook([](const char* point) {
+    if (std::string(point) == "checkpoint.fsync") throw Error("injected", nullptr, 0);
+  });
+  std::string error;
+  try {
+    checkpointer.save(4, f.arrays, {});
+  } catch (const Error& e) {
+    error = e.message();
+  }
+  lather::Impl::set_fault_hook(nullptr);
+  EXPECT_NE(error.find("checkpoint-000000000004.h5' was not published"), std::string::npos) << error;
+  EXPECT_NE(error.find(std::strerror(EIO)), std::string::npos) << error;
+  EXPECT_EQ(checkpointer.latest(), f.file);
+  if (world_rank() == 0)
+    for (const auto& entry : fs::directory_iterator(f.dir))
+      EXPECT_EQ(entry.path().string(), f.file) << "left behind by the failed save";
+  EXPECT_EQ(try_load(f, f.file), std::make_pair(std::string(), true));
+
+  const std::string next = checkpointer.save(5, f.arrays, {});
+  EXPECT_EQ(checkpointer.latest(), next);
+  EXPECT_EQ(checkpointer.list(), std::vector<std::string>{next});
+  EXPECT_EQ(try_load(f, next), std::make_pair(std::string(), true));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(f.dir);
 }
 
 TEST(CheckpointIntegrity, ForeignFilesAreRefused) {
