@@ -3,7 +3,9 @@
 #include <lather/core/error.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 namespace lather::train {
 
@@ -32,7 +34,17 @@ void ProgressLog::say(const std::string& line) const {
 }
 
 void ProgressLog::record(const nlohmann::json& line) {
-  if (m_metrics.is_open()) m_metrics << line.dump() << '\n' << std::flush;
+  if (!m_metrics.is_open()) return;
+  errno = 0;
+  m_metrics << line.dump() << '\n' << std::flush;
+  if (m_metrics) return;
+  // A full disk or a lost file system: the run goes on (its checkpoints check their own writes),
+  // but not silently without its record.
+  const int error = errno;
+  m_metrics.close();
+  say("warning: cannot write --metrics file '" + m_options.metrics + "'" +
+      (error != 0 ? std::string(": ") + std::strerror(error) : std::string()) +
+      "; training goes on without recording its metrics");
 }
 
 double ProgressLog::seconds() const {
