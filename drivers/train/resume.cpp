@@ -7,7 +7,11 @@ std::unique_ptr<checkpoint::Checkpointer> make_checkpointer(const comm::Mesh& me
   checkpoint::CheckpointOptions c;
   c.directory = o.checkpoint_dir;
   c.keep_last = o.keep_checkpoints;
-  return std::make_unique<checkpoint::Checkpointer>(mesh, c);
+  auto checkpointer = std::make_unique<checkpoint::Checkpointer>(mesh, c);
+  // Before the first step: a directory that cannot take a checkpoint stops the run now, not at
+  // its first save, which may be hours in.
+  checkpointer->check_directory();
+  return checkpointer;
 }
 
 std::optional<checkpoint::TrainingState> restore_newest(const Space& space, const TrainOptions& o,

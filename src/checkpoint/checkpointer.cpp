@@ -233,6 +233,14 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   return final;
 }
 
+void Checkpointer::check_directory() const {
+  m_group.run_agreed("", [&] {
+    if (m_group.rank() != 0) return;
+    make_directories(m_options.directory);
+    check_writable(m_options.directory, m_options.prefix);
+  });
+}
+
 void Checkpointer::finish_pruning() const {
   if (m_pruning.valid()) m_pruning.wait();
 }

@@ -124,4 +124,15 @@ void make_directories(const std::string& directory) {
                  "': ", ec ? ec.message() : std::string("not a directory"));
 }
 
+void check_writable(const std::string& directory, const std::string& prefix) {
+  // A temporary name, which readers never take for a checkpoint and the next save deletes should
+  // this process die between the two calls.
+  const std::string probe = temporary_name(directory, prefix, 0) + "-probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    LATHER_FAIL("cannot create files in checkpoint directory '", directory, "': ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 }  // namespace lather::checkpoint::Impl

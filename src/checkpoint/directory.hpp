@@ -21,5 +21,8 @@ void publish(const std::string& from, const std::string& to, bool sync);
 /// Deletes all but the newest `keep` final-named checkpoints.
 void prune(const std::string& directory, const std::string& prefix, int keep);
 void make_directories(const std::string& directory);
+/// Creates and deletes a file under a temporary name of `prefix` in `directory`; throws
+/// lather::Error naming the directory and the system's reason when that fails.
+void check_writable(const std::string& directory, const std::string& prefix);
 
 }  // namespace lather::checkpoint::Impl

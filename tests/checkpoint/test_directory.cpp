@@ -116,4 +116,28 @@ TEST_F(CheckpointDirectory, ListingPruningAndLeftoversKeepToTheirPrefix) {
   EXPECT_TRUE(list_final(path("absent"), "ckpt").empty());
 }
 
+TEST_F(CheckpointDirectory, AnUnwritableDirectoryIsFoundBeforeAnySave) {
+  EXPECT_NO_THROW(check_writable(m_directory, "ckpt"));
+  EXPECT_TRUE(fs::is_empty(m_directory)) << "the probe file is left behind";
+  // A path under a regular file can never be a directory, whoever runs the test (root included).
+  const std::string file = path("plain-file");
+  write_text(file, "x");
+  try {
+    make_directories(file + "/checkpoints");
+    FAIL() << "a directory under a file was created";
+  } catch (const lather::Error& e) {
+    EXPECT_NE(e.message().find("'" + file + "/checkpoints'"), std::string::npos) << e.message();
+  }
+  // Linux's /proc/self is a directory in which nobody, root included, may create a file.
+  if (fs::is_directory("/proc/self")) {
+    try {
+      check_writable("/proc/self", "ckpt");
+      FAIL() << "a file was created in /proc/self";
+    } catch (const lather::Error& e) {
+      EXPECT_NE(e.message().find("cannot create files in checkpoint directory '/proc/self': "), std::string::npos)
+          << e.message();
+    }
+  }
+}
+
 }  // namespace

@@ -207,6 +207,11 @@ class Checkpointer {
   void load(const std::string& file, const std::vector<ArraySlice>& arrays, Attributes* attributes = nullptr) const;
   /// Root attributes only (collective).
   Attributes read_attributes(const std::string& file) const;
+  /// Creates the directory where it is missing and checks that a file can be created in it
+  /// (rank 0, collective): a run that will save calls it before its first step, so that an
+  /// unwritable directory is an error on every rank at the start, not at the first save hours
+  /// later. Throws lather::Error naming the directory and the system's reason.
+  void check_directory() const;
 
   const CheckpointOptions& options() const { return m_options; }
   const comm::Group& group() const { return m_group; }
