@@ -123,11 +123,14 @@ int main(int argc, char** argv) try {
   std::string file;
   auto* verify_command = app.add_subcommand(
       "verify", "Read every dataset so that every checksum is checked; exit 0 when every file is intact, 1 if not");
-  verify_command->add_option("paths", paths, "Checkpoint files or directories (their *.h5 files)")->required();
+  // A path that does not exist is a mistake on the command line (exit 2), not a damaged file.
+  verify_command->add_option("paths", paths, "Checkpoint files or directories (their *.h5 files)")
+      ->required()
+      ->check(CLI::ExistingPath);
   auto* info_command = app.add_subcommand(
       "info", "Step, ranks, shards, optimizer options, version and arrays of a checkpoint file, or of a directory's "
               "newest intact one (the one --resume takes)");
-  info_command->add_option("path", file, "A checkpoint file or directory")->required();
+  info_command->add_option("path", file, "A checkpoint file or directory")->required()->check(CLI::ExistingPath);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
