@@ -164,6 +164,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     }
   }
   const long first_step = optimizer->step_count();
+  check_checkpoint_directory(checkpointer.get(), first_step, planned);
   log.open_metrics(first_step > 0);
   {
     char line[512];

@@ -7,11 +7,13 @@ std::unique_ptr<checkpoint::Checkpointer> make_checkpointer(const comm::Mesh& me
   checkpoint::CheckpointOptions c;
   c.directory = o.checkpoint_dir;
   c.keep_last = o.keep_checkpoints;
-  auto checkpointer = std::make_unique<checkpoint::Checkpointer>(mesh, c);
-  // Before the first step: a directory that cannot take a checkpoint stops the run now, not at
-  // its first save, which may be hours in.
-  checkpointer->check_directory();
-  return checkpointer;
+  return std::make_unique<checkpoint::Checkpointer>(mesh, c);
+}
+
+void check_checkpoint_directory(const checkpoint::Checkpointer* checkpointer, long first_step, long planned) {
+  // Only a run with steps to take saves: sampling from checkpoints in a read-only directory
+  // (--resume --epochs 0 --sample) stays possible.
+  if (checkpointer && first_step < planned) checkpointer->check_directory();
 }
 
 std::optional<checkpoint::TrainingState> restore_newest(const Space& space, const TrainOptions& o,

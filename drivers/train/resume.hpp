@@ -23,6 +23,10 @@ struct Position {
 
 /// The --checkpoint-dir checkpointer over the mesh, or null without one.
 std::unique_ptr<checkpoint::Checkpointer> make_checkpointer(const comm::Mesh& mesh, const TrainOptions& o);
+/// Before the first step of a run that will save (steps from `first_step` up to `planned`): a
+/// --checkpoint-dir that cannot be created or written stops the run on every rank now, not at its
+/// first save, which may be hours in (collective).
+void check_checkpoint_directory(const checkpoint::Checkpointer* checkpointer, long first_step, long planned);
 
 /// Loads the newest intact checkpoint of --checkpoint-dir into the parameters and the optimizer,
 /// saying which damaged newer ones it passes over, or that there is none (then nothing changes).

@@ -85,6 +85,7 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
   const long steps_per_epoch = (data.train.count + batch - 1) / batch;
   const long planned = o.max_steps > 0 ? std::min<long>(o.max_steps, o.epochs * steps_per_epoch)
                                        : o.epochs * steps_per_epoch;
+  check_checkpoint_directory(checkpointer.get(), optimizer->step_count(), planned);
   {
     char line[512];
     std::snprintf(line, sizeof line,
