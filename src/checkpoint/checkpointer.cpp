@@ -19,6 +19,7 @@
 #include <functional>
 #include <future>
 #include <numeric>
+#include <optional>
 #include <tuple>
 
 namespace lather::checkpoint {
@@ -102,6 +103,8 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
     temporary = temporary_name(m_options.directory, m_options.prefix, step);
   });
   m_group.broadcast(temporary, 0);
+  std::optional<PartialFile> partial;  // every failure from here on is agreed: rank 0 deletes the file
+  if (m_group.rank() == 0) partial.emplace(temporary);
 
   // Which part of each array every rank adds to its checksums (one allgather of the selections).
   SelectionChecksums checks(m_group, arrays, SelectionChecksums::Use::saving);
@@ -221,6 +224,7 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   m_group.run_agreed("", [&] {
     if (m_group.rank() != 0) return;
     publish(temporary, final, m_options.fsync);
+    partial->published();
     // The new checkpoint is durable under its final name: the old ones go off the critical path.
     m_pruning = std::async(std::launch::async, [directory = m_options.directory, prefix = m_options.prefix,
                                                 keep = m_options.keep_last] {

@@ -124,6 +124,12 @@ void make_directories(const std::string& directory) {
                  "': ", ec ? ec.message() : std::string("not a directory"));
 }
 
+PartialFile::~PartialFile() {
+  if (m_path.empty()) return;
+  std::error_code ignored;  // a save already failing: its own error is the one to report
+  fs::remove(m_path, ignored);
+}
+
 void check_writable(const std::string& directory, const std::string& prefix) {
   // A temporary name, which readers never take for a checkpoint and the next save deletes should
   // this process die between the two calls.

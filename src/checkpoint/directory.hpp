@@ -3,6 +3,7 @@
 // and pruning. Only complete checkpoints carry the final name `<prefix>-<step, 12 digits>.h5`.
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lather::checkpoint::Impl {
@@ -21,6 +22,22 @@ void publish(const std::string& from, const std::string& to, bool sync);
 /// Deletes all but the newest `keep` final-named checkpoints.
 void prune(const std::string& directory, const std::string& prefix, int keep);
 void make_directories(const std::string& directory);
+
+/// The temporary file of a save in progress, held by the rank that creates it: deleted when this
+/// goes out of scope before published(), so that a failed save leaves no partial file behind (a
+/// full disk gets its space back at once, not at the next save).
+class PartialFile {
+ public:
+  explicit PartialFile(std::string path) : m_path(std::move(path)) {}
+  ~PartialFile();
+  PartialFile(const PartialFile&) = delete;
+  PartialFile& operator=(const PartialFile&) = delete;
+  /// The file took its final name: nothing to delete.
+  void published() { m_path.clear(); }
+
+ private:
+  std::string m_path;
+};
 /// Creates and deletes a file under a temporary name of `prefix` in `directory`; throws
 /// lather::Error naming the directory and the system's reason when that fails.
 void check_writable(const std::string& directory, const std::string& prefix);

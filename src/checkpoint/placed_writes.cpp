@@ -114,7 +114,11 @@ bool PlacedWriter::write_all(int fd, const char* data, std::size_t bytes, std::i
                              std::string& error) const {
   std::size_t done = 0;
   while (done < bytes) {
-    const ssize_t n = ::pwrite(fd, data + done, bytes - done, off_t(offset) + off_t(done));
+    ssize_t n = -1;
+    if (::lather::Impl::local_failure("checkpoint.write", [] {}).empty())
+      n = ::pwrite(fd, data + done, bytes - done, off_t(offset) + off_t(done));
+    else
+      errno = ENOSPC;  // tests: the disk is full
     if (n < 0 && errno == EINTR) continue;
     // O_DIRECT refused for this file or buffer: the caller writes these bytes through the cache.
     if (n < 0 && errno == EINVAL && fd == m_direct_fd && done == 0) return false;

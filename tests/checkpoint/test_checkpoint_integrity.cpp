@@ -397,6 +397,36 @@ TEST(CheckpointIntegrity, AFailedFsyncPublishesNothingAndKeepsThePreviousCheckpo
   if (world_rank() == 0) fs::remove_all(f.dir);
 }
 
+// A save whose writes fail on one rank (ENOSPC, a full disk, injected on rank 0: the fixture's
+// arrays are written by rank 0 alone) is an error on every rank naming the reason; rank 0 deletes
+// the partial file at once, so a full disk gets its space back, and the checkpoint before it
+// stays the latest.
+TEST(CheckpointIntegrity, AFailedWriteLeavesNoPartialFile) {
+  const auto f = make_checkpoint("full-disk");
+  checkpoint::CheckpointOptions options;
+  options.directory = f.dir;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  if (world_rank() == 0)
+    lather::Impl::set_fault_hook([](const char* point) {
+      if (std::string(point) == "checkpoint.write") throw Error("injected", nullptr, 0);
+    });
+  std::string error;
+  try {
+    checkpointer.save(4, f.arrays, {});
+  } catch (const Error& e) {
+    error = e.message();
+  }
+  lather::Impl::set_fault_hook(nullptr);
+  EXPECT_NE(error.find(std::strerror(ENOSPC)), std::string::npos) << error;
+  EXPECT_EQ(checkpointer.latest(), f.file);
+  if (world_rank() == 0)
+    for (const auto& entry : fs::directory_iterator(f.dir))
+      EXPECT_EQ(entry.path().string(), f.file) << "left behind by the failed save";
+  EXPECT_EQ(try_load(f, f.file), std::make_pair(std::string(), true));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(f.dir);
+}
+
 TEST(CheckpointIntegrity, ForeignFilesAreRefused) {
   const auto f = make_checkpoint("foreign");
   const auto text = copy_with(f.file, "checkpoint-000000000010.h5", [](std::vector<char>& bytes) {
