@@ -362,6 +362,33 @@ TEST(CheckpointIntegrity, ResumeFallsBackPastABadChecksum) {
   EXPECT_EQ(skipped.size(), 1u);
 }
 
+/// Saves the fixture's arrays as `step` with the fault point `point` failing on rank 0 (where
+/// the fixture's bytes are written and the file is published) and returns the error every rank
+/// got; then checks that the failed save left nothing in the directory and that the checkpoint
+/// before it is still the latest and restores.
+std::string failed_save(const Fixture& f, checkpoint::Checkpointer& checkpointer, long step, const char* point) {
+  static const char* failing = nullptr;
+  failing = point;
+  if (world_rank() == 0)
+    lather::Impl::set_fault_hook([](const char* at) {
+      if (std::string(at) == failing) throw Error("injected", nullptr, 0);
+    });
+  std::string error;
+  try {
+    checkpointer.save(step, f.arrays, {});
+  } catch (const Error& e) {
+    error = e.message();
+  }
+  lather::Impl::set_fault_hook(nullptr);
+  EXPECT_FALSE(error.empty()) << point << ": the save did not fail";
+  EXPECT_EQ(checkpointer.latest(), f.file);
+  if (world_rank() == 0)
+    for (const auto& entry : fs::directory_iterator(f.dir))
+      EXPECT_EQ(entry.path().string(), f.file) << "left behind by the failed save (" << point << ")";
+  EXPECT_EQ(try_load(f, f.file), std::make_pair(std::string(), true));
+  return error;
+}
+
 // A save whose fsync fails (EIO, injected where the publishing rank checks it) is an error on
 // every rank; the file never takes its final name and is deleted, and the checkpoint before it
 // stays the latest, unpruned, and restores. The next save publishes and prunes as usual.
@@ -371,23 +398,9 @@ TEST(CheckpointIntegrity, AFailedFsyncPublishesNothingAndKeepsThePreviousCheckpo
   options.directory = f.dir;
   options.keep_last = 1;
   checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
-  lather::Impl::set_fault_hook([](const char* point) {
-    if (std::string(point) == "checkpoint.fsync") throw Error("injected", nullptr, 0);
-  });
-  std::string error;
-  try {
-    checkpointer.save(4, f.arrays, {});
-  } catch (const Error& e) {
-    error = e.message();
-  }
-  lather::Impl::set_fault_hook(nullptr);
+  const std::string error = failed_save(f, checkpointer, 4, "checkpoint.fsync");
   EXPECT_NE(error.find("checkpoint-000000000004.h5' was not published"), std::string::npos) << error;
   EXPECT_NE(error.find(std::strerror(EIO)), std::string::npos) << error;
-  EXPECT_EQ(checkpointer.latest(), f.file);
-  if (world_rank() == 0)
-    for (const auto& entry : fs::directory_iterator(f.dir))
-      EXPECT_EQ(entry.path().string(), f.file) << "left behind by the failed save";
-  EXPECT_EQ(try_load(f, f.file), std::make_pair(std::string(), true));
 
   const std::string next = checkpointer.save(5, f.arrays, {});
   EXPECT_EQ(checkpointer.latest(), next);
@@ -397,32 +410,17 @@ TEST(CheckpointIntegrity, AFailedFsyncPublishesNothingAndKeepsThePreviousCheckpo
   if (world_rank() == 0) fs::remove_all(f.dir);
 }
 
-// A save whose writes fail on one rank (ENOSPC, a full disk, injected on rank 0: the fixture's
-// arrays are written by rank 0 alone) is an error on every rank naming the reason; rank 0 deletes
-// the partial file at once, so a full disk gets its space back, and the checkpoint before it
-// stays the latest.
+// A save whose writes fail on one rank (ENOSPC: a full disk; rank 0 writes the fixture's arrays)
+// is an error on every rank naming the reason; rank 0 deletes the partial file at once, so a full
+// disk gets its space back, and the checkpoint before it stays the latest.
 TEST(CheckpointIntegrity, AFailedWriteLeavesNoPartialFile) {
   const auto f = make_checkpoint("full-disk");
   checkpoint::CheckpointOptions options;
   options.directory = f.dir;
   checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
-  if (world_rank() == 0)
-    lather::Impl::set_fault_hook([](const char* point) {
-      if (std::string(point) == "checkpoint.write") throw Error("injected", nullptr, 0);
-    });
-  std::string error;
-  try {
-    checkpointer.save(4, f.arrays, {});
-  } catch (const Error& e) {
-    error = e.message();
-  }
-  lather::Impl::set_fault_hook(nullptr);
+  const std::string error = failed_save(f, checkpointer, 4, "checkpoint.write");
   EXPECT_NE(error.find(std::strerror(ENOSPC)), std::string::npos) << error;
-  EXPECT_EQ(checkpointer.latest(), f.file);
-  if (world_rank() == 0)
-    for (const auto& entry : fs::directory_iterator(f.dir))
-      EXPECT_EQ(entry.path().string(), f.file) << "left behind by the failed save";
-  EXPECT_EQ(try_load(f, f.file), std::make_pair(std::string(), true));
+  EXPECT_NE(error.find("dataset '"), std::string::npos) << error;
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) fs::remove_all(f.dir);
 }
