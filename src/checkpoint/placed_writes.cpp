@@ -88,7 +88,13 @@ constexpr std::size_t bounce_bytes = std::size_t(1) << 20;
 
 PlacedWriter::PlacedWriter(const std::string& file, bool durable, bool direct) : m_file(file), m_durable(durable) {
   m_fd = ::open(file.c_str(), O_WRONLY);
-  if (m_fd < 0) m_error = "cannot open checkpoint '" + file + "' for writing: " + std::strerror(errno);
+  if (m_fd < 0) {
+    const int error = errno;
+    m_error = "cannot open checkpoint '" + file + "' for writing: " + std::strerror(error);
+    // Rank 0 has just created the file: where another rank cannot find it, the directory is on a
+    // node-local file system (a job's /tmp), which a checkpoint of several nodes cannot use.
+    if (error == ENOENT) m_error += " (is the checkpoint directory on a file system every rank shares?)";
+  }
 #ifdef O_DIRECT
   // Refused (tmpfs, some FUSE file systems): every byte goes through the page cache.
   if (direct && m_fd >= 0) m_direct_fd = ::open(file.c_str(), O_WRONLY | O_DIRECT);

@@ -136,6 +136,18 @@ TEST(PlacedWriter, WithoutAHelperThreadTheCallerWritesEveryByte) {
   lather::Impl::set_fault_hook(nullptr);
 }
 
+TEST(PlacedWriter, AFileThatIsNotThereIsAnErrorThatSaysWhyItMayNotBe) {
+  // What a rank sees when rank 0 created the file on a file system this rank does not share.
+  const std::string path = (std::filesystem::current_path() / "no-such-dir" / "checkpoint.h5").string();
+  PlacedWriter writer(path, true, true);
+  EXPECT_EQ(writer.error(), "cannot open checkpoint '" + path + "' for writing: " + std::strerror(ENOENT) +
+                                " (is the checkpoint directory on a file system every rank shares?)");
+  const char byte = 1;
+  writer.write(&byte, 1, 0, "dataset 'x'");  // ignored after the error, not a crash
+  writer.flush();
+  EXPECT_NE(writer.error().find("cannot open checkpoint"), std::string::npos);
+}
+
 TEST(PageAligned, BuffersStartOnPagesAndAbsurdSizesAreRefused) {
   using lather::checkpoint::allocate_page_aligned;
   using lather::checkpoint::free_page_aligned;
