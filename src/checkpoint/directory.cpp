@@ -72,7 +72,7 @@ std::string sync_path(const std::string& path, bool directory) {
   } while (result != 0 && errno == EINTR);
   int sync_errno = errno;
   // Tests make a file's fsync fail as a disk would (EIO), on the rank that publishes.
-  if (!directory && !::lather::Impl::local_failure("checkpoint.fsync", [] {}).empty()) {
+  if (!directory && ::lather::Impl::fault_injected("checkpoint.fsync")) {
     result = -1;
     sync_errno = EIO;
   }

@@ -29,6 +29,20 @@ inline void fault_point(const char* point) {
   if (const FaultHook hook = fault_hook().load(std::memory_order_relaxed)) hook(point);
 }
 
+/// For points where a test stands in for a failing system call (a full disk, a failed fsync): true
+/// when the hook throws at `point`, so that the caller takes its own error path, with the errno a
+/// real failure leaves, instead of unwinding from here.
+inline bool fault_injected(const char* point) {
+  const FaultHook hook = fault_hook().load(std::memory_order_relaxed);
+  if (!hook) return false;
+  try {
+    hook(point);
+  } catch (...) {
+    return true;
+  }
+  return false;
+}
+
 /// This rank's verdict on its local work before a collective: runs `work` after the fault point
 /// `point` (none when null) and returns the message of what either threw, "" when nothing did.
 /// An agreement (comm::Group::agree_on_failure, or a flag in a collective the call makes anyway)
