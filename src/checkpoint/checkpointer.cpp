@@ -534,9 +534,13 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       else
         permute_rows(a, row_order(a), sorted.data(), static_cast<char*>(a.data), false);
     }
-    // Every chunk read is compared with its stored checksum (collective, whatever happened above).
+    // Every chunk read is compared with its stored checksum (collective, whatever happened above),
+    // unless a rank's reads failed: the terms of what it did not read are missing from the sums,
+    // and its error (a disk's EIO), not the checksum mismatch every rank would then see, is the
+    // one to report.
     verification.finish();
-    if (error.empty()) {
+    const bool reads_failed = m_group.allreduce(int(!error.empty()), comm::Combine::max) != 0;
+    if (!reads_failed) {
       const std::string damage = verification.compare(f.get(), dxpl.get());
       if (!damage.empty()) error = "checkpoint '" + file + "': " + damage;
     }

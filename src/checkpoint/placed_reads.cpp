@@ -44,7 +44,11 @@ bool stored_plainly(hid_t dataset, hid_t type) {
 /// given) is set instead when the first call fails with EINVAL, O_DIRECT's refusal.
 std::string read_all(int fd, char* into, std::int64_t bytes, std::int64_t offset, bool* refused = nullptr) {
   for (std::int64_t done = 0; done < bytes;) {
-    const ssize_t n = ::pread(fd, into + done, std::size_t(bytes - done), off_t(offset + done));
+    ssize_t n = -1;
+    if (!::lather::Impl::fault_injected("checkpoint.read"))
+      n = ::pread(fd, into + done, std::size_t(bytes - done), off_t(offset + done));
+    else
+      errno = EIO;  // tests: the disk fails the read
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EINVAL && refused && done == 0) {
       *refused = true;

@@ -2,10 +2,9 @@
 // a crash or a hang: bit flips in the data (per-chunk checksums), flips anywhere (refused, or the data
 // comes back exactly), truncation, foreign files, absurd dimensions.
 #include "checkpoint_test_support.hpp"
-#include "page_cache_support.hpp"
+#include "integrity_support.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
-#include <lather/checkpoint/page_aligned.hpp>
 #include <lather/core/impl/fault_injection.hpp>
 
 #include <gtest/gtest.h>
@@ -22,23 +21,10 @@ namespace {
 
 using namespace lather;
 namespace fs = std::filesystem;
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-std::string shared_directory(const std::string& tag) {
-  char name[256] = {};
-  if (world_rank() == 0) {
-    const std::string pattern = (fs::temp_directory_path() / ("lather-" + tag + "-XXXXXX")).string();
-    std::strncpy(name, pattern.c_str(), sizeof name - 1);
-    if (!mkdtemp(name)) name[0] = '\0';
-  }
-  MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return name;
-}
+using test::chunk_locations;
+using test::copy_with;
+using test::shared_directory;
+using test::world_rank;
 
 struct Fixture {
   std::string dir, file;
@@ -100,47 +86,7 @@ std::pair<std::string, bool> try_load(const Fixture& f, const std::string& file)
   return {error, buffers == f.data};
 }
 
-std::string copy_with(const std::string& file, const std::string& name, const std::function<void(std::vector<char>&)>& damage) {
-  const std::string target = (fs::path(file).parent_path() / name).string();
-  if (world_rank() == 0) {
-    std::ifstream in(file, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
-    damage(bytes);
-    std::ofstream out(target, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return target;
-}
 
-/// File offsets and sizes of the checksummed chunks of a dataset (rank 0 reads them serially):
-/// the data are stored contiguously from H5Dget_offset, cut into chunks of the `rows_per_chunk`
-/// stored beside them in _checksums/<path>.
-std::vector<std::pair<haddr_t, hsize_t>> chunk_locations(const std::string& file, const std::string& path) {
-  std::vector<std::pair<haddr_t, hsize_t>> out;
-  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  hid_t d = H5Dopen2(f, path.c_str(), H5P_DEFAULT);
-  hid_t space = H5Dget_space(d);
-  hid_t type = H5Dget_type(d);
-  hsize_t dims[8] = {};
-  const int rank = H5Sget_simple_extent_dims(space, dims, nullptr);
-  hsize_t row_bytes = H5Tget_size(type);
-  for (int k = 1; k < rank; ++k) row_bytes *= dims[k];
-  hid_t sums = H5Dopen2(f, ("_checksums/" + path).c_str(), H5P_DEFAULT);
-  hid_t attribute = H5Aopen(sums, "rows_per_chunk", H5P_DEFAULT);
-  long long rows_per_chunk = 0;
-  H5Aread(attribute, H5T_NATIVE_LLONG, &rows_per_chunk);
-  const haddr_t start = H5Dget_offset(d);
-  for (hsize_t row = 0; row < dims[0]; row += hsize_t(rows_per_chunk))
-    out.push_back({start + row * row_bytes, std::min<hsize_t>(hsize_t(rows_per_chunk), dims[0] - row) * row_bytes});
-  H5Aclose(attribute);
-  H5Dclose(sums);
-  H5Tclose(type);
-  H5Sclose(space);
-  H5Dclose(d);
-  H5Fclose(f);
-  return out;
-}
 
 TEST(CheckpointIntegrity, IntactFileLoads) {
   const auto f = make_checkpoint("intact");
@@ -486,116 +432,3 @@ TEST(CheckpointIntegrity, AbsurdDimensionsAreRefusedBeforeAllocation) {
 }
 
 }  // namespace
-
-namespace {
-
-/// Drops `file`'s pages from the page cache (rank 0, then every rank), as on a fresh node.
-void evict_everywhere(const std::string& file) {
-  if (world_rank() == 0) test::drop_from_page_cache(file);
-  MPI_Barrier(MPI_COMM_WORLD);
-}
-
-}  // namespace
-
-// Ranges of 8 MiB and more come straight from the disk with O_DIRECT (placed_reads.hpp) when the
-// cache does not hold them: rows each rank reads where it keeps them and where they travel to
-// another rank afterwards, and an array every rank loads whole. They come back exact, and a flip
-// in them is still named. The directory is under the build tree, on a disk (not /tmp, which may
-// be tmpfs).
-TEST(CheckpointIntegrity, LargeRangesReadFromTheDiskComeBackExactAndFlipsInThemAreNamed) {
-  int ranks = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-  const int me = world_rank();
-  char name[256] = {};
-  if (me == 0) {
-    const std::string pattern = (fs::current_path() / "lather-direct-XXXXXX").string();
-    std::strncpy(name, pattern.c_str(), sizeof name - 1);
-    if (!mkdtemp(name)) name[0] = '\0';
-  }
-  MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-  const std::string dir = name;
-  ASSERT_FALSE(dir.empty());
-  checkpoint::CheckpointOptions options;
-  options.directory = dir;
-  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
-  // 64 KiB rows (a statistics stack of block size 128), 150 (9.4 MiB) per rank; 9 MiB + 12 bytes
-  // of replicated parameters, so that the whole array ends inside a page.
-  const std::int64_t m = 128, row = m * m, per_rank = 150, rows = per_rank * ranks;
-  const std::int64_t shared_elements = (std::int64_t(9) << 18) + 3;
-  auto value = [](std::int64_t array, std::int64_t i) { return float(std::sin(double(i) * 1e-3 + double(array))); };
-  checkpoint::ArraySlice stack;
-  stack.path = "optimizer/global/statistics";
-  stack.dtype = optim::DType::float32;
-  stack.shape = {rows, m, m};
-  stack.selection = checkpoint::ArraySlice::Selection::rows;
-  checkpoint::PageAlignedVector<float> mine(std::size_t(per_rank * row));
-  for (std::int64_t r = 0; r < per_rank; ++r) {
-    stack.rows.push_back(me * per_rank + r);
-    for (std::int64_t e = 0; e < row; ++e) mine[std::size_t(r * row + e)] = value(0, (me * per_rank + r) * row + e);
-  }
-  stack.data = mine.data();
-  checkpoint::ArraySlice shared;
-  shared.path = "parameters/all";
-  shared.dtype = optim::DType::float32;
-  shared.shape = {shared_elements};
-  shared.writer = me == 0;
-  checkpoint::PageAlignedVector<float> parameters((std::size_t(shared_elements)));
-  for (std::int64_t i = 0; i < shared_elements; ++i) parameters[std::size_t(i)] = value(1, i);
-  shared.data = parameters.data();
-  const std::string file = checkpointer.save(1, {stack, shared}, {});
-
-  // Loads `path` into fresh page-aligned buffers: rows in place (as saved), or dealt round-robin
-  // (read by ranges, then sent to their owners); returns the error ("" if none) and whether the
-  // bytes are the saved ones.
-  checkpoint::CheckpointOptions through_cache = options;
-  through_cache.direct_io = false;  // every byte through HDF5 and the page cache
-  checkpoint::Checkpointer cached_loader(MPI_COMM_WORLD, through_cache);
-  auto load = [&](const std::string& path, bool round_robin, bool direct = true) {
-    evict_everywhere(path);
-    auto rows_slice = stack;
-    rows_slice.rows.clear();
-    for (std::int64_t r = 0; r < per_rank; ++r) rows_slice.rows.push_back(round_robin ? r * ranks + me : me * per_rank + r);
-    checkpoint::PageAlignedVector<float> got_rows(std::size_t(per_rank * row), -1.0f);
-    checkpoint::PageAlignedVector<float> got_shared(std::size_t(shared_elements), -1.0f);
-    rows_slice.data = got_rows.data();
-    auto shared_slice = shared;
-    shared_slice.data = got_shared.data();
-    std::string error;
-    try {
-      (direct ? checkpointer : cached_loader).load(path, {rows_slice, shared_slice});
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    bool same = true;
-    for (std::int64_t r = 0; r < per_rank && same; ++r)
-      for (std::int64_t e = 0; e < row && same; ++e)
-        same = got_rows[std::size_t(r * row + e)] == value(0, rows_slice.rows[std::size_t(r)] * row + e);
-    for (std::int64_t i = 0; i < shared_elements && same; ++i) same = got_shared[std::size_t(i)] == value(1, i);
-    return std::make_pair(error, same);
-  };
-  for (bool direct : {true, false})
-    for (bool round_robin : {false, true}) {
-      const auto [error, same] = load(file, round_robin, direct);
-      EXPECT_EQ(error, "") << (round_robin ? "round robin" : "in place") << " direct_io " << direct;
-      EXPECT_TRUE(same) << (round_robin ? "round robin" : "in place") << " direct_io " << direct;
-    }
-  // A flip in the middle of the last rank's rows, and one in the last page of the parameters.
-  std::vector<std::pair<haddr_t, hsize_t>> stack_chunks, shared_chunks;
-  if (me == 0) stack_chunks = chunk_locations(file, stack.path), shared_chunks = chunk_locations(file, shared.path);
-  std::int64_t flips[2] = {0, 0};
-  if (me == 0) {
-    flips[0] = std::int64_t(stack_chunks.front().first) + ((ranks - 1) * per_rank + per_rank / 2) * row * 4 + 1234;
-    flips[1] = std::int64_t(shared_chunks.back().first + shared_chunks.back().second) - 5;
-  }
-  MPI_Bcast(flips, 2, MPI_INT64_T, 0, MPI_COMM_WORLD);
-  for (int k = 0; k < 2; ++k) {
-    const std::string& path = k == 0 ? stack.path : shared.path;
-    const auto damaged = copy_with(file, "direct-flip.h5", [&](std::vector<char>& bytes) { bytes[std::size_t(flips[k])] ^= char(0x10); });
-    for (bool round_robin : {false, true}) {
-      const auto [error, same] = load(damaged, round_robin);
-      EXPECT_NE(error.find("dataset '" + path + "' fails its checksum"), std::string::npos) << path << ": " << error;
-    }
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (me == 0) fs::remove_all(dir);
-}
