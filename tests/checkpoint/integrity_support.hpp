@@ -1,6 +1,7 @@
 #pragma once
-// What the MPI tests of damaged and partly failing checkpoints share: a directory every rank
-// sees, a damaged copy of a file, and where a dataset's checksummed chunks lie in the file.
+// What the checkpoint MPI tests share (round trips, damaged and partly failing checkpoints): a
+// directory every rank sees, a damaged copy of a file, and where a dataset's checksummed chunks
+// lie in the file.
 
 #include <hdf5.h>
 #include <mpi.h>

@@ -3,6 +3,7 @@
 // arrays written by one distribution of rows/blocks and read back by another.
 #include "checkpoint_test_support.hpp"
 #include "common/state_bytes.hpp"
+#include "integrity_support.hpp"
 
 #include <lather/checkpoint/page_aligned.hpp>
 
@@ -12,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -20,20 +20,6 @@ namespace {
 
 using namespace lather;
 using namespace lather::test;
-
-/// A fresh directory every rank agrees on (rank 0 creates it).
-std::string shared_directory(const std::string& tag) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  char name[256] = {};
-  if (rank == 0) {
-    std::string pattern = (std::filesystem::temp_directory_path() / ("lather-" + tag + "-XXXXXX")).string();
-    std::strncpy(name, pattern.c_str(), sizeof name - 1);
-    if (!mkdtemp(name)) name[0] = '\0';
-  }
-  MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return name;
-}
 
 void remove_directory(const std::string& dir) {
   MPI_Barrier(MPI_COMM_WORLD);
