@@ -376,7 +376,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
       ->type_name("SIDE");
   app.add_flag_function(
       "--async-roots", [&o](std::int64_t) { o.shampoo.push_back("async_roots=true"); },
-      "Shampoo: compute the inverse roots of a preconditioning step on a host thread while the next interval "
+      "Shampoo: compute the inverse roots of a preconditioning step on host threads while the next interval "
       "runs, and install them at the next preconditioning step (one interval stale; needs root_method eigh, "
       "lather-train's default)");
   const optim::ShampooOptions defaults = TrainOptions{}.shampoo_options();

@@ -236,15 +236,16 @@ std::string option_help(const std::string& name) {
       {"root_compute_precision", "float32 or float64 for the inverse roots"},
       {"root_max_iterations", "Newton iteration limit"},
       {"root_tolerance", "Newton stops at max|M - I| <= this"},
-      {"root_host_threads", "eigh: host threads taking the roots at once (0: the CPUs this rank has to itself on its node)"},
+      {"root_host_threads", "eigh: host threads taking the roots at once (0: the CPUs this rank has to itself on its node; "
+                            "with async_roots, 0 is one thread on a host backend and those CPUs less one on a device)"},
       {"retry_failed_roots_in_double", "recompute a failed float32 root in float64 before rejecting it"},
       {"max_consecutive_root_failures", "error after this many failed roots in a row of one statistic (0: never)"},
       {"statistics_precision", "float32 or float64 statistics and preconditioners"},
       {"balance_root_work", "replicated step: assign roots to ranks by n^3 cost (else even split by count)"},
       {"step_mode", "auto, replicated or distributed: how the ranks of a group share the step"},
-      {"async_roots", "install the roots of a preconditioning step at the next one, computed meanwhile on a "
-                      "host thread (needs root_method eigh)"},
-      {"async_roots_in_background", "async_roots: compute on a host thread (false: the same stale schedule "
+      {"async_roots", "install the roots of a preconditioning step at the next one, computed meanwhile on "
+                      "host threads (needs root_method eigh; root_host_threads says how many)"},
+      {"async_roots_in_background", "async_roots: compute on host threads (false: the same stale schedule "
                                     "in the foreground)"},
       {"shared_memory_gather", "distributed step on one node: gather the new values through node-shared memory "
                                "(false: MPI_Allgatherv)"},

@@ -1,6 +1,7 @@
 // Asynchronous inverse roots (ShampooOptions::async_roots): the roots of preconditioning step k
-// are installed at step k + 1 interval, computed meanwhile on a host thread.
+// are installed at step k + 1 interval, computed meanwhile on host threads.
 #include <lather/core/error.hpp>
+#include <lather/optim/impl/async_roots.hpp>
 #include <lather/optim/shampoo.hpp>
 
 #include "common/host_copies.hpp"
@@ -52,7 +53,7 @@ Host gradients(const Host& params, int t, double coupling) {
   return g;
 }
 
-ShampooOptions options(bool async, bool background) {
+ShampooOptions options(bool async, bool background, int root_threads = 0) {
   ShampooOptions o;
   o.learning_rate = lather::optim::LearningRateSchedule::constant(0.02);
   o.block_size = 8;
@@ -65,6 +66,7 @@ ShampooOptions options(bool async, bool background) {
   o.statistics_precision = lather::linalg::Precision::float64;
   o.async_roots = async;
   o.async_roots_in_background = background;
+  o.root.host_threads = root_threads;
   return o;
 }
 
@@ -94,9 +96,13 @@ TEST(AsyncRoots, BackgroundEqualsTheSameScheduleInTheForeground) {
 // (identity until the first install), up to the rounding of two eigendecompositions of the same
 // matrix through different copies (none: the same LAPACK call on the same doubles; 1e-12 allows
 // for a BLAS that reorders).
-TEST(AsyncRoots, PreconditionersAreOneIntervalStale) {
+// With several root threads too (each statistic's root is taken by whichever thread comes
+// first): a root written to another statistic's place, or one left out, shows here.
+class AsyncRootsStale : public ::testing::TestWithParam<int> {};
+
+TEST_P(AsyncRootsStale, PreconditionersAreOneIntervalStale) {
   Shampoo<Space, double> synchronous(Space(), specs, options(false, false));
-  Shampoo<Space, double> stale(Space(), specs, options(true, true));
+  Shampoo<Space, double> stale(Space(), specs, options(true, true, GetParam()));
   auto a = to_device(initial()), b = to_device(initial());
   const int interval = 3, statistics = synchronous.num_statistics();
   ASSERT_EQ(stale.num_statistics(), statistics);
@@ -120,6 +126,39 @@ TEST(AsyncRoots, PreconditionersAreOneIntervalStale) {
   }
   // The synchronous preconditioners did move between intervals, so the comparison meant something.
   EXPECT_NE(history[2][1], history[5][1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(RootThreads, AsyncRootsStale, ::testing::Values(1, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "_threads"; });
+
+// The threads only share out the statistics: 4 threads (each LAPACK call on one BLAS thread, as
+// ctest runs one) give the trajectory of 1 bit for bit, with gradients that depend on the
+// parameters so that any difference compounds.
+TEST(AsyncRoots, SeveralRootThreadsComputeWhatOneDoes) {
+  Shampoo<Space, double> one(Space(), specs, options(true, true, 1));
+  Shampoo<Space, double> four(Space(), specs, options(true, true, 4));
+  ASSERT_GT(one.num_statistics(), 4);
+  auto a = to_device(initial()), b = to_device(initial());
+  for (int t = 0; t < 14; ++t) {
+    one.step(Space(), a, to_device(gradients(lather::test::host_vectors<double>(a), t, 0.1)));
+    four.step(Space(), b, to_device(gradients(lather::test::host_vectors<double>(b), t, 0.1)));
+  }
+  const auto x = lather::test::host_vectors<double>(a), y = lather::test::host_vectors<double>(b);
+  for (std::size_t p = 0; p < x.size(); ++p) EXPECT_EQ(x[p], y[p]) << specs[p].name;
+  EXPECT_NE(x, initial());
+}
+
+// How many threads take the roots by default: one where the step runs on the host's cores, the
+// rank's CPUs less one where it runs on a device; a number given is taken as it is.
+TEST(AsyncRoots, RootThreadsByBackend) {
+  using lather::optim::Impl::async_root_threads;
+  EXPECT_EQ(async_root_threads<Kokkos::HostSpace>(options(true, true, 0), 16), 1);
+  EXPECT_EQ(async_root_threads<Kokkos::HostSpace>(options(true, true, 5), 16), 5);
+  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) {
+    EXPECT_EQ(async_root_threads<Mem>(options(true, true, 0), 16), 15);
+    EXPECT_EQ(async_root_threads<Mem>(options(true, true, 0), 1), 1);
+    EXPECT_EQ(async_root_threads<Mem>(options(true, true, 5), 16), 5);
+  }
 }
 
 // A restore (the checkpoint filled the state back in) drops the roots in flight: the roots

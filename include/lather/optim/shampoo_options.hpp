@@ -96,8 +96,10 @@ struct ShampooOptions {
   /// Replicated or distributed step; automatic: distributed on groups of more than one rank.
   StepMode step_mode = StepMode::automatic;
   /// Anil et al. 2020, section 5: the roots of the statistics at a preconditioning step are
-  /// installed at the next one (one interval of staleness), computed meanwhile on a host thread
-  /// (root_method eigh, which needs no execution space) while the steps run.
+  /// installed at the next one (one interval of staleness), computed meanwhile on host threads
+  /// (root_method eigh, which needs no execution space) while the steps run: root.host_threads
+  /// of them, or where that is 0 one on a host backend (the step's kernels need the other cores)
+  /// and the rank's CPUs less one on a device backend.
   bool async_roots = false;
   /// With async_roots: false computes the same stale schedule in the foreground at the step the
   /// roots are started (for comparison, and where nothing would overlap).

@@ -1,28 +1,51 @@
 #pragma once
 // Shampoo's asynchronous inverse roots (Anil et al. 2020, section 5). At a preconditioning step
-// the statistics a rank owns are copied to the host and their roots started on a host thread;
+// the statistics a rank owns are copied to the host and their roots started on host threads;
 // the steps of the next interval run meanwhile with the preconditioners already installed; at
 // the next preconditioning step the roots are waited for and installed (the reference's
 // acceptance rule applied: a rejected root keeps the previous preconditioner), and the next ones
 // started. The preconditioners in use are therefore one interval stale.
 //
-// The host thread calls only LAPACK and BLAS (linalg::eigh_inverse_pth_root_on_host), never
-// Kokkos: it cannot race with the step's kernels on any backend, and on a GPU it runs on host
+// The host threads call only LAPACK and BLAS (linalg::eigh_inverse_pth_root_on_host), never
+// Kokkos: they cannot race with the step's kernels on any backend, and on a GPU they run on host
 // cores the training leaves idle. That is why asynchronous roots need root_method eigh.
+//
+// How many threads (async_root_threads): one where the step itself runs on the host cores (the
+// roots take the core the training leaves; on 1 rank of the 2-core development machine that hid
+// 71-75 % of the roots, benchmarks.md); on a device backend the rank's CPUs less the one that
+// drives the device: on an H200's 16-core host one thread took the 492 transformer roots 4-6x
+// longer than the synchronous phase's 16 threads, and the step waited for them (benchmarks.md).
 
 #include <lather/core/error.hpp>
+#include <lather/core/host_blas_threads.hpp>
 #include <lather/core/impl/fault_injection.hpp>
 #include <lather/linalg/inverse_root.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
 #include <lather/optim/shampoo.hpp>
 
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <future>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 namespace lather::optim::Impl {
+
+/// Host threads for the asynchronous roots: options.root.host_threads where it is set; else one
+/// where `MemorySpace` is host memory (the step's kernels need the other cores), and on a device
+/// backend `root_threads` (the rank's CPUs, root_host_threads) less one, at least one.
+template <class MemorySpace>
+int async_root_threads(const ShampooOptions& options, int root_threads) {
+  if (options.root.host_threads > 0) return options.root.host_threads;
+  if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) return 1;
+  return std::max(1, root_threads - 1);
+}
 
 template <class ExecutionSpace, class T>
 class AsyncRoots {
@@ -31,7 +54,8 @@ class AsyncRoots {
   using Store = MatrixStore<ExecutionSpace, T>;
   using Flat = typename Store::Flat;
 
-  explicit AsyncRoots(const ShampooOptions& options) : m_options(options) {
+  /// `threads`: host threads taking the roots at once (async_root_threads).
+  AsyncRoots(const ShampooOptions& options, int threads) : m_options(options), m_threads(std::max(1, threads)) {
     m_root_options = options.root;
     m_root_options.ridge_epsilon = options.matrix_epsilon;
     m_root_options.relative_ridge = options.relative_matrix_epsilon;
@@ -47,7 +71,7 @@ class AsyncRoots {
   }
 
   /// Copies the statistics `owned` (global ids; slot_of[s] their slot) to the host on `space` and
-  /// starts their roots: on a host thread, or here and now without async_roots_in_background.
+  /// starts their roots: on host threads, or here and now without async_roots_in_background.
   void start(const ExecutionSpace& space, const ShampooPlan& plan, const std::vector<int>& owned,
              const std::vector<int>& slot_of, const Store& statistics) {
     LATHER_REQUIRE(!m_pending, "Shampoo: asynchronous roots started twice without install");
@@ -137,42 +161,77 @@ class AsyncRoots {
     return error;
   }
 
-  /// The root thread: every owned statistic, in the compute precision, a float root that fails
-  /// retried in double as RootPhase does. Touches only this object's host vectors.
+  /// The root threads: every owned statistic, in the compute precision, a float root that fails
+  /// retried in double as RootPhase does. Each thread takes the next statistic until none is left
+  /// and writes only that statistic's outcome and output range, so with the BLAS on one thread
+  /// the results do not depend on the number of threads. Touches only this object's host vectors.
   std::string compute() noexcept {
     try {
       ::lather::Impl::fault_point("shampoo.async_roots");
-      const double threshold = m_options.inverse_failure_threshold;
-      std::vector<double> matrix, root;
-      std::vector<float> matrix_f, root_f;
-      for (std::size_t k = 0; k < m_owned.size(); ++k) {
-        const int n = m_size[k], p = m_exponent[k];
-        const auto first = m_input.begin() + m_offset[k], last = first + std::int64_t(n) * n;
-        linalg::HostRootOutcome outcome;
-        bool have = false;
-        if (m_root_options.compute_precision == linalg::Precision::float32) {
-          matrix_f.assign(first, last);
-          outcome = linalg::eigh_inverse_pth_root_on_host<float>(matrix_f, n, p, m_root_options, root_f);
-          root.assign(root_f.begin(), root_f.end());
-          const bool accepted = outcome.status != linalg::RootStatus::non_finite && std::isfinite(outcome.error) &&
-                                outcome.error < threshold;
-          have = accepted || !m_options.retry_failed_roots_in_double;
+      const int threads = std::max(1, std::min(m_threads, int(m_owned.size())));
+      // Several threads each call LAPACK on one BLAS thread, as the synchronous pool does (a
+      // threaded BLAS under each would start more threads than the CPUs the pool was sized to);
+      // one thread keeps the process's count. Only device backends run several by default, and
+      // there the training makes no host BLAS call the count could slow (root_host_threads above
+      // one on a host backend holds the step's BLAS calls to one thread while the roots run).
+      const ScopedHostBlasThreads one_blas_thread(threads > 1 ? 1 : 0);
+      std::atomic<std::size_t> next{0};
+      std::vector<std::string> errors(static_cast<std::size_t>(threads));
+      const auto work = [&](int thread) {
+        try {
+          std::vector<double> matrix, root;
+          std::vector<float> matrix_f, root_f;
+          for (std::size_t k = next++; k < m_owned.size(); k = next++) compute_one(k, matrix, root, matrix_f, root_f);
+        } catch (const std::exception& e) {
+          errors[std::size_t(thread)] = e.what();
+          next = m_owned.size();  // the others stop after their current root
+        } catch (...) {
+          errors[std::size_t(thread)] = "unknown exception";
+          next = m_owned.size();
         }
-        if (!have) {
-          matrix.assign(first, last);
-          outcome = linalg::eigh_inverse_pth_root_on_host<double>(matrix, n, p, m_root_options, root);
-        }
-        m_outcome[k] = outcome;
-        if (outcome.status != linalg::RootStatus::non_finite)
-          std::copy(root.begin(), root.end(), m_output.begin() + m_offset[k]);
+      };
+      std::vector<std::thread> pool;
+      try {
+        for (int thread = 1; thread < threads; ++thread) pool.emplace_back(work, thread);
+      } catch (const std::system_error&) {
+        // Fewer threads than asked for: those started and this one take every root.
       }
+      work(0);
+      for (auto& thread : pool) thread.join();
+      for (const auto& error : errors)
+        if (!error.empty()) return "asynchronous inverse roots: " + error;
       return "";
     } catch (const std::exception& e) {
       return std::string("asynchronous inverse roots: ") + e.what();
     }
   }
 
+  void compute_one(std::size_t k, std::vector<double>& matrix, std::vector<double>& root, std::vector<float>& matrix_f,
+                   std::vector<float>& root_f) {
+    const double threshold = m_options.inverse_failure_threshold;
+    const int n = m_size[k], p = m_exponent[k];
+    const auto first = m_input.begin() + m_offset[k], last = first + std::int64_t(n) * n;
+    linalg::HostRootOutcome outcome;
+    bool have = false;
+    if (m_root_options.compute_precision == linalg::Precision::float32) {
+      matrix_f.assign(first, last);
+      outcome = linalg::eigh_inverse_pth_root_on_host<float>(matrix_f, n, p, m_root_options, root_f);
+      root.assign(root_f.begin(), root_f.end());
+      const bool accepted = outcome.status != linalg::RootStatus::non_finite && std::isfinite(outcome.error) &&
+                            outcome.error < threshold;
+      have = accepted || !m_options.retry_failed_roots_in_double;
+    }
+    if (!have) {
+      matrix.assign(first, last);
+      outcome = linalg::eigh_inverse_pth_root_on_host<double>(matrix, n, p, m_root_options, root);
+    }
+    m_outcome[k] = outcome;
+    if (outcome.status != linalg::RootStatus::non_finite)
+      std::copy(root.begin(), root.end(), m_output.begin() + m_offset[k]);
+  }
+
   ShampooOptions m_options;
+  int m_threads = 1;
   linalg::InverseRootOptions m_root_options;
   bool m_pending = false;
   std::vector<int> m_owned, m_size, m_exponent;

@@ -102,7 +102,9 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     allocate_state(space);
     m_roots = std::make_unique<RootPhase<ExecutionSpace, T>>(space, m_options, m_plan.max_size, int(m_mine.size()),
                                                              root_threads);
-    if (m_options.async_roots) m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(m_options);
+    if (m_options.async_roots)
+      m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(
+          m_options, async_root_threads<memory_space>(m_options, root_threads));
     m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(space, m_plan, m_step_plan,
                                                                     m_options.root.workspace_bytes, quantized());
   }
