@@ -70,25 +70,26 @@ ShampooOptions options(bool async, bool background, int root_threads = 0) {
   return o;
 }
 
+/// The parameters after 14 steps of `shampoo` from initial(), with gradients that depend on the
+/// parameters (so that any difference between two runs compounds).
+Host trained(Shampoo<Space, double>& shampoo) {
+  auto x = to_device(initial());
+  for (int t = 0; t < 14; ++t)
+    shampoo.step(Space(), x, to_device(gradients(lather::test::host_vectors<double>(x), t, 0.1)));
+  return lather::test::host_vectors<double>(x);
+}
+
 // The root thread computes exactly what the foreground computes at the step it starts the
 // roots (the same host code on the same copies), so a background run and a foreground run of the
 // same stale schedule must agree bit for bit; a race or a wrong swap would show at once.
 TEST(AsyncRoots, BackgroundEqualsTheSameScheduleInTheForeground) {
   Shampoo<Space, double> background(Space(), specs, options(true, true));
   Shampoo<Space, double> foreground(Space(), specs, options(true, false));
-  auto a = to_device(initial()), b = to_device(initial());
-  for (int t = 0; t < 14; ++t) {
-    background.step(Space(), a, to_device(gradients(lather::test::host_vectors<double>(a), t, 0.1)));
-    foreground.step(Space(), b, to_device(gradients(lather::test::host_vectors<double>(b), t, 0.1)));
-  }
-  const auto x = lather::test::host_vectors<double>(a), y = lather::test::host_vectors<double>(b);
+  const auto x = trained(background), y = trained(foreground);
   for (std::size_t p = 0; p < x.size(); ++p) EXPECT_EQ(x[p], y[p]) << specs[p].name;
   // And the schedule is not the synchronous one: the parameters differ from a synchronous run.
   Shampoo<Space, double> synchronous(Space(), specs, options(false, false));
-  auto c = to_device(initial());
-  for (int t = 0; t < 14; ++t)
-    synchronous.step(Space(), c, to_device(gradients(lather::test::host_vectors<double>(c), t, 0.1)));
-  EXPECT_NE(lather::test::host_vectors<double>(c), x);
+  EXPECT_NE(trained(synchronous), x);
 }
 
 // With gradients that do not depend on the parameters, both runs see the same statistics; the
@@ -132,18 +133,12 @@ INSTANTIATE_TEST_SUITE_P(RootThreads, AsyncRootsStale, ::testing::Values(1, 3),
                          [](const auto& info) { return std::to_string(info.param) + "_threads"; });
 
 // The threads only share out the statistics: 4 threads (each LAPACK call on one BLAS thread, as
-// ctest runs one) give the trajectory of 1 bit for bit, with gradients that depend on the
-// parameters so that any difference compounds.
+// ctest runs one) give the trajectory of 1 bit for bit.
 TEST(AsyncRoots, SeveralRootThreadsComputeWhatOneDoes) {
   Shampoo<Space, double> one(Space(), specs, options(true, true, 1));
   Shampoo<Space, double> four(Space(), specs, options(true, true, 4));
   ASSERT_GT(one.num_statistics(), 4);
-  auto a = to_device(initial()), b = to_device(initial());
-  for (int t = 0; t < 14; ++t) {
-    one.step(Space(), a, to_device(gradients(lather::test::host_vectors<double>(a), t, 0.1)));
-    four.step(Space(), b, to_device(gradients(lather::test::host_vectors<double>(b), t, 0.1)));
-  }
-  const auto x = lather::test::host_vectors<double>(a), y = lather::test::host_vectors<double>(b);
+  const auto x = trained(one), y = trained(four);
   for (std::size_t p = 0; p < x.size(); ++p) EXPECT_EQ(x[p], y[p]) << specs[p].name;
   EXPECT_NE(x, initial());
 }
