@@ -9,20 +9,40 @@
 #include <KokkosBatched_Gemm_Decl.hpp>
 #include <KokkosBatched_Gemm_Serial_Impl.hpp>
 #include <KokkosBatched_Gemm_Team_Impl.hpp>
+#include <lather/core/error.hpp>
 #include <lather/core/impl/gemm.hpp>
 
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace lather::linalg::Impl {
 
-/// Matrices up to this size use the batched small-GEMM kernel unless the caller chose otherwise.
+/// Whether the batched path of `ExecutionSpace` is cuBLAS's strided-batched GEMM (one call per run
+/// of consecutive slots) rather than the KokkosBatched team kernel (one team per matrix).
+template <class ExecutionSpace>
+constexpr bool batched_gemm_is_cublas() {
+#if LATHER_BATCHED_GEMM_CUBLAS
+  return std::is_same<ExecutionSpace, Kokkos::Cuda>::value;
+#else
+  return false;
+#endif
+}
+
+/// Matrices up to this size use the batched path unless the caller chose otherwise.
 /// Host: never -- OpenBLAS per matrix was as fast at n = 4 and 2-5x faster from n = 8 to 48
 /// (`lather-bench root --n 4,8,16,32,48 --batch 256 --batched-gemm-max-size 0|64`, one core).
-/// Device: one kernel launch per matrix is what batching saves; up to 128 a team holds a matrix
-/// product comfortably. Not yet measured on a GPU: the option overrides it.
+/// CUDA with cuBLAS: every size, as cuBLAS's strided-batched GEMM. On an H200 the team kernel
+/// ran the Newton roots of 16 matrices of n = 128 at 134 GFLOP/s and one cuBLAS GEMM per matrix
+/// those of n = 1024 at 5,700, where one strided-batched call of 256 products of n = 128 ran at
+/// 23,000 (portability.md). Other devices: the team kernel up to 128, where a team holds a
+/// matrix product comfortably; the option overrides both.
 template <class ExecutionSpace>
 int default_batched_gemm_max_size() {
-  return host_accessible<typename ExecutionSpace::memory_space> ? 0 : 128;
+  if (host_accessible<typename ExecutionSpace::memory_space>) return 0;
+  return batched_gemm_is_cublas<ExecutionSpace>() ? std::numeric_limits<int>::max() : 128;
 }
 
 /// One GEMM, C = A * B, through Lather's one GEMM call.
@@ -41,6 +61,19 @@ struct GemmCount {
   }
 };
 
+/// The runs of consecutive numbers in `slots`, in order, as (first, length): {3, 4, 5, 9, 2, 3}
+/// gives (3, 3), (9, 1), (2, 2). One strided-batched call serves each.
+inline std::vector<std::pair<int, int>> consecutive_runs(const std::vector<int>& slots) {
+  std::vector<std::pair<int, int>> runs;
+  for (std::size_t k = 0; k < slots.size(); ++k) {
+    if (k > 0 && slots[k] == slots[k - 1] + 1)
+      ++runs.back().second;
+    else
+      runs.emplace_back(slots[k], 1);
+  }
+  return runs;
+}
+
 template <class ExecutionSpace, class C, class MemorySpace>
 void gemm_slots(const ExecutionSpace& space, const std::vector<int>& slots_host,
                 const Array1<const int, MemorySpace>& slots, const Stack3<const C, MemorySpace>& a,
@@ -50,7 +83,19 @@ void gemm_slots(const ExecutionSpace& space, const std::vector<int>& slots_host,
   if (total == 0) return;
   count.add(n, total);
   if (n <= batched_max_size) {
-    if constexpr (host_accessible<MemorySpace>) {
+    if constexpr (batched_gemm_is_cublas<ExecutionSpace>()) {
+      // The stacks are [slots, n, n]: a run of consecutive slots is one strided-batched call.
+      LATHER_REQUIRE(int(a.extent(1)) == n && int(a.extent(2)) == n && int(b.extent(1)) == n &&
+                         int(b.extent(2)) == n && int(c.extent(1)) == n && int(c.extent(2)) == n,
+                     "gemm_slots: the stacks must be [slots, ", n, ", ", n, "]");
+      const std::int64_t stride = std::int64_t(n) * n;
+      for (const auto& [first, length] : consecutive_runs(slots_host)) {
+        const std::int64_t offset = std::int64_t(first) * stride;
+        ::lather::Impl::gemm_strided_batched(space, 'N', 'N', n, n, n, C(1), a.data() + offset, stride,
+                                             b.data() + offset, stride, C(0), c.data() + offset, stride, length);
+      }
+      return;
+    } else if constexpr (host_accessible<MemorySpace>) {
       Kokkos::parallel_for(
           "Lather::linalg::batched_small_gemm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, total),
           KOKKOS_LAMBDA(int k) {

@@ -4,6 +4,7 @@
 #include <lather/linalg/inverse_root.hpp>
 
 #include "common/spd_matrices.hpp"
+#include "linalg/batched_gemm.hpp"
 
 #include <gtest/gtest.h>
 
@@ -408,6 +409,19 @@ TEST(InverseRoot, BadArgumentsNameTheProblem) {
   InverseRootOptions negative_threads;
   negative_threads.host_threads = -1;
   expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, negative_threads); }, "host_threads");
+}
+
+// The batched products go one strided-batched call per run of consecutive matrices still
+// iterating (cuBLAS builds); the runs must cover every slot once, in order.
+TEST(BatchedGemm, ConsecutiveRunsCoverEverySlotOnce) {
+  using lather::linalg::Impl::consecutive_runs;
+  using Runs = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(consecutive_runs({}), Runs{});
+  EXPECT_EQ(consecutive_runs({7}), (Runs{{7, 1}}));
+  EXPECT_EQ(consecutive_runs({0, 1, 2, 3}), (Runs{{0, 4}}));
+  EXPECT_EQ(consecutive_runs({3, 4, 5, 9, 2, 3}), (Runs{{3, 3}, {9, 1}, {2, 2}}));
+  EXPECT_EQ(consecutive_runs({1, 3, 5}), (Runs{{1, 1}, {3, 1}, {5, 1}}));
+  EXPECT_EQ(consecutive_runs({4, 4, 5}), (Runs{{4, 1}, {4, 2}}));
 }
 
 }  // namespace
