@@ -35,10 +35,10 @@ constexpr bool batched_gemm_is_cublas() {
 /// Host: never -- OpenBLAS per matrix was as fast at n = 4 and 2-5x faster from n = 8 to 48
 /// (`lather-bench root --n 4,8,16,32,48 --batch 256 --batched-gemm-max-size 0|64`, one core).
 /// CUDA with cuBLAS: every size, as cuBLAS's strided-batched GEMM. On an H200 the team kernel
-/// ran the Newton roots of 16 matrices of n = 128 at 134 GFLOP/s and one cuBLAS GEMM per matrix
-/// those of n = 1024 at 5,700, where one strided-batched call of 256 products of n = 128 ran at
-/// 23,000 (portability.md). Other devices: the team kernel up to 128, where a team holds a
-/// matrix product comfortably; the option overrides both.
+/// ran the Newton roots of 16 matrices of n = 128 at 727 roots/s (134 GFLOP/s), and in batches
+/// of 64 one cuBLAS GEMM per matrix ran 1,650-2,200 roots/s where the strided-batched calls run
+/// 14,100-16,800 (docs/reference/linalg.md). Other devices: the team kernel up to 128, where a
+/// team holds a matrix product comfortably; the option overrides both.
 template <class ExecutionSpace>
 int default_batched_gemm_max_size() {
   if (host_accessible<typename ExecutionSpace::memory_space>) return 0;
