@@ -1,19 +1,17 @@
 #include <lather/linalg/inverse_root.hpp>
 
 #include <lather/core/host_blas_threads.hpp>
+#include <lather/core/impl/host_threads.hpp>
 
 #include "coupled_newton.hpp"
 #include "eigh_root.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <exception>
 #include <limits>
 #include <map>
 #include <random>
 #include <set>
-#include <thread>
 #include <utility>
 
 namespace lather::linalg {
@@ -193,37 +191,12 @@ void eigh_on_host_threads(const In& in, const Out& out, const std::vector<RootTa
   using S = typename Out::non_const_value_type;
   const int padded = int(in.extent(1));
   const int threads = std::max(1, std::min(options.host_threads, int(tasks.size())));
-  std::atomic<std::size_t> next{0};
-  const auto pool_size = static_cast<std::size_t>(threads);
-  std::vector<GemmCount> counts(pool_size);
-  std::vector<std::exception_ptr> failures(pool_size);
-  const auto work = [&](int thread) {
-    try {
-      std::vector<C> matrix, root;
-      EighWorkspace<C> workspace;
-      for (std::size_t t = next++; t < tasks.size(); t = next++) {
-        const auto& task = tasks[t];
-        const int n = task.size;
-        matrix.resize(std::size_t(n) * n);
-        for (int i = 0; i < n; ++i)
-          for (int j = 0; j < n; ++j) matrix[std::size_t(i) * n + j] = C(in(task.index, i, j));
-        const EighOutcome outcome =
-            eigh_root_any_size<C>(matrix, n, task.exponent, options, root, counts[std::size_t(thread)], workspace);
-        result.error[t] = outcome.error;
-        result.iterations[t] = 0;
-        result.lambda_max[t] = outcome.lambda_max;
-        result.ridge[t] = outcome.ridge;
-        result.status[t] = outcome.status;
-        if (outcome.status == RootStatus::non_finite) continue;
-        for (int i = 0; i < padded; ++i)
-          for (int j = 0; j < padded; ++j)
-            out(task.index, i, j) = (i < n && j < n) ? S(root[std::size_t(i) * n + j]) : S(i == j);
-      }
-    } catch (...) {
-      failures[std::size_t(thread)] = std::current_exception();
-      next = tasks.size();  // the others stop after their current task
-    }
+  struct Scratch {
+    std::vector<C> matrix, root;
+    EighWorkspace<C> workspace;
+    GemmCount count;
   };
+  std::vector<Scratch> scratch(static_cast<std::size_t>(threads));
   // Every LAPACK call on one BLAS thread, however many threads take the roots: a threaded BLAS
   // under each would start more threads than the CPUs the pool was sized to (on 1 rank of the
   // 2-core development machine, OpenBLAS's 2 threads under each of 2 root threads trained Shampoo
@@ -231,13 +204,26 @@ void eigh_on_host_threads(const In& in, const Out& out, const std::vector<RootTa
   // threads rounds some of dsyevd's products differently from 1, so the roots' bits would depend
   // on the pool's size (test_shampoo's RootHostThreadsDoNotChangeTheTrajectory).
   const ScopedHostBlasThreads one_blas_thread(1);
-  std::vector<std::thread> pool;
-  for (int thread = 1; thread < threads; ++thread) pool.emplace_back(work, thread);
-  work(0);
-  for (auto& thread : pool) thread.join();
-  for (const auto& failure : failures)
-    if (failure) std::rethrow_exception(failure);
-  for (const auto& c : counts) count.flops += c.flops, count.calls += c.calls;
+  ::lather::Impl::for_each_on_host_threads(threads, tasks.size(), [&](int thread, std::size_t t) {
+    Scratch& own = scratch[std::size_t(thread)];
+    const auto& task = tasks[t];
+    const int n = task.size;
+    own.matrix.resize(std::size_t(n) * n);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) own.matrix[std::size_t(i) * n + j] = C(in(task.index, i, j));
+    const EighOutcome outcome =
+        eigh_root_any_size<C>(own.matrix, n, task.exponent, options, own.root, own.count, own.workspace);
+    result.error[t] = outcome.error;
+    result.iterations[t] = 0;
+    result.lambda_max[t] = outcome.lambda_max;
+    result.ridge[t] = outcome.ridge;
+    result.status[t] = outcome.status;
+    if (outcome.status == RootStatus::non_finite) return;
+    for (int i = 0; i < padded; ++i)
+      for (int j = 0; j < padded; ++j)
+        out(task.index, i, j) = (i < n && j < n) ? S(own.root[std::size_t(i) * n + j]) : S(i == j);
+  });
+  for (const auto& own : scratch) count.flops += own.count.flops, count.calls += own.count.calls;
 }
 
 template <class ExecutionSpace, class S, class C>

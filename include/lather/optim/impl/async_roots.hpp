@@ -19,6 +19,7 @@
 #include <lather/core/error.hpp>
 #include <lather/core/host_blas_threads.hpp>
 #include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/impl/host_threads.hpp>
 #include <lather/linalg/inverse_root.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
@@ -27,12 +28,9 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <future>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 namespace lather::optim::Impl {
@@ -175,39 +173,26 @@ class AsyncRoots {
       // there the training makes no host BLAS call the count could slow (root_host_threads above
       // one on a host backend holds the step's BLAS calls to one thread while the roots run).
       const ScopedHostBlasThreads one_blas_thread(threads > 1 ? 1 : 0);
-      std::atomic<std::size_t> next{0};
-      std::vector<std::string> errors(static_cast<std::size_t>(threads));
-      const auto work = [&](int thread) {
-        try {
-          std::vector<double> matrix, root;
-          std::vector<float> matrix_f, root_f;
-          for (std::size_t k = next++; k < m_owned.size(); k = next++) compute_one(k, matrix, root, matrix_f, root_f);
-        } catch (const std::exception& e) {
-          errors[std::size_t(thread)] = e.what();
-          next = m_owned.size();  // the others stop after their current root
-        } catch (...) {
-          errors[std::size_t(thread)] = "unknown exception";
-          next = m_owned.size();
-        }
-      };
-      std::vector<std::thread> pool;
-      try {
-        for (int thread = 1; thread < threads; ++thread) pool.emplace_back(work, thread);
-      } catch (const std::system_error&) {
-        // Fewer threads than asked for: those started and this one take every root.
-      }
-      work(0);
-      for (auto& thread : pool) thread.join();
-      for (const auto& error : errors)
-        if (!error.empty()) return "asynchronous inverse roots: " + error;
+      std::vector<Scratch> scratch(static_cast<std::size_t>(threads));
+      ::lather::Impl::for_each_on_host_threads(
+          threads, m_owned.size(), [&](int thread, std::size_t k) { compute_one(k, scratch[std::size_t(thread)]); });
       return "";
     } catch (const std::exception& e) {
       return std::string("asynchronous inverse roots: ") + e.what();
+    } catch (...) {
+      return "asynchronous inverse roots: unknown exception";
     }
   }
 
-  void compute_one(std::size_t k, std::vector<double>& matrix, std::vector<double>& root, std::vector<float>& matrix_f,
-                   std::vector<float>& root_f) {
+  /// One root thread's buffers, kept from one statistic to the next.
+  struct Scratch {
+    std::vector<double> matrix, root;
+    std::vector<float> matrix_f, root_f;
+  };
+
+  /// The root of owned statistic k into m_outcome[k] and its range of m_output.
+  void compute_one(std::size_t k, Scratch& own) {
+    auto& [matrix, root, matrix_f, root_f] = own;
     const double threshold = m_options.inverse_failure_threshold;
     const int n = m_size[k], p = m_exponent[k];
     const auto first = m_input.begin() + m_offset[k], last = first + std::int64_t(n) * n;

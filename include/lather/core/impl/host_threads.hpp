@@ -1,0 +1,47 @@
+#pragma once
+// Host threads sharing out a list of independent items: Shampoo's eigh roots, taken at a
+// preconditioning step (linalg's solve) or in the background (asynchronous roots). Each thread
+// takes the next item until none is left, so where an item's result goes is fixed by the item,
+// not by the thread that took it.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <exception>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace lather::Impl {
+
+/// Calls item(thread, k) for every k in [0, count) on `threads` host threads at once (this one is
+/// thread 0; per-thread state indexed by `thread` needs `threads` entries) and returns once every
+/// thread has. Where the system starts fewer threads, those started and this one take every item.
+/// An exception stops the others after their current item and is rethrown here after they all
+/// returned (the first thread's, where several threw). `item` must make no Kokkos call.
+template <class Item>
+void for_each_on_host_threads(int threads, std::size_t count, const Item& item) {
+  threads = std::max(1, threads);
+  std::atomic<std::size_t> next{0};
+  std::vector<std::exception_ptr> failures(static_cast<std::size_t>(threads));
+  const auto work = [&](int thread) {
+    try {
+      for (std::size_t k = next++; k < count; k = next++) item(thread, k);
+    } catch (...) {
+      failures[static_cast<std::size_t>(thread)] = std::current_exception();
+      next = count;  // the others stop after their current item
+    }
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (int thread = 1; thread < threads; ++thread) pool.emplace_back(work, thread);
+  } catch (const std::system_error&) {
+    // Fewer threads than asked for: joined below like the others.
+  }
+  work(0);
+  for (auto& thread : pool) thread.join();
+  for (const auto& failure : failures)
+    if (failure) std::rethrow_exception(failure);
+}
+
+}  // namespace lather::Impl
