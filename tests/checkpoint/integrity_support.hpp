@@ -24,6 +24,12 @@ inline int world_rank() {
   return rank;
 }
 
+inline int world_size() {
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  return ranks;
+}
+
 /// A new directory under `parent` (made by rank 0, its name broadcast): "" if none could be made.
 inline std::string shared_directory(const std::string& tag,
                                     const std::filesystem::path& parent = std::filesystem::temp_directory_path()) {

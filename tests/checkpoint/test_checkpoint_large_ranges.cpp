@@ -27,17 +27,12 @@ namespace {
 using namespace lather;
 namespace fs = std::filesystem;
 using test::world_rank;
+using test::world_size;
 
 /// Drops `file`'s pages from the page cache (rank 0, then every rank), as on a fresh node.
 void evict_everywhere(const std::string& file) {
   if (world_rank() == 0) test::drop_from_page_cache(file);
   MPI_Barrier(MPI_COMM_WORLD);
-}
-
-int world_size() {
-  int ranks = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-  return ranks;
 }
 
 float value(std::int64_t array, std::int64_t i) { return float(std::sin(double(i) * 1e-3 + double(array))); }
