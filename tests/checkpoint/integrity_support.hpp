@@ -6,6 +6,8 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include "common/mpi_ranks.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -17,18 +19,6 @@
 #include <vector>
 
 namespace lather::test {
-
-inline int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-inline int world_size() {
-  int ranks = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-  return ranks;
-}
 
 /// A new directory under `parent` (made by rank 0, its name broadcast): "" if none could be made.
 inline std::string shared_directory(const std::string& tag,

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "common/mpi_ranks.hpp"
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -18,17 +20,6 @@ namespace lather::test {
 
 using Exec = Kokkos::DefaultExecutionSpace;
 using Memory = Exec::memory_space;
-
-inline int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-inline int world_size() {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
 
 inline std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

@@ -4,6 +4,8 @@
 // or on gradient accumulation; runs are deterministic; bad options are clear errors.
 #include "trainer.hpp"
 
+#include "common/mpi_ranks.hpp"
+
 #include <lather/core/error.hpp>
 #include <lather/data/idx.hpp>
 
@@ -20,11 +22,7 @@ namespace {
 using namespace lather::train;
 namespace fs = std::filesystem;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+using lather::test::world_rank;
 
 TrainOptions small_run(const std::string& optimizer) {
   TrainOptions o;

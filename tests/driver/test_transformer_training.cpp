@@ -5,6 +5,8 @@
 // checkpoint written on 2x2 continues on 4x1.
 #include "trainer.hpp"
 
+#include "common/mpi_ranks.hpp"
+
 #include <lather/core/error.hpp>
 
 #include <gtest/gtest.h>
@@ -21,16 +23,8 @@ namespace {
 using namespace lather::train;
 namespace fs = std::filesystem;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using lather::test::world_rank;
+using lather::test::world_size;
 
 TrainOptions small_run() {
   TrainOptions o;
