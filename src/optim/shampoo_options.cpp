@@ -128,6 +128,8 @@ void ShampooOptions::validate() const {
                  "ShampooOptions::async_roots needs root_method eigh (the host thread computes eigendecompositions; "
                  "Newton runs on the execution space), got root_method ", linalg::to_string(root.method));
   root.validate();
+  LATHER_REQUIRE(product_host_threads >= 0 && product_host_threads <= 1024,
+                 "ShampooOptions::product_host_threads must be in [0, 1024], got ", product_host_threads);
 }
 
 namespace {
@@ -195,7 +197,7 @@ const std::vector<std::string>& option_names() {
       "moving_average_for_momentum", "skip_preconditioning_dim_size_gt", "clip_by_scaled_gradient_norm",
       "relative_matrix_epsilon", "merge_small_dims_block_size", "skip_preconditioning_rank_lt",
       "decoupled_learning_rate", "decoupled_weight_decay", "generate_training_metrics", "root_method",
-      "root_compute_precision", "root_max_iterations", "root_tolerance", "root_host_threads", "retry_failed_roots_in_double",
+      "root_compute_precision", "root_max_iterations", "root_tolerance", "root_host_threads", "product_host_threads", "retry_failed_roots_in_double",
       "max_consecutive_root_failures", "statistics_precision", "balance_root_work", "step_mode", "async_roots", "async_roots_in_background",
       "shared_memory_gather"};
   return names;
@@ -238,6 +240,8 @@ std::string option_help(const std::string& name) {
       {"root_tolerance", "Newton stops at max|M - I| <= this"},
       {"root_host_threads", "eigh: host threads taking the roots at once (0: the CPUs this rank has to itself on its node; "
                             "with async_roots, 0 is one thread on a host backend and those CPUs less one on a device)"},
+      {"product_host_threads", "host backends: threads sharing out the blocks' statistics and preconditioning "
+                               "products, each on one BLAS thread (0: the CPUs this rank has to itself on its node)"},
       {"retry_failed_roots_in_double", "recompute a failed float32 root in float64 before rejecting it"},
       {"max_consecutive_root_failures", "error after this many failed roots in a row of one statistic (0: never)"},
       {"statistics_precision", "float32 or float64 statistics and preconditioners"},
@@ -290,6 +294,7 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
   else if (name == "root_max_iterations") out << o.root.max_iterations;
   else if (name == "root_tolerance") out << format_double(o.root.tolerance);
   else if (name == "root_host_threads") out << o.root.host_threads;
+  else if (name == "product_host_threads") out << o.product_host_threads;
   else if (name == "retry_failed_roots_in_double") out << o.retry_failed_roots_in_double;
   else if (name == "max_consecutive_root_failures") out << o.max_consecutive_root_failures;
   else if (name == "statistics_precision") out << linalg::to_string(o.statistics_precision);
@@ -340,6 +345,7 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
   else if (name == "root_max_iterations") o.root.max_iterations = i();
   else if (name == "root_tolerance") o.root.tolerance = d();
   else if (name == "root_host_threads") o.root.host_threads = i();
+  else if (name == "product_host_threads") o.product_host_threads = i();
   else if (name == "retry_failed_roots_in_double") o.retry_failed_roots_in_double = b();
   else if (name == "max_consecutive_root_failures") o.max_consecutive_root_failures = i();
   else if (name == "statistics_precision") o.statistics_precision = linalg::parse_precision(value);

@@ -82,6 +82,11 @@ struct ShampooOptions {
   /// matrix_epsilon and relative_matrix_epsilon). Default: Newton in double, as the reference
   /// recommends where double is available.
   linalg::InverseRootOptions root;
+  /// Host backends: the threads that share out the blocks' statistics and preconditioning
+  /// products, each block's through the BLAS on one thread (a threaded BLAS gains less by
+  /// splitting one small product). 0: the CPUs this rank has to itself on its node, as for the
+  /// roots. The results do not depend on it. Ignored on device backends.
+  int product_host_threads = 0;
   /// A root computed in float that fails is recomputed once in double before it is rejected.
   bool retry_failed_roots_in_double = true;
   /// After this many consecutive failed root computations of the same statistic, step() throws

@@ -81,6 +81,14 @@ void cublas_strided_batched(const Kokkos::Cuda& space, char ta, char tb, int m, 
 void host_gram_upper(bool transpose, int n, int k, float alpha, const float* x, float beta, float* c, int ldc);
 void host_gram_upper(bool transpose, int n, int k, double alpha, const double* x, double beta, double* c, int ldc);
 
+/// C = alpha op(A) op(B) + beta C, row-major, m x n of inner size k, with leading dimensions (row
+/// strides) lda, ldb, ldc; op is 'N' or 'T'. The host BLAS called directly, with no Kokkos call,
+/// so host threads may run several at once (Shampoo's products on host threads). Host memory only.
+void host_gemm(char ta, char tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+               float beta, float* c, int ldc);
+void host_gemm(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
+               int ldb, double beta, double* c, int ldc);
+
 /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count: row-major m x n products of inner size k,
 /// A_i at a + i stride_a (m x k, or k x m when ta is 'T'), B_i at b + i stride_b (k x n, or n x k),
 /// C_i at c + i stride_c, all in the execution space's memory. One cuBLAS strided-batched call

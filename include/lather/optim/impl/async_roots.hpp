@@ -37,7 +37,7 @@ namespace lather::optim::Impl {
 
 /// Host threads for the asynchronous roots: options.root.host_threads where it is set; else one
 /// where `MemorySpace` is host memory (the step's kernels need the other cores), and on a device
-/// backend `root_threads` (the rank's CPUs, root_host_threads) less one, at least one.
+/// backend `root_threads` (the rank's CPUs, host_threads().roots) less one, at least one.
 template <class MemorySpace>
 int async_root_threads(const ShampooOptions& options, int root_threads) {
   if (options.root.host_threads > 0) return options.root.host_threads;

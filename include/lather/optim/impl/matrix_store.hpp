@@ -222,6 +222,10 @@ class MatrixStore {
   T* contiguous(int slot, int n) {
     return const_cast<T*>(static_cast<const MatrixStore&>(*this).contiguous(slot, n));
   }
+  /// The slot's leading block where the store is dense, whatever its size: element (i, j) at
+  /// leading(slot)[i * max_size() + j]; nullptr for a quantized store.
+  virtual const T* leading(int slot) const = 0;
+  T* leading(int slot) { return const_cast<T*>(static_cast<const MatrixStore&>(*this).leading(slot)); }
   /// Bytes one n x n matrix takes when packed (8-byte aligned sections).
   virtual std::size_t packed_bytes(int n) const = 0;
   /// bytes[offset[k], + packed_bytes(size[k])) := matrix slot[k], and back.
@@ -289,6 +293,9 @@ class DenseStore final : public MatrixStore<ExecutionSpace, T> {
   }
   const T* contiguous(int slot, int n) const override {
     return n == this->m_max ? m_values.data() + std::size_t(slot) * n * n : nullptr;
+  }
+  const T* leading(int slot) const override {
+    return m_values.data() + std::size_t(slot) * this->m_max * this->m_max;
   }
   void symmetrize(const ExecutionSpace& space) override {
     const auto values = m_values;
@@ -377,6 +384,7 @@ class QuantizedStore final : public MatrixStore<ExecutionSpace, T> {
   }
   const T* contiguous(int, int) const override { return nullptr; }
   void symmetrize(const ExecutionSpace&) override {}
+  const T* leading(int) const override { return nullptr; }
   std::size_t packed_bytes(int n) const override { return PackQuantized<memory_space, T>::bytes_of(n); }
   void pack(const ExecutionSpace& space, const List& list, const Bytes& bytes) const override {
     transfer(space, list, bytes, true);

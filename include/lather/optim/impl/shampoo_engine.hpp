@@ -35,18 +35,25 @@
 
 namespace lather::optim::Impl {
 
-/// Host threads for the eigh roots: options.root.host_threads, or where that is 0 the CPUs this
+/// The host threads of a rank's Shampoo.
+struct HostThreads {
+  int roots = 1;     ///< for the eigh roots
+  int products = 1;  ///< sharing out the blocks' products on a host backend
+};
+
+/// options.root.host_threads and options.product_host_threads, each where it is 0 the CPUs this
 /// rank has to itself on its node (the CPUs the node's ranks of both groups are bound to, shared
-/// among them). Collective over both groups, whatever the option says: Shampoo's constructor
+/// among them). Collective over both groups, whatever the options say: Shampoo's constructor
 /// calls it on every rank before anything that may fail on one rank only (or differ between
 /// ranks, as a rank given other options would) can part the ranks.
-inline int root_host_threads(const ShampooOptions& options, const comm::Group& group, const comm::Group& shards) {
+inline HostThreads host_threads(const ShampooOptions& options, const comm::Group& group, const comm::Group& shards) {
   const comm::NodeOccupancy on_node = group.node_occupancy(), shards_on_node = shards.node_occupancy();
-  if (options.root.host_threads > 0) return options.root.host_threads;
   comm::NodeOccupancy both = on_node;  // the node's ranks of both groups, on the CPUs of either
   both.ranks *= shards_on_node.ranks;
   both.cpus = std::max(on_node.cpus, shards_on_node.cpus);
-  return both.cpu_share();
+  const int share = both.cpu_share();
+  return {options.root.host_threads > 0 ? options.root.host_threads : share,
+          options.product_host_threads > 0 ? options.product_host_threads : share};
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -82,10 +89,10 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   using V1 = Kokkos::View<X*, memory_space>;
   using Store = MatrixStore<ExecutionSpace, T>;
 
-  /// Makes no collective call: Shampoo's constructor agrees on its outcome. `root_threads`:
-  /// host threads for the eigh roots (see root_host_threads).
+  /// Makes no collective call: Shampoo's constructor agrees on its outcome. `threads`: its host
+  /// threads (see host_threads).
   ShampooEngine(const ExecutionSpace& space, const std::vector<ParameterSpec>& parameters,
-                const ShampooOptions& options, comm::Group group, comm::Group shards, int root_threads)
+                const ShampooOptions& options, comm::Group group, comm::Group shards, HostThreads threads)
       : m_options(options), m_group(std::move(group)), m_shards(std::move(shards)), m_exchange(m_group) {
     m_options.validate();
     m_plan = make_plan(parameters, m_options);
@@ -101,12 +108,12 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     allocate_stores(space);
     allocate_state(space);
     m_roots = std::make_unique<RootPhase<ExecutionSpace, T>>(space, m_options, m_plan.max_size, int(m_mine.size()),
-                                                             root_threads);
+                                                             threads.roots);
     if (m_options.async_roots)
       m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(
-          m_options, async_root_threads<memory_space>(m_options, root_threads));
-    m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(space, m_plan, m_step_plan,
-                                                                    m_options.root.workspace_bytes, quantized());
+          m_options, async_root_threads<memory_space>(m_options, threads.roots));
+    m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(
+        space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(), threads.products);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -301,9 +308,6 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   };
 
   bool quantized() const { return m_options.best_effort_memory_usage_reduction; }
-  /// root.host_threads, or where it is 0 the CPUs this rank has to itself on its node: those of
-  /// the node's ranks (replicas x shards) over the ranks, at most its own (collective over the
-  /// group and the shards). 1 on 2 ranks of 2 CPUs, 2 on 1 rank of 2.
   /// Completes statistics that the products left as upper triangles (BlockProducts::upper_only).
   void statistics_symmetric(const ExecutionSpace& space) const {
     if (!m_products->upper_only()) return;

@@ -22,16 +22,16 @@ Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vecto
     : Optimizer<ExecutionSpace, Scalar>(std::move(parameters), typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()) {
   // The one collective that does not wait for the agreement below: every rank reaches it, before
   // anything that may throw on one rank only.
-  const int root_threads = Impl::root_host_threads(options, group, shards);
+  const Impl::HostThreads threads = Impl::host_threads(options, group, shards);
   const auto setup = [&] {
     ::lather::Impl::fault_point("shampoo.construct");
     this->validate_parameters();  // the engine validates the options
     if (options.statistics_precision == linalg::Precision::float64)
       m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, double>>(
-          space, this->m_parameters, options, group, shards, root_threads);
+          space, this->m_parameters, options, group, shards, threads);
     else
       m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, float>>(
-          space, this->m_parameters, options, group, shards, root_threads);
+          space, this->m_parameters, options, group, shards, threads);
   };
   if (group.size() == 1 && shards.size() == 1) {
     setup();
