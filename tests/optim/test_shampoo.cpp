@@ -275,33 +275,43 @@ TEST(Shampoo, RootHostThreadsDoNotChangeTheTrajectory) {
 // The blocks' statistics and preconditioning products shared out among host threads
 // (product_host_threads; 0 picks from the node) leave the trajectory bit for bit what one thread
 // gives, whatever the BLAS's own thread count: each block's products are the same BLAS calls
-// whichever thread makes them. 8 steps, blocks of mixed sizes (statistics of the stack's full
-// size and smaller ones, in place in their slots), a rank-3 tensor (the products over its middle
-// dimension loop over the leading index), one-sided and not.
+// whichever thread makes them. 8 steps, one-sided and not, of two models: blocks of mixed small
+// sizes (statistics of the stack's full size and smaller ones, in place in their slots) with a
+// rank-3 tensor (the products over its middle dimension loop over the leading index); and blocks
+// of 128 and 72, sizes at which OpenBLAS splits a product over its threads.
 TEST(Shampoo, ProductHostThreadsDoNotChangeTheTrajectory) {
-  const std::vector<Shape> shapes = {{7}, {9, 5}, {12, 8}, {3, 4, 6}};
+  struct Model {
+    std::vector<Shape> shapes;
+    int block_size;
+  };
+  const Model models[] = {{{{7}, {9, 5}, {12, 8}, {3, 4, 6}}, 6}, {{{256, 200}}, 128}};
   const int found_blas_threads = lather::host_blas_threads();
-  for (PreconditionerType side : {PreconditionerType::all, PreconditionerType::input}) {
-    auto r = base_options();
-    r.block_size = 6;
-    r.preconditioning_compute_steps = 3;
-    std::vector<std::vector<double>> first;
-    for (int blas_threads : {1, 2}) {
-      if (!lather::set_host_blas_threads(blas_threads) && blas_threads > 1) continue;  // a BLAS of one thread
-      for (int threads : {1, 0, 3}) {
-        auto options = to_shampoo(r);
-        options.preconditioner_type = side;
-        options.product_host_threads = threads;
-        Shampoo<Space, double> shampoo(Space(), specs_for(shapes), options);
-        auto params = initial(shapes);
-        auto device = to_device<double>(params);
-        for (int t = 0; t < 8; ++t) shampoo.step(Space(), device, to_device<double>(gradients(to_host(device), t)));
-        const auto got = to_host(device);
-        if (first.empty())
-          first = got;
-        else
-          EXPECT_EQ(got, first) << threads << " host threads, BLAS on " << blas_threads << ", " << to_string(side);
-        EXPECT_NE(got, params);
+  for (const Model& model : models) {
+    for (PreconditionerType side : {PreconditionerType::all, PreconditionerType::input}) {
+      auto r = base_options();
+      r.block_size = model.block_size;
+      r.skip_preconditioning_dim_size_gt = 4096;
+      r.preconditioning_compute_steps = 3;
+      std::vector<std::vector<double>> first;
+      for (int blas_threads : {1, 2}) {
+        if (!lather::set_host_blas_threads(blas_threads) && blas_threads > 1) continue;  // a BLAS of one thread
+        for (int threads : {1, 0, 3}) {
+          auto options = to_shampoo(r);
+          options.preconditioner_type = side;
+          options.product_host_threads = threads;
+          options.root.method = lather::linalg::RootMethod::eigh;  // the fast roots: the products are tested
+          Shampoo<Space, double> shampoo(Space(), specs_for(model.shapes), options);
+          auto params = initial(model.shapes);
+          auto device = to_device<double>(params);
+          for (int t = 0; t < 8; ++t) shampoo.step(Space(), device, to_device<double>(gradients(to_host(device), t)));
+          const auto got = to_host(device);
+          if (first.empty())
+            first = got;
+          else
+            EXPECT_EQ(got, first) << threads << " host threads, BLAS on " << blas_threads << ", " << to_string(side)
+                                  << ", blocks of " << model.block_size;
+          EXPECT_NE(got, params);
+        }
       }
     }
   }
