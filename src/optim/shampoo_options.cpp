@@ -241,7 +241,8 @@ std::string option_help(const std::string& name) {
       {"root_host_threads", "eigh: host threads taking the roots at once (0: the CPUs this rank has to itself on its node; "
                             "with async_roots, 0 is one thread on a host backend and those CPUs less one on a device)"},
       {"product_host_threads", "host backends: threads sharing out the blocks' statistics and preconditioning "
-                               "products, each on one BLAS thread (0: the CPUs this rank has to itself on its node)"},
+                               "products, each on one BLAS thread (0: the CPUs this rank has to itself on its node, fewer for "
+                               "small products)"},
       {"retry_failed_roots_in_double", "recompute a failed float32 root in float64 before rejecting it"},
       {"max_consecutive_root_failures", "error after this many failed roots in a row of one statistic (0: never)"},
       {"statistics_precision", "float32 or float64 statistics and preconditioners"},

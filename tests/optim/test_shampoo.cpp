@@ -1,6 +1,7 @@
 // Shampoo against an independent plain model of the JAX reference (reference_shampoo.hpp), option
 // by option, plus hand-checkable closed forms and the failure rules.
 #include <lather/core/host_blas_threads.hpp>
+#include <lather/optim/impl/block_products.hpp>
 #include <lather/optim/shampoo.hpp>
 
 #include "common/host_copies.hpp"
@@ -316,6 +317,20 @@ TEST(Shampoo, ProductHostThreadsDoNotChangeTheTrajectory) {
     }
   }
   if (found_blas_threads > 0) lather::set_host_blas_threads(found_blas_threads);
+}
+
+// How many host threads share out a phase's products: the count asked for, no more than the
+// blocks, and when automatic no more than one per 20 MFLOP (a thread costs tens of microseconds
+// to start).
+TEST(Shampoo, ProductThreadsFollowTheWork) {
+  using lather::optim::Impl::product_threads;
+  EXPECT_EQ(product_threads(2, true, 492, 1.0e9), 2);  // the transformer's statistics
+  EXPECT_EQ(product_threads(16, true, 492, 1.0e8), 5);
+  EXPECT_EQ(product_threads(16, true, 492, 1.0e6), 1);  // the tests' small models
+  EXPECT_EQ(product_threads(16, true, 3, 1.0e12), 3);
+  EXPECT_EQ(product_threads(3, false, 100, 10.0), 3);  // a count that is set is used as it is
+  EXPECT_EQ(product_threads(3, false, 2, 10.0), 2);
+  EXPECT_EQ(product_threads(3, false, 0, 0.0), 1);
 }
 
 // Skipped parameters follow the graft in closed form. First step, SGD graft, beta1 = 0.9,

@@ -19,6 +19,19 @@
 
 namespace lather::optim::Impl {
 
+/// Automatic thread counts give each thread at least this many flops of a phase: starting a
+/// thread and joining it cost 26-58 us on the 2-CPU development VM, and 20 MFLOP take one BLAS
+/// thread 0.1-0.25 ms at Shampoo's sizes.
+inline constexpr double automatic_flops_per_thread = 20e6;
+
+/// The host threads that share out `items` products of `flops` in all: `threads`, no more than
+/// the items, and where `by_work` (an automatic count) no more than the flops pay for.
+inline int product_threads(int threads, bool by_work, std::size_t items, double flops) {
+  int out = int(std::min<std::size_t>(std::size_t(std::max(1, threads)), std::max<std::size_t>(items, 1)));
+  if (by_work) out = std::min(out, std::max(1, int(flops / automatic_flops_per_thread)));
+  return out;
+}
+
 template <class ExecutionSpace, class T>
 class BlockProducts {
  public:
@@ -29,10 +42,13 @@ class BlockProducts {
   /// Scratch for Gram matrices within `workspace_bytes` (at least one of the largest), for the
   /// preconditioners of the largest group that must be copied out of the store, and for the
   /// intermediate contractions. `host_threads`: the threads that share out the blocks on a host
-  /// backend (ignored on a device).
+  /// backend (ignored on a device); `by_work`: fewer where a phase has too little work for them
+  /// (automatic_flops_per_thread each).
   BlockProducts(const ExecutionSpace& space, const ShampooPlan& plan, const StepPlan& step, std::size_t workspace_bytes,
-                bool quantized, int host_threads)
-      : m_step(&step), m_threads(::lather::Impl::runs_on_host<ExecutionSpace> ? std::max(1, host_threads) : 1) {
+                bool quantized, int host_threads, bool by_work)
+      : m_step(&step),
+        m_threads(::lather::Impl::runs_on_host<ExecutionSpace> ? std::max(1, host_threads) : 1),
+        m_threads_by_work(by_work) {
     std::int64_t statistics = 0, matrices = 0, work = 0;
     for (const auto& group : step.groups) {
       std::int64_t group_matrices = 0;
@@ -163,16 +179,18 @@ class BlockProducts {
                                   product(group.size, d + 1, -1)});
       }
     }
+    double flops = 0;
+    for (const HostGram& g : m_host_grams) {
+      m_launches += g.before > 1 && g.after > 1 ? long(g.before) : 1;
+      flops += double(g.n + 1) * double(g.before) * double(g.n) * double(g.after);
+    }
+    m_flops += flops;
     const int ld = statistics.max_size();
     ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before syrk");
-    on_host_threads(m_host_grams.size(), [&](int, std::size_t i) {
+    on_host_threads(m_host_grams.size(), flops, [&](int, std::size_t i) {
       const HostGram& g = m_host_grams[i];
       upper_gram(g.x, g.n, g.before, g.after, w2, w1, g.c, ld);
     });
-    for (const HostGram& g : m_host_grams) {
-      m_launches += g.before > 1 && g.after > 1 ? long(g.before) : 1;
-      m_flops += double(g.n + 1) * double(g.before) * double(g.n) * double(g.after);
-    }
     m_upper_only = true;
   }
 
@@ -190,10 +208,11 @@ class BlockProducts {
   }
 
   /// item(thread, i) for i < count on the host threads (thread < m_threads), each running one BLAS
-  /// thread; in this thread alone, with the BLAS's own threads, where one would do.
+  /// thread; in this thread alone, with the BLAS's own threads, where one would do. `flops`: the
+  /// work of all the items.
   template <class Item>
-  void on_host_threads(std::size_t count, const Item& item) const {
-    const int threads = int(std::min<std::size_t>(std::size_t(m_threads), count));
+  void on_host_threads(std::size_t count, double flops, const Item& item) const {
+    const int threads = product_threads(m_threads, m_threads_by_work, count, flops);
     if (threads <= 1) {
       for (std::size_t i = 0; i < count; ++i) item(0, i);
       return;
@@ -289,9 +308,20 @@ class BlockProducts {
     m_host_blocks.clear();
     for (std::size_t g = 0; g < groups.size(); ++g)
       for (int k = 0; k < int(groups[g].units.size()); ++k) m_host_blocks.push_back({int(g), k});
+    double flops = 0;
+    for (const HostBlock& b : m_host_blocks) {
+      const auto& group = groups[std::size_t(b.group)];
+      const std::int64_t elements = product(group.size, 0, int(group.size.size()));
+      for (int d : group.dims) {
+        const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
+        m_launches += before > 1 && after > 1 ? long(before) : 1;
+        flops += 2.0 * double(group.size[std::size_t(d)]) * double(elements);
+      }
+    }
+    m_flops += flops;
     const int ld = preconditioners.max_size();
     ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before preconditioning");
-    on_host_threads(m_host_blocks.size(), [&](int thread, std::size_t i) {
+    on_host_threads(m_host_blocks.size(), flops, [&](int thread, std::size_t i) {
       const auto& group = groups[std::size_t(m_host_blocks[i].group)];
       const int k = m_host_blocks[i].unit, units = int(group.units.size()), contractions = int(group.dims.size());
       const std::int64_t elements = product(group.size, 0, int(group.size.size()));
@@ -304,15 +334,6 @@ class BlockProducts {
         x = y;
       }
     });
-    for (const HostBlock& b : m_host_blocks) {
-      const auto& group = groups[std::size_t(b.group)];
-      const std::int64_t elements = product(group.size, 0, int(group.size.size()));
-      for (int d : group.dims) {
-        const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
-        m_launches += before > 1 && after > 1 ? long(before) : 1;
-        m_flops += 2.0 * double(group.size[std::size_t(d)]) * double(elements);
-      }
-    }
   }
 
   /// y = the contraction of one block x with preconditioner p (rows ldp apart) along the group's
@@ -364,6 +385,7 @@ class BlockProducts {
 
   const StepPlan* m_step;
   int m_threads = 1;
+  bool m_threads_by_work = false;
   std::int64_t m_block_elements = 0;  // the largest block's
   std::vector<HostGram> m_host_grams;
   std::vector<HostBlock> m_host_blocks;

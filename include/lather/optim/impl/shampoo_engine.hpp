@@ -39,6 +39,7 @@ namespace lather::optim::Impl {
 struct HostThreads {
   int roots = 1;     ///< for the eigh roots
   int products = 1;  ///< sharing out the blocks' products on a host backend
+  bool products_by_work = false;  ///< fewer where a step's products are too small for them (automatic)
 };
 
 /// options.root.host_threads and options.product_host_threads, each where it is 0 the CPUs this
@@ -53,7 +54,7 @@ inline HostThreads host_threads(const ShampooOptions& options, const comm::Group
   both.cpus = std::max(on_node.cpus, shards_on_node.cpus);
   const int share = both.cpu_share();
   return {options.root.host_threads > 0 ? options.root.host_threads : share,
-          options.product_host_threads > 0 ? options.product_host_threads : share};
+          options.product_host_threads > 0 ? options.product_host_threads : share, options.product_host_threads == 0};
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -113,7 +114,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
       m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(
           m_options, async_root_threads<memory_space>(m_options, threads.roots));
     m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(
-        space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(), threads.products);
+        space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(), threads.products,
+        threads.products_by_work);
   }
 
   // ---------------------------------------------------------------------------------------------
