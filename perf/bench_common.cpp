@@ -2,6 +2,7 @@
 
 #include <lather/core/host_blas_threads.hpp>
 #include <lather/core/impl/gemm.hpp>
+#include <lather/core/impl/host_threads.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
@@ -70,7 +71,7 @@ template double gemm_gflops<float>(int, double);
 template double gemm_gflops<double>(int, double);
 
 template <class Scalar>
-double batched_gemm_gflops(int n, int batch, double seconds) {
+double batched_gemm_gflops(int n, int batch, int host_threads, double seconds) {
   using Space = Kokkos::DefaultExecutionSpace;
   // A and B are shared by every product (stride 0), each product has its own C: the rate of the
   // batched call itself, without a stack of inputs to stream.
@@ -81,13 +82,25 @@ double batched_gemm_gflops(int n, int batch, double seconds) {
   const Space space;
   const std::int64_t stride_c = std::int64_t(n) * n;
   const auto call = [&] {
+    if constexpr (lather::Impl::runs_on_host<Space>) {
+      if (host_threads > 1) {  // as Shampoo's products on the host
+        ScopedHostBlasThreads one_blas_thread(1);
+        lather::Impl::for_each_on_host_threads(std::min(host_threads, batch), std::size_t(batch),
+                                               [&](int, std::size_t i) {
+                                                 lather::Impl::host_gemm('N', 'N', n, n, n, Scalar(1), a.data(), n,
+                                                                         b.data(), n, Scalar(0),
+                                                                         c.data() + std::int64_t(i) * stride_c, n);
+                                               });
+        return;
+      }
+    }
     lather::Impl::gemm_strided_batched(space, 'N', 'N', n, n, n, Scalar(1), a.data(), 0, b.data(), 0, Scalar(0),
                                        c.data(), stride_c, batch);
     space.fence();
   };
   return repeated_gflops(call, 2.0 * double(n) * n * n * double(batch), seconds);
 }
-template double batched_gemm_gflops<float>(int, int, double);
-template double batched_gemm_gflops<double>(int, int, double);
+template double batched_gemm_gflops<float>(int, int, int, double);
+template double batched_gemm_gflops<double>(int, int, int, double);
 
 }  // namespace lather::bench

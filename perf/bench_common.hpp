@@ -35,11 +35,13 @@ std::string blas_kernels();
 template <class Scalar>
 double gemm_gflops(int n, double seconds);
 
-/// GFLOP/s of `batch` n x n x n GEMMs of `Scalar` issued as one strided-batched call (the path
-/// Shampoo's products take: one cuBLAS call on CUDA, a GEMM per matrix elsewhere), repeated for at
-/// least `seconds`. On a GPU one small GEMM at a time measures launches, not the GEMM rate.
+/// GFLOP/s of `batch` n x n x n GEMMs of `Scalar` issued as Shampoo's products are, repeated for
+/// at least `seconds`: one strided-batched call on a device (one cuBLAS call on CUDA), and on a
+/// host backend a BLAS call per matrix, shared out among `host_threads` threads with one BLAS
+/// thread each where that is more than 1. On a GPU one small GEMM at a time measures launches, not
+/// the GEMM rate.
 template <class Scalar>
-double batched_gemm_gflops(int n, int batch, double seconds);
+double batched_gemm_gflops(int n, int batch, int host_threads, double seconds);
 
 /// Parses "a,b,c" into numbers; CLI11 does the per-item conversion and reports bad items.
 template <class T>

@@ -94,6 +94,11 @@ void run_step(const StepBenchOptions& o) {
   const comm::Mesh mesh(world_group());
   const bool print = mesh.world_rank() == 0;
   const Space space;
+  // The threads Shampoo's products take on a host backend (optim::Impl::host_threads): the GEMM
+  // baseline below shares its batch out among as many.
+  const int node_share = mesh.world().node_occupancy().cpu_share();
+  const int product_threads =
+      shampoo_options.product_host_threads > 0 ? shampoo_options.product_host_threads : node_share;
 
   for (const auto& set : o.sets) {
     const auto specs = parameter_specs_of(doc, set, path);
@@ -124,7 +129,7 @@ void run_step(const StepBenchOptions& o) {
     // which the transformer's products would take 16.7 ms a step; they took 0.2-0.46 ms).
     const int block = std::max(1, shampoo_options.block_size);
     const double gemm_rate_one = gemm_gflops<float>(block, 0.3);
-    const double gemm_rate_batched = batched_gemm_gflops<float>(block, gemm_batch, 0.3);
+    const double gemm_rate_batched = batched_gemm_gflops<float>(block, gemm_batch, product_threads, 0.3);
     const double gemm_rate = std::max(gemm_rate_one, gemm_rate_batched);
     for (const auto& method : o.root_methods) {
       auto options = shampoo_options;
@@ -162,6 +167,7 @@ void run_step(const StepBenchOptions& o) {
               {"gemm_batch", gemm_batch},
               {"gemm_gflops_one", gemm_rate_one},
               {"gemm_gflops_batched", gemm_rate_batched},
+              {"product_host_threads", lather::Impl::runs_on_host<Space> ? product_threads : 0},
               {"product_floor_seconds", product_floor},
               {"product_floor_ratio_to_adam", product_floor / adam_seconds}});
     }
