@@ -113,9 +113,15 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     if (m_options.async_roots)
       m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(
           m_options, async_root_threads<memory_space>(m_options, threads.roots));
+    // Asynchronous roots in the background on a host backend make LAPACK calls while the step
+    // runs, on the BLAS's thread count as it stands at each call (and dsyevd rounds otherwise on
+    // 1 thread than on 2): host threads for the products, which set the count to 1 for their
+    // phase, would make the roots depend on timing. There the products keep to this thread.
+    const bool roots_in_background = ::lather::Impl::runs_on_host<ExecutionSpace> && m_options.async_roots &&
+                                     m_options.async_roots_in_background;
     m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(
-        space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(), threads.products,
-        threads.products_by_work);
+        space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(),
+        roots_in_background ? 1 : threads.products, threads.products_by_work);
   }
 
   // ---------------------------------------------------------------------------------------------
