@@ -49,7 +49,7 @@ class BlockProducts {
       : m_step(&step),
         m_threads(::lather::Impl::runs_on_host<ExecutionSpace> ? std::max(1, host_threads) : 1),
         m_threads_by_work(by_work) {
-    std::int64_t statistics = 0, matrices = 0, work = 0;
+    std::int64_t statistics = 0, matrices = 0, packed = 0;
     for (const auto& group : step.groups) {
       std::int64_t group_matrices = 0;
       for (int d : group.dims) {
@@ -60,12 +60,17 @@ class BlockProducts {
       }
       matrices = std::max(matrices, group_matrices);
       const std::int64_t elements = product(group.size, 0, int(group.size.size()));
-      // Host: two blocks to alternate between for each thread; device: every block of the groups,
-      // which come first in the packed order.
       m_block_elements = std::max(m_block_elements, elements);
-      work = ::lather::Impl::runs_on_host<ExecutionSpace>
-                 ? std::max(work, 2 * elements * m_threads)
-                 : std::max(work, step.packed_offset[group.units.front()] + std::int64_t(group.units.size()) * elements);
+      packed = std::max(packed, step.packed_offset[group.units.front()] + std::int64_t(group.units.size()) * elements);
+    }
+    // Device: every block of the groups, which come first in the packed order. Host: two of the
+    // largest block to alternate between for each thread that preconditions, as many threads as
+    // that much (no more than the device's) allows, one at least.
+    std::int64_t work = packed;
+    if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
+      m_precondition_threads = int(std::clamp<std::int64_t>(packed / std::max<std::int64_t>(2 * m_block_elements, 1), 1,
+                                                            m_threads));
+      work = 2 * m_block_elements * m_precondition_threads;
     }
     const std::int64_t m = plan.max_size;
     const std::int64_t budget = std::int64_t(workspace_bytes / sizeof(T)) / (quantized ? 2 : 1);
@@ -187,7 +192,7 @@ class BlockProducts {
     m_flops += flops;
     const int ld = statistics.max_size();
     ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before syrk");
-    on_host_threads(m_host_grams.size(), flops, [&](int, std::size_t i) {
+    on_host_threads(m_host_grams.size(), flops, m_threads, [&](int, std::size_t i) {
       const HostGram& g = m_host_grams[i];
       upper_gram(g.x, g.n, g.before, g.after, w2, w1, g.c, ld);
     });
@@ -207,12 +212,12 @@ class BlockProducts {
         host_gram_upper(false, n, int(after), alpha, x + a * n * after, a == 0 ? beta : T(1), c, ldc);
   }
 
-  /// item(thread, i) for i < count on the host threads (thread < m_threads), each running one BLAS
-  /// thread; in this thread alone, with the BLAS's own threads, where one would do. `flops`: the
-  /// work of all the items.
+  /// item(thread, i) for i < count on the host threads (thread < at most `most`), each running one
+  /// BLAS thread; in this thread alone, with the BLAS's own threads, where one would do. `flops`:
+  /// the work of all the items.
   template <class Item>
-  void on_host_threads(std::size_t count, double flops, const Item& item) const {
-    const int threads = product_threads(m_threads, m_threads_by_work, count, flops);
+  void on_host_threads(std::size_t count, double flops, int most, const Item& item) const {
+    const int threads = std::min(most, product_threads(m_threads, m_threads_by_work, count, flops));
     if (threads <= 1) {
       for (std::size_t i = 0; i < count; ++i) item(0, i);
       return;
@@ -321,7 +326,7 @@ class BlockProducts {
     m_flops += flops;
     const int ld = preconditioners.max_size();
     ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before preconditioning");
-    on_host_threads(m_host_blocks.size(), flops, [&](int thread, std::size_t i) {
+    on_host_threads(m_host_blocks.size(), flops, m_precondition_threads, [&](int thread, std::size_t i) {
       const auto& group = groups[std::size_t(m_host_blocks[i].group)];
       const int k = m_host_blocks[i].unit, units = int(group.units.size()), contractions = int(group.dims.size());
       const std::int64_t elements = product(group.size, 0, int(group.size.size()));
@@ -386,6 +391,7 @@ class BlockProducts {
   const StepPlan* m_step;
   int m_threads = 1;
   bool m_threads_by_work = false;
+  int m_precondition_threads = 1;  // host: the threads m_work has scratch for
   std::int64_t m_block_elements = 0;  // the largest block's
   std::vector<HostGram> m_host_grams;
   std::vector<HostBlock> m_host_blocks;
