@@ -86,9 +86,10 @@ struct ShampooOptions {
   /// products, each block's through the BLAS on one thread (a threaded BLAS gains less by
   /// splitting one small product). 0: the CPUs this rank has to itself on its node, as for the
   /// roots, fewer where a step's products are too small to pay for starting them (20 MFLOP per
-  /// thread). The results do not depend on it. Ignored on device backends, and with async_roots
-  /// in the background on a host backend (1: the roots' LAPACK calls, made meanwhile, must find
-  /// the BLAS's thread count unchanged).
+  /// thread). The results do not depend on it where the BLAS rounds a product alike on any number
+  /// of its threads (OpenBLAS's GEMM and syrk do: tested). Ignored on device backends, and with
+  /// async_roots in the background on a host backend (1: the roots' LAPACK calls, made meanwhile,
+  /// must find the BLAS's thread count unchanged).
   int product_host_threads = 0;
   /// A root computed in float that fails is recomputed once in double before it is rejected.
   bool retry_failed_roots_in_double = true;
