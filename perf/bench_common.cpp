@@ -85,7 +85,7 @@ double batched_gemm_gflops(int n, int batch, int host_threads, double seconds) {
     if constexpr (lather::Impl::runs_on_host<Space>) {
       if (host_threads > 1) {  // as Shampoo's products on the host
         ScopedHostBlasThreads one_blas_thread(1);
-        lather::Impl::for_each_on_host_threads(std::min(host_threads, batch), std::size_t(batch),
+        lather::Impl::for_each_on_host_threads(space, std::min(host_threads, batch), std::size_t(batch),
                                                [&](int, std::size_t i) {
                                                  lather::Impl::host_gemm('N', 'N', n, n, n, Scalar(1), a.data(), n,
                                                                          b.data(), n, Scalar(0),

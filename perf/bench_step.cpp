@@ -97,8 +97,10 @@ void run_step(const StepBenchOptions& o) {
   // The threads Shampoo's products take on a host backend (optim::Impl::host_threads): the GEMM
   // baseline below shares its batch out among as many.
   const int node_share = mesh.world().node_occupancy().cpu_share();
-  const int product_threads =
-      shampoo_options.product_host_threads > 0 ? shampoo_options.product_host_threads : node_share;
+  const int backend_threads = lather::Impl::runs_on_host<Space> ? int(space.concurrency()) : 1;
+  const int product_threads = shampoo_options.product_host_threads > 0 ? shampoo_options.product_host_threads
+                              : backend_threads > 1                      ? backend_threads
+                                                                         : node_share;
 
   for (const auto& set : o.sets) {
     const auto specs = parameter_specs_of(doc, set, path);

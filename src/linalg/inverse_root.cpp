@@ -182,11 +182,12 @@ EighOutcome eigh_root_any_size(std::vector<C>& matrix, int n, int exponent, cons
 }
 
 /// The eigh roots of `tasks`, read from `in` and written to `out` (host-accessible stacks of the
-/// same padded size) by options.host_threads threads, each taking the next task until none is left;
-/// no Kokkos call is made in a thread. The results land at the task's own index, so they do not
-/// depend on the number of threads. A root that is not finite is not written, as on every path.
-template <class C, class In, class Out>
-void eigh_on_host_threads(const In& in, const Out& out, const std::vector<RootTask>& tasks,
+/// same padded size) by options.host_threads threads, each taking the next task until none is left
+/// (those of `space` where it is a threaded host backend); no Kokkos call is made in a thread. The
+/// results land at the task's own index, so they do not depend on the number of threads. A root
+/// that is not finite is not written, as on every path.
+template <class C, class ExecutionSpace, class In, class Out>
+void eigh_on_host_threads(const ExecutionSpace& space, const In& in, const Out& out, const std::vector<RootTask>& tasks,
                           const InverseRootOptions& options, InverseRootResult& result, GemmCount& count) {
   using S = typename Out::non_const_value_type;
   const int padded = int(in.extent(1));
@@ -204,7 +205,7 @@ void eigh_on_host_threads(const In& in, const Out& out, const std::vector<RootTa
   // threads rounds some of dsyevd's products differently from 1, so the roots' bits would depend
   // on the pool's size (test_shampoo's RootHostThreadsDoNotChangeTheTrajectory).
   const ScopedHostBlasThreads one_blas_thread(1);
-  ::lather::Impl::for_each_on_host_threads(threads, tasks.size(), [&](int thread, std::size_t t) {
+  ::lather::Impl::for_each_on_host_threads(space, threads, tasks.size(), [&](int thread, std::size_t t) {
     Scratch& own = scratch[std::size_t(thread)];
     const auto& task = tasks[t];
     const int n = task.size;
@@ -236,7 +237,7 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
     // The host reads the stack and writes the roots where they are: no staging copies (on the
     // transformer set, two 32 MB stacks allocated, filled and copied back at every root step).
     fence(space, "Lather::inverse_pth_root: matrices ready for the host");
-    eigh_on_host_threads<C>(matrices, roots, tasks, options, result, count);
+    eigh_on_host_threads<C>(space, matrices, roots, tasks, options, result, count);
   } else {
     const int padded = int(matrices.extent(1));
     using HostStack = Kokkos::View<S***, Kokkos::LayoutRight, Kokkos::HostSpace>;
@@ -253,7 +254,7 @@ void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename
     Kokkos::deep_copy(space, host_in,
                       Kokkos::subview(matrices, std::make_pair(std::size_t(0), used), Kokkos::ALL, Kokkos::ALL));
     fence(space, "Lather::inverse_pth_root: matrices on the host");
-    eigh_on_host_threads<C>(host_in, host_out, tasks, options, result, count);
+    eigh_on_host_threads<C>(space, host_in, host_out, tasks, options, result, count);
     for (std::size_t t = 0; t < tasks.size(); ++t) {
       if (result.status[t] == RootStatus::non_finite) continue;
       const auto at = std::size_t(tasks[t].index);

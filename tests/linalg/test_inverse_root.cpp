@@ -6,10 +6,14 @@
 #include "common/spd_matrices.hpp"
 #include "linalg/batched_gemm.hpp"
 
+#include <lather/core/impl/host_threads.hpp>
+
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 namespace {
@@ -422,6 +426,40 @@ TEST(BatchedGemm, ConsecutiveRunsCoverEverySlotOnce) {
   EXPECT_EQ(consecutive_runs({3, 4, 5, 9, 2, 3}), (Runs{{3, 3}, {9, 1}, {2, 2}}));
   EXPECT_EQ(consecutive_runs({1, 3, 5}), (Runs{{1, 1}, {3, 1}, {5, 1}}));
   EXPECT_EQ(consecutive_runs({4, 4, 5}), (Runs{{4, 1}, {4, 2}}));
+}
+
+// The host threads that take eigh roots (and Shampoo's products) give every item to exactly one
+// thread, with a thread index below the count asked for, whether they are started for the call or
+// lent by a threaded host backend (Kokkos OpenMP or Threads builds: concurrency() above 1); an
+// item's exception reaches the caller after every thread has returned.
+TEST(HostThreads, EveryItemOnceAndFailuresReachTheCaller) {
+  using lather::Impl::for_each_on_host_threads;
+  const Kokkos::DefaultHostExecutionSpace host;
+  for (int variant = 0; variant < 2; ++variant) {
+    const auto run = [&](int threads, std::size_t count, const auto& item) {
+      if (variant == 0)
+        for_each_on_host_threads(threads, count, item);
+      else
+        for_each_on_host_threads(host, threads, count, item);
+    };
+    for (int threads : {1, 2, 3, 8}) {
+      const std::size_t count = 50;
+      std::vector<std::atomic<int>> taken(count);
+      std::atomic<int> bad_thread{0};
+      run(threads, count, [&](int thread, std::size_t k) {
+        if (thread < 0 || thread >= threads) ++bad_thread;
+        ++taken[k];
+      });
+      EXPECT_EQ(bad_thread.load(), 0) << threads << " threads, variant " << variant;
+      for (std::size_t k = 0; k < count; ++k) EXPECT_EQ(taken[k].load(), 1) << "item " << k << ", " << threads;
+    }
+    EXPECT_THROW(run(3, 40,
+                     [&](int, std::size_t k) {
+                       if (k == 5) throw std::runtime_error("item 5 failed");
+                     }),
+                 std::runtime_error)
+        << "variant " << variant;
+  }
 }
 
 }  // namespace

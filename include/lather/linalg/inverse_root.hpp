@@ -50,8 +50,10 @@ struct InverseRootOptions {
   /// instead of one BLAS call per matrix; -1 picks per backend (see docs/reference/linalg.md).
   int batched_gemm_max_size = -1;
   /// eigh: the host threads that take a batch's matrices at once, each through its own LAPACK
-  /// calls (the results do not depend on it). 0 picks: 1 for a direct call; in Shampoo the CPUs
-  /// its rank has to itself on the node (docs/reference/linalg.md). 0 to 1024.
+  /// calls (the results do not depend on it); on a threaded host backend (OpenMP, Threads) the
+  /// backend's own threads take them. 0 picks: 1 for a direct call; in Shampoo the CPUs its rank
+  /// has to itself on the node, or the threaded host backend's threads (docs/reference/linalg.md).
+  /// 0 to 1024.
   int host_threads = 0;
 
   void validate() const;  ///< Throws lather::Error naming the first bad field.

@@ -84,9 +84,10 @@ struct ShampooOptions {
   linalg::InverseRootOptions root;
   /// Host backends: the threads that share out the blocks' statistics and preconditioning
   /// products, each block's through the BLAS on one thread (a threaded BLAS gains less by
-  /// splitting one small product). 0: the CPUs this rank has to itself on its node, as for the
-  /// roots, fewer where a step's products are too small to pay for starting them (20 MFLOP per
-  /// thread). The results do not depend on it where the BLAS rounds a product alike on any number
+  /// splitting one small product); on a threaded host backend (OpenMP, Threads) the backend's own
+  /// threads run them. 0: as for the roots (the CPUs this rank has to itself on its node, or the
+  /// threaded backend's threads), fewer where a step's products are too small to pay for them
+  /// (20 MFLOP per thread). The results do not depend on it where the BLAS rounds a product alike on any number
   /// of its threads (OpenBLAS's GEMM and syrk do: tested). Ignored on device backends, and with
   /// async_roots in the background on a host backend (1: the roots' LAPACK calls, made meanwhile,
   /// must find the BLAS's thread count unchanged).

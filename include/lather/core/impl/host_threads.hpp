@@ -1,8 +1,12 @@
 #pragma once
 // Host threads sharing out a list of independent items: Shampoo's eigh roots, taken at a
-// preconditioning step (linalg's solve) or in the background (asynchronous roots). Each thread
-// takes the next item until none is left, so where an item's result goes is fixed by the item,
-// not by the thread that took it.
+// preconditioning step (linalg's solve) or in the background (asynchronous roots), and its
+// blocks' products on a host backend. Each thread takes the next item until none is left, so
+// where an item's result goes is fixed by the item, not by the thread that took it.
+
+#include <lather/core/kokkos_compat.hpp>
+
+#include <Kokkos_Core.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -42,6 +46,37 @@ void for_each_on_host_threads(int threads, std::size_t count, const Item& item) 
   for (auto& thread : pool) thread.join();
   for (const auto& failure : failures)
     if (failure) std::rethrow_exception(failure);
+}
+
+/// The same, on the threads of `space` where it is a host execution space with several (OpenMP,
+/// Threads: concurrency() above 1), which sit where the user placed and pinned them: one team of
+/// one per thread (`threads` teams), each taking the next item until none is left. Elsewhere
+/// (Serial, a device) on threads started for the call, as above. `item` runs inside a Kokkos
+/// parallel region there: it must make no Kokkos call, as above.
+template <class ExecutionSpace, class Item>
+void for_each_on_host_threads(const ExecutionSpace& space, int threads, std::size_t count, const Item& item) {
+  if constexpr (runs_on_host<ExecutionSpace>) {
+    if (threads > 1 && count > 1 && space.concurrency() > 1) {
+      using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
+      std::atomic<std::size_t> next{0};
+      std::vector<std::exception_ptr> failures(static_cast<std::size_t>(threads));
+      Kokkos::parallel_for("Lather::host_threads", Policy(space, threads, 1),
+                           [&](const typename Policy::member_type& team) {
+                             const int thread = team.league_rank();
+                             try {
+                               for (std::size_t k = next++; k < count; k = next++) item(thread, k);
+                             } catch (...) {
+                               failures[static_cast<std::size_t>(thread)] = std::current_exception();
+                               next = count;
+                             }
+                           });
+      fence(space, "Lather: host threads done");
+      for (const auto& failure : failures)
+        if (failure) std::rethrow_exception(failure);
+      return;
+    }
+  }
+  for_each_on_host_threads(threads, count, item);
 }
 
 }  // namespace lather::Impl

@@ -192,7 +192,7 @@ class BlockProducts {
     m_flops += flops;
     const int ld = statistics.max_size();
     ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before syrk");
-    on_host_threads(m_host_grams.size(), flops, m_threads, [&](int, std::size_t i) {
+    on_host_threads(space, m_host_grams.size(), flops, m_threads, [&](int, std::size_t i) {
       const HostGram& g = m_host_grams[i];
       upper_gram(g.x, g.n, g.before, g.after, w2, w1, g.c, ld);
     });
@@ -214,16 +214,17 @@ class BlockProducts {
 
   /// item(thread, i) for i < count on the host threads (thread < at most `most`), each running one
   /// BLAS thread; in this thread alone, with the BLAS's own threads, where one would do. `flops`:
-  /// the work of all the items.
+  /// the work of all the items. A threaded host backend (OpenMP, Threads) lends its own threads,
+  /// where the user placed and pinned them; a serial one, threads started for the phase.
   template <class Item>
-  void on_host_threads(std::size_t count, double flops, int most, const Item& item) const {
+  void on_host_threads(const ExecutionSpace& space, std::size_t count, double flops, int most, const Item& item) const {
     const int threads = std::min(most, product_threads(m_threads, m_threads_by_work, count, flops));
     if (threads <= 1) {
       for (std::size_t i = 0; i < count; ++i) item(0, i);
       return;
     }
     ::lather::ScopedHostBlasThreads one_blas_thread(1);
-    ::lather::Impl::for_each_on_host_threads(threads, count, item);
+    ::lather::Impl::for_each_on_host_threads(space, threads, count, item);
   }
 
   /// True when update_statistics left dense statistics with their upper triangles only: the
@@ -326,7 +327,7 @@ class BlockProducts {
     m_flops += flops;
     const int ld = preconditioners.max_size();
     ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before preconditioning");
-    on_host_threads(m_host_blocks.size(), flops, m_precondition_threads, [&](int thread, std::size_t i) {
+    on_host_threads(space, m_host_blocks.size(), flops, m_precondition_threads, [&](int thread, std::size_t i) {
       const auto& group = groups[std::size_t(m_host_blocks[i].group)];
       const int k = m_host_blocks[i].unit, units = int(group.units.size()), contractions = int(group.dims.size());
       const std::int64_t elements = product(group.size, 0, int(group.size.size()));

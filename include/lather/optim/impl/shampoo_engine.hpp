@@ -44,17 +44,21 @@ struct HostThreads {
 
 /// options.root.host_threads and options.product_host_threads, each where it is 0 the CPUs this
 /// rank has to itself on its node (the CPUs the node's ranks of both groups are bound to, shared
-/// among them). Collective over both groups, whatever the options say: Shampoo's constructor
-/// calls it on every rank before anything that may fail on one rank only (or differ between
-/// ranks, as a rank given other options would) can part the ranks.
-inline HostThreads host_threads(const ShampooOptions& options, const comm::Group& group, const comm::Group& shards) {
+/// among them), or on a threaded host backend (`backend_threads`, its concurrency, above 1) that
+/// backend's threads, which run them. Collective over both groups, whatever the options
+/// say: Shampoo's constructor calls it on every rank before anything that may fail on one rank
+/// only (or differ between ranks, as a rank given other options would) can part the ranks.
+inline HostThreads host_threads(const ShampooOptions& options, const comm::Group& group, const comm::Group& shards,
+                                int backend_threads) {
   const comm::NodeOccupancy on_node = group.node_occupancy(), shards_on_node = shards.node_occupancy();
   comm::NodeOccupancy both = on_node;  // the node's ranks of both groups, on the CPUs of either
   both.ranks *= shards_on_node.ranks;
   both.cpus = std::max(on_node.cpus, shards_on_node.cpus);
   const int share = both.cpu_share();
-  return {options.root.host_threads > 0 ? options.root.host_threads : share,
-          options.product_host_threads > 0 ? options.product_host_threads : share, options.product_host_threads == 0};
+  const int automatic = backend_threads > 1 ? backend_threads : share;
+  return {options.root.host_threads > 0 ? options.root.host_threads : automatic,
+          options.product_host_threads > 0 ? options.product_host_threads : automatic,
+          options.product_host_threads == 0};
 }
 
 template <class ExecutionSpace, class Scalar>
