@@ -40,6 +40,8 @@ void SoapOptions::validate() const {
   LATHER_REQUIRE(precondition_frequency >= 1, "SoapOptions::precondition_frequency must be >= 1, got ",
                  precondition_frequency);
   LATHER_REQUIRE(max_precond_dim >= 1, "SoapOptions::max_precond_dim must be >= 1, got ", max_precond_dim);
+  LATHER_REQUIRE(host_threads >= 0 && host_threads <= 1024, "SoapOptions::host_threads must be in [0, 1024], got ",
+                 host_threads);
 }
 
 double soap_block_cost(const std::vector<std::int64_t>& size, const std::vector<bool>& factored,
@@ -80,8 +82,9 @@ void soap_eigenbasis(int n, const double* factor, double* basis) {
 void soap_power_qr(int n, const double* factor, double* basis, std::vector<int>& order) {
   const std::size_t nn = std::size_t(n) * n;
   std::vector<double> f(factor, factor + nn), q(basis, basis + nn), product(nn);
-  const HostMatrix fv(f.data(), n, n), qv(q.data(), n, n), mv(product.data(), n, n);
-  ::lather::Impl::gemm(Kokkos::DefaultHostExecutionSpace(), "N", "N", 1.0, fv, qv, 0.0, mv);
+  const HostMatrix qv(q.data(), n, n), mv(product.data(), n, n);
+  // The BLAS directly, no Kokkos call: refreshes run on host threads.
+  ::lather::Impl::host_gemm('N', 'N', n, n, n, 1.0, f.data(), n, q.data(), n, 0.0, product.data(), n);
   std::vector<double> estimate(static_cast<std::size_t>(n), 0.0);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) estimate[std::size_t(j)] += qv(i, j) * mv(i, j);

@@ -3,6 +3,7 @@
 // (run with the interpreter scripts/soap-reference-venv prints). Plus what needs no reference:
 // a checkpoint round trip, a blocked parameter against its blocks as separate parameters, and
 // the options' validation.
+#include <lather/core/host_blas_threads.hpp>
 #include <lather/optim/soap.hpp>
 
 #include "common/state_bytes.hpp"
@@ -203,6 +204,36 @@ void expect_exact_round_trip(const SoapOptions& options) {
 
 TEST(Soap, CheckpointRoundTripIsExact) { expect_exact_round_trip(busy_options()); }
 
+// The refresh's eigendecompositions and QR factorizations shared out among host threads
+// (host_threads; 0 picks from the backend or the node) leave the trajectory bit for bit what one
+// thread gives, whatever the BLAS's own thread count (each factor's LAPACK calls run on one BLAS
+// thread): 10 steps with refreshes every 2, factors of sizes 4 to 32.
+TEST(Soap, HostThreadsDoNotChangeTheTrajectory) {
+  const std::vector<lather::optim::ParameterSpec> specs = {
+      {"matrix", {40, 24}}, {"tensor", {4, 6, 5}}, {"vector", {11}}, {"scalar", {}}};
+  const int found_blas_threads = lather::host_blas_threads();
+  std::vector<std::vector<float>> first;
+  for (int blas_threads : {1, 2}) {
+    if (!lather::set_host_blas_threads(blas_threads) && blas_threads > 1) continue;  // a BLAS of one thread
+    for (int threads : {1, 0, 3}) {
+      SoapOptions options = busy_options();
+      options.block_size = 32;
+      options.host_threads = threads;
+      Problem problem(specs);
+      Soap<Space, float> soap(Space(), specs, options);
+      for (int t = 0; t < 10; ++t) problem.step(soap, t);
+      std::vector<std::vector<float>> got;
+      for (std::size_t p = 0; p < specs.size(); ++p) got.push_back(problem.host(p));
+      if (first.empty())
+        first = got;
+      else
+        EXPECT_EQ(got, first) << threads << " host threads, BLAS on " << blas_threads;
+    }
+  }
+  if (found_blas_threads > 0) lather::set_host_blas_threads(found_blas_threads);
+  EXPECT_NE(first[0], Problem(specs).host(0));
+}
+
 // A parameter blocked by block_size is its blocks run as separate parameters (what the reference
 // trajectories rely on for blocked_frequency3), remainder blocks included, and precondition_1d
 // blocks a vector the same way. Both sides run the same kernels on the same numbers, but BLAS may
@@ -297,6 +328,9 @@ TEST(Soap, ValidateNamesTheField) {
   o = {};
   o.max_precond_dim = 0;
   EXPECT_NE(message(o).find("max_precond_dim"), std::string::npos);
+  o = {};
+  o.host_threads = -1;
+  EXPECT_NE(message(o).find("host_threads"), std::string::npos);
   o = {};
   o.beta1 = 2;  // the first bad field is named
   o.epsilon = -1;

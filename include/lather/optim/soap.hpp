@@ -87,6 +87,13 @@ struct SoapOptions {
   bool correct_bias = true;
   /// int8 exp_avg (blocks of rank > 1), int16 factors and bases (see above).
   bool best_effort_memory_usage_reduction = false;
+  /// Lather's: host threads that share out a refresh's eigendecompositions and QR factorizations
+  /// and, on a host backend, the blocks' products (rotations and factor updates), each on one BLAS
+  /// thread (the results do not depend on it where the BLAS rounds a product alike on any number
+  /// of its threads, as OpenBLAS's GEMM does). 0: the threads of a threaded host backend (OpenMP,
+  /// Threads), else the CPUs this rank has to itself on its node, as Shampoo's root_host_threads;
+  /// there the products take no more than one thread per 20 MFLOP. 0 to 1024.
+  int host_threads = 0;
   void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
 };
 
@@ -238,6 +245,8 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   std::vector<std::size_t> m_own_classes;         // this rank's, in local order
   std::vector<std::int64_t> m_local_packed, m_local_factors;  // per rank: sizes of its share
   comm::Group m_group;
+  int m_host_threads = 1;  // host threads of the products and refreshes (SoapOptions::host_threads)
+  bool m_host_threads_by_work = true;  // automatic: the products' threads follow their flops
   // This rank's share, in its local layout.
   Buffer m_exp_avg, m_exp_avg_sq, m_factors, m_bases;
   Buffer m_gradient, m_update, m_scratch_a;  // workspace

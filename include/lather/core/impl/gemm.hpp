@@ -4,6 +4,8 @@
 // takes one (>= 4.1), and its strided-batched form for many products of one shape. Empty products
 // are handled here, so no BLAS sees a zero dimension.
 
+#include <lather/core/host_blas_threads.hpp>
+#include <lather/core/impl/host_threads.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -18,6 +20,7 @@
 #define LATHER_BATCHED_GEMM_CUBLAS 0
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -93,11 +96,16 @@ void host_gemm(char ta, char tb, int m, int n, int k, double alpha, const double
 /// A_i at a + i stride_a (m x k, or k x m when ta is 'T'), B_i at b + i stride_b (k x n, or n x k),
 /// C_i at c + i stride_c, all in the execution space's memory. One cuBLAS strided-batched call
 /// where Kokkos Kernels has cuBLAS; elsewhere one GEMM per product (on the host, a BLAS call per
-/// product is as fast as any batched kernel at the sizes Shampoo uses). Returns the launches made.
+/// product is as fast as any batched kernel at the sizes Shampoo uses). On a host backend
+/// `host_threads` above 1 shares the products out among that many host threads, each on one BLAS
+/// thread (where `by_work`, no more than one per flops_per_host_thread; a threaded backend lends
+/// its own, see for_each_on_host_threads): at these sizes a threaded BLAS gains less by splitting
+/// one product.
+/// Returns the launches made.
 template <class ExecutionSpace, class T>
 long gemm_strided_batched(const ExecutionSpace& space, char ta, char tb, int m, int n, int k, T alpha, const T* a,
                           std::int64_t stride_a, const T* b, std::int64_t stride_b, T beta, T* c,
-                          std::int64_t stride_c, int count) {
+                          std::int64_t stride_c, int count, int host_threads = 1, bool by_work = true) {
   using memory_space = typename ExecutionSpace::memory_space;
   using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   using Const = Kokkos::View<const T**, Kokkos::LayoutRight, memory_space, Unmanaged>;
@@ -112,6 +120,21 @@ long gemm_strided_batched(const ExecutionSpace& space, char ta, char tb, int m, 
   }
 #endif
   const bool a_normal = ta == 'N' || ta == 'n', b_normal = tb == 'N' || tb == 'n';
+  if constexpr (runs_on_host<ExecutionSpace>) {
+    const double flops = 2.0 * double(m) * double(n) * double(k) * double(count);
+    const int threads =
+        std::min({host_threads, count, by_work ? std::max(1, int(flops / flops_per_host_thread)) : host_threads});
+    if (threads > 1 && k > 0) {
+      fence(space, "Lather::gemm_strided_batched: inputs ready");
+      const ScopedHostBlasThreads one_blas_thread(1);
+      for_each_on_host_threads(space, threads, std::size_t(count), [&](int, std::size_t i) {
+        host_gemm(a_normal ? 'N' : 'T', b_normal ? 'N' : 'T', m, n, k, alpha, a + std::int64_t(i) * stride_a,
+                  a_normal ? k : m, b + std::int64_t(i) * stride_b, b_normal ? n : k, beta,
+                  c + std::int64_t(i) * stride_c, n);
+      });
+      return count;
+    }
+  }
   const char op_a[2] = {a_normal ? 'N' : 'T', 0}, op_b[2] = {b_normal ? 'N' : 'T', 0};
   for (int i = 0; i < count; ++i) {
     const Const ai(a + i * stride_a, a_normal ? m : k, a_normal ? k : m);

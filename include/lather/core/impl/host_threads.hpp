@@ -18,6 +18,11 @@
 
 namespace lather::Impl {
 
+/// Products shared out among host threads give each thread at least this many flops where the
+/// count is chosen for them: starting a thread and joining it cost 26-58 us on the 2-CPU
+/// development VM, and 20 MFLOP take one BLAS thread 0.1-0.25 ms at Shampoo's sizes.
+inline constexpr double flops_per_host_thread = 20e6;
+
 /// Calls item(thread, k) for every k in [0, count) on `threads` host threads at once (this one is
 /// thread 0; per-thread state indexed by `thread` needs `threads` entries) and returns once every
 /// thread has. Where the system starts fewer threads, those started and this one take every item.

@@ -19,16 +19,11 @@
 
 namespace lather::optim::Impl {
 
-/// Automatic thread counts give each thread at least this many flops of a phase: starting a
-/// thread and joining it cost 26-58 us on the 2-CPU development VM, and 20 MFLOP take one BLAS
-/// thread 0.1-0.25 ms at Shampoo's sizes.
-inline constexpr double automatic_flops_per_thread = 20e6;
-
 /// The host threads that share out `items` products of `flops` in all: `threads`, no more than
 /// the items, and where `by_work` (an automatic count) no more than the flops pay for.
 inline int product_threads(int threads, bool by_work, std::size_t items, double flops) {
   int out = int(std::min<std::size_t>(std::size_t(std::max(1, threads)), std::max<std::size_t>(items, 1)));
-  if (by_work) out = std::min(out, std::max(1, int(flops / automatic_flops_per_thread)));
+  if (by_work) out = std::min(out, std::max(1, int(flops / ::lather::Impl::flops_per_host_thread)));
   return out;
 }
 
@@ -43,7 +38,7 @@ class BlockProducts {
   /// preconditioners of the largest group that must be copied out of the store, and for the
   /// intermediate contractions. `host_threads`: the threads that share out the blocks on a host
   /// backend (ignored on a device); `by_work`: fewer where a phase has too little work for them
-  /// (automatic_flops_per_thread each).
+  /// (flops_per_host_thread each).
   BlockProducts(const ExecutionSpace& space, const ShampooPlan& plan, const StepPlan& step, std::size_t workspace_bytes,
                 bool quantized, int host_threads, bool by_work)
       : m_step(&step),

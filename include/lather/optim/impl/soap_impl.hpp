@@ -4,8 +4,10 @@
 // another execution space includes this header and uses the class as usual.
 
 #include <lather/core/error.hpp>
+#include <lather/core/host_blas_threads.hpp>
 #include <lather/core/impl/fault_injection.hpp>
 #include <lather/core/impl/gemm.hpp>
+#include <lather/core/impl/host_threads.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/soap.hpp>
@@ -78,6 +80,14 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
       m_options(std::move(options)),
       m_group(group) {
   const int ranks = m_group.size(), rank = m_group.rank();
+  // The one collective that does not wait for the agreement below (every rank reaches it before
+  // anything that may throw on one rank only): the refresh's host threads.
+  const int node_share = m_group.node_occupancy().cpu_share();
+  const int backend_threads = ::lather::Impl::runs_on_host<ExecutionSpace> ? int(space.concurrency()) : 1;
+  m_host_threads_by_work = m_options.host_threads == 0;
+  m_host_threads = m_options.host_threads > 0 ? m_options.host_threads
+                      : backend_threads > 1      ? backend_threads
+                                                 : node_share;
   const auto setup = [&] {
     this->validate_parameters();
     m_options.validate();

@@ -18,6 +18,8 @@ void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const Sha
   using ::lather::Impl::gemm_strided_batched;
   const auto& size = c.size;
   const std::int64_t count = std::int64_t(c.blocks.size()), elements = c.elements;
+  const int threads = m_host_threads;  // on a host backend (gemm_strided_batched)
+  const bool by_work = m_host_threads_by_work;
   Scalar* in = from;
   Scalar* out = scratch;
   for (std::size_t d = 0; d < size.size(); ++d) {
@@ -29,19 +31,20 @@ void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const Sha
     const char tq = forward ? 'T' : 'N';
     if (inner == 1) {  // X is [outer, n]: X Q (forward) or X Q^T (backward)
       m_launches += gemm_strided_batched(space, 'N', forward ? 'N' : 'T', int(outer), n, n, Scalar(1), in, elements, q,
-                                         nn, Scalar(0), out, elements, int(count));
+                                         nn, Scalar(0), out, elements, int(count), threads, by_work);
     } else if (outer == 1) {
       m_launches += gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q, nn, in, elements, Scalar(0),
-                                         out, elements, int(count));
+                                         out, elements, int(count), threads, by_work);
     } else if (count <= outer) {
       for (std::int64_t i = 0; i < count; ++i)
         m_launches += gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q + i * nn, 0,
                                            in + i * elements, n * inner, Scalar(0), out + i * elements, n * inner,
-                                           int(outer));
+                                           int(outer), threads, by_work);
     } else {
       for (std::int64_t a = 0; a < outer; ++a)
         m_launches += gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q, nn, in + a * n * inner,
-                                           elements, Scalar(0), out + a * n * inner, elements, int(count));
+                                           elements, Scalar(0), out + a * n * inner, elements, int(count),
+                                           threads, by_work);
     }
     std::swap(in, out);
   }
@@ -61,6 +64,8 @@ void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& spac
   using ::lather::Impl::gemm_strided_batched;
   const auto& size = c.size;
   const std::int64_t count = std::int64_t(c.blocks.size()), elements = c.elements;
+  const int threads = m_host_threads;  // on a host backend (gemm_strided_batched)
+  const bool by_work = m_host_threads_by_work;
   for (std::size_t d = 0; d < size.size(); ++d) {
     if (c.factor[d] < 0) continue;
     const int n = int(size[d]);
@@ -69,12 +74,13 @@ void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& spac
     Scalar* factor = factor_data() + c.factor[d];
     if (inner == 1) {
       m_launches += gemm_strided_batched(space, 'T', 'N', n, n, int(outer), Scalar(1) - beta, g, elements, g, elements,
-                                         beta, factor, nn, int(count));
+                                         beta, factor, nn, int(count), threads, by_work);
     } else {
       for (std::int64_t a = 0; a < outer; ++a) {
         const Scalar* x = g + a * n * inner;
-        m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(inner), Scalar(1) - beta, x, elements, x, elements,
-                                           a == 0 ? beta : Scalar(1), factor, nn, int(count));
+        m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(inner), Scalar(1) - beta, x, elements, x,
+                                           elements, a == 0 ? beta : Scalar(1), factor, nn, int(count), threads,
+                                           by_work);
       }
     }
   }
@@ -101,30 +107,44 @@ void Soap<ExecutionSpace, Scalar>::refresh_bases(const ExecutionSpace& space, bo
     Kokkos::deep_copy(space, bases, m_bases);
   }
   ::lather::Impl::fence(space, "Lather::soap: factors on the host");
-  // This rank's factors, class by class, dimension by dimension, block by block.
-  std::vector<double> f, q;
-  std::vector<int> order;
-  std::vector<int> all_orders;  // every factor's column order, in that order
+  // This rank's factors, class by class, dimension by dimension, block by block, shared out among
+  // the refresh's host threads; each factor's LAPACK calls on one BLAS thread, however many
+  // threads there are, so that the bases do not depend on their number (OpenBLAS rounds some of
+  // dsyevd's products otherwise on 2 threads than on 1).
+  struct Factor {
+    std::size_t start;
+    int n;
+  };
+  std::vector<Factor> listed;
   for (std::size_t ci : m_own_classes) {
     const auto& c = m_classes[ci];
     for (std::size_t d = 0; d < c.size.size(); ++d) {
       if (c.factor[d] < 0) continue;
       const int n = int(c.size[d]);
       const std::size_t nn = std::size_t(n) * n;
-      for (std::size_t i = 0; i < c.blocks.size(); ++i) {
-        const std::size_t start = std::size_t(c.factor[d]) + i * nn;
-        f.assign(factors.data() + start, factors.data() + start + nn);
-        q.assign(bases.data() + start, bases.data() + start + nn);
-        if (first) {
-          Impl::soap_eigenbasis(n, f.data(), q.data());
-        } else {
-          Impl::soap_power_qr(n, f.data(), q.data(), order);
-          all_orders.insert(all_orders.end(), order.begin(), order.end());
-        }
-        for (std::size_t k = 0; k < nn; ++k) bases(start + k) = Scalar(q[k]);
-      }
+      for (std::size_t i = 0; i < c.blocks.size(); ++i) listed.push_back({std::size_t(c.factor[d]) + i * nn, n});
     }
   }
+  std::vector<std::vector<int>> orders(first ? 0 : listed.size());
+  const auto slots = static_cast<std::size_t>(m_host_threads);
+  std::vector<std::vector<double>> f(slots), q(slots);  // each thread's factor and basis
+  {
+    const ScopedHostBlasThreads one_blas_thread(1);
+    ::lather::Impl::for_each_on_host_threads(space, m_host_threads, listed.size(), [&](int thread, std::size_t k) {
+      const std::size_t start = listed[k].start, nn = std::size_t(listed[k].n) * std::size_t(listed[k].n);
+      auto& own_f = f[std::size_t(thread)];
+      auto& own_q = q[std::size_t(thread)];
+      own_f.assign(factors.data() + start, factors.data() + start + nn);
+      own_q.assign(bases.data() + start, bases.data() + start + nn);
+      if (first)
+        Impl::soap_eigenbasis(listed[k].n, own_f.data(), own_q.data());
+      else
+        Impl::soap_power_qr(listed[k].n, own_f.data(), own_q.data(), orders[k]);
+      for (std::size_t e = 0; e < nn; ++e) bases(start + e) = Scalar(own_q[e]);
+    });
+  }
+  std::vector<int> all_orders;  // every factor's column order, in that order
+  for (const auto& order : orders) all_orders.insert(all_orders.end(), order.begin(), order.end());
   if (quantized()) {
     Kokkos::deep_copy(space, m_matrix_work, bases);
     store_matrices(space, true);
