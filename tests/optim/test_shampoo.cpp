@@ -279,7 +279,8 @@ TEST(Shampoo, RootHostThreadsDoNotChangeTheTrajectory) {
 // whichever thread makes them. 8 steps, one-sided and not, of two models: blocks of mixed small
 // sizes (statistics of the stack's full size and smaller ones, in place in their slots) with a
 // rank-3 tensor (the products over its middle dimension loop over the leading index); and blocks
-// of 128 and 72, sizes at which OpenBLAS splits a product over its threads.
+// of 128 and 72, sizes at which OpenBLAS splits a product over its threads; dense and quantized
+// stores (whose statistics' products go through gemm_strided_batched's host threads).
 TEST(Shampoo, ProductHostThreadsDoNotChangeTheTrajectory) {
   struct Model {
     std::vector<Shape> shapes;
@@ -288,7 +289,9 @@ TEST(Shampoo, ProductHostThreadsDoNotChangeTheTrajectory) {
   const Model models[] = {{{{7}, {9, 5}, {12, 8}, {3, 4, 6}}, 6}, {{{256, 200}}, 128}};
   const int found_blas_threads = lather::host_blas_threads();
   for (const Model& model : models) {
-    for (PreconditionerType side : {PreconditionerType::all, PreconditionerType::input}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool quantized = variant >= 2;
+      const PreconditionerType side = variant % 2 == 0 ? PreconditionerType::all : PreconditionerType::input;
       auto r = base_options();
       r.block_size = model.block_size;
       r.skip_preconditioning_dim_size_gt = 4096;
@@ -300,6 +303,7 @@ TEST(Shampoo, ProductHostThreadsDoNotChangeTheTrajectory) {
           auto options = to_shampoo(r);
           options.preconditioner_type = side;
           options.product_host_threads = threads;
+          options.best_effort_memory_usage_reduction = quantized;
           options.root.method = lather::linalg::RootMethod::eigh;  // the fast roots: the products are tested
           Shampoo<Space, double> shampoo(Space(), specs_for(model.shapes), options);
           auto params = initial(model.shapes);
@@ -310,7 +314,7 @@ TEST(Shampoo, ProductHostThreadsDoNotChangeTheTrajectory) {
             first = got;
           else
             EXPECT_EQ(got, first) << threads << " host threads, BLAS on " << blas_threads << ", " << to_string(side)
-                                  << ", blocks of " << model.block_size;
+                                  << ", blocks of " << model.block_size << (quantized ? ", quantized" : "");
           EXPECT_NE(got, params);
         }
       }

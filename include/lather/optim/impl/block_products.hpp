@@ -143,21 +143,25 @@ class BlockProducts {
 
   /// C_k = alpha (Gram matrix of block k along a dimension of size n) + beta C_k for `count`
   /// blocks `elements` apart from x, C_k `stride_c` apart: X X^T of the [n, after] view, X^T X of
-  /// the [before, n] view, or the sum over the leading index of the [n, after] slices.
+  /// the [before, n] view, or the sum over the leading index of the [n, after] slices. On the host
+  /// (quantized statistics) the blocks are shared out among the product threads.
   void gram_products(const ExecutionSpace& space, const T* x, std::int64_t elements, int n, std::int64_t before,
                      std::int64_t after, T alpha, T beta, T* c, std::int64_t stride_c, int count) {
     using lather::Impl::gemm_strided_batched;
     m_flops += 2.0 * double(count) * double(n) * double(elements);
+    const int threads = m_threads;
+    const bool by_work = m_threads_by_work;
     if (before == 1)
       m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(after), alpha, x, elements, x, elements, beta, c,
-                                         stride_c, count);
+                                         stride_c, count, threads, by_work);
     else if (after == 1)
       m_launches += gemm_strided_batched(space, 'T', 'N', n, n, int(before), alpha, x, elements, x, elements, beta, c,
-                                         stride_c, count);
+                                         stride_c, count, threads, by_work);
     else
       for (std::int64_t a = 0; a < before; ++a)
         m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(after), alpha, x + a * n * after, elements,
-                                           x + a * n * after, elements, a == 0 ? beta : T(1), c, stride_c, count);
+                                           x + a * n * after, elements, a == 0 ? beta : T(1), c, stride_c, count,
+                                           threads, by_work);
   }
 
   /// Host, dense statistics: every Gram matrix blended into its slot in place by BLAS syrk,
