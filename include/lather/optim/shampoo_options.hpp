@@ -82,15 +82,15 @@ struct ShampooOptions {
   /// matrix_epsilon and relative_matrix_epsilon). Default: Newton in double, as the reference
   /// recommends where double is available.
   linalg::InverseRootOptions root;
-  /// Host backends: the threads that share out the blocks' statistics and preconditioning
-  /// products, each block's through the BLAS on one thread (a threaded BLAS gains less by
-  /// splitting one small product); on a threaded host backend (OpenMP, Threads) the backend's own
-  /// threads run them. 0: as for the roots (the CPUs this rank has to itself on its node, or the
-  /// threaded backend's threads), fewer where a step's products are too small to pay for them
-  /// (20 MFLOP per thread). The results do not depend on it where the BLAS rounds a product alike on any number
-  /// of its threads (OpenBLAS's GEMM and syrk do: tested). Ignored on device backends, and with
-  /// async_roots in the background on a host backend (1: the roots' LAPACK calls, made meanwhile,
-  /// must find the BLAS's thread count unchanged).
+  /// Host backends: the threads that share out the blocks' statistics and preconditioning products
+  /// (quantized stores: the statistics' only), each block's through the BLAS on one thread (a
+  /// threaded BLAS gains less by splitting one small product); on a threaded host backend (OpenMP,
+  /// Threads) the backend's own threads run them. 0: as for the roots (the CPUs this rank has to
+  /// itself on its node, or the threaded backend's threads), fewer where a step's products are too
+  /// small to pay for them (20 MFLOP per thread). The results do not depend on it where the BLAS
+  /// rounds a product alike on any number of its threads (OpenBLAS's GEMM and syrk do: tested).
+  /// Ignored on device backends, and with async_roots in the background on a host backend (1: the
+  /// roots' LAPACK calls, made meanwhile, must find the BLAS's thread count unchanged).
   int product_host_threads = 0;
   /// A root computed in float that fails is recomputed once in double before it is rejected.
   bool retry_failed_roots_in_double = true;
