@@ -1,7 +1,7 @@
 // Shampoo against an independent plain model of the JAX reference (reference_shampoo.hpp), option
 // by option, plus hand-checkable closed forms and the failure rules.
 #include <lather/core/host_blas_threads.hpp>
-#include <lather/optim/impl/block_products.hpp>
+#include <lather/core/impl/host_threads.hpp>
 #include <lather/optim/shampoo.hpp>
 
 #include "common/host_copies.hpp"
@@ -327,7 +327,7 @@ TEST(Shampoo, ProductHostThreadsDoNotChangeTheTrajectory) {
 // blocks, and when automatic no more than one per 20 MFLOP (a thread costs tens of microseconds
 // to start).
 TEST(Shampoo, ProductThreadsFollowTheWork) {
-  using lather::optim::Impl::product_threads;
+  const auto product_threads = lather::Impl::host_threads_for_products;
   EXPECT_EQ(product_threads(2, true, 492, 1.0e9), 2);  // the transformer's statistics
   EXPECT_EQ(product_threads(16, true, 492, 1.0e8), 5);
   EXPECT_EQ(product_threads(16, true, 492, 1.0e6), 1);  // the tests' small models

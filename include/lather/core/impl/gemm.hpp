@@ -20,7 +20,6 @@
 #define LATHER_BATCHED_GEMM_CUBLAS 0
 #endif
 
-#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -122,8 +121,7 @@ long gemm_strided_batched(const ExecutionSpace& space, char ta, char tb, int m, 
   const bool a_normal = ta == 'N' || ta == 'n', b_normal = tb == 'N' || tb == 'n';
   if constexpr (runs_on_host<ExecutionSpace>) {
     const double flops = 2.0 * double(m) * double(n) * double(k) * double(count);
-    const int threads =
-        std::min({host_threads, count, by_work ? std::max(1, int(flops / flops_per_host_thread)) : host_threads});
+    const int threads = host_threads_for_products(host_threads, by_work, std::size_t(count), flops);
     if (threads > 1 && k > 0) {
       fence(space, "Lather::gemm_strided_batched: inputs ready");
       const ScopedHostBlasThreads one_blas_thread(1);

@@ -23,6 +23,42 @@ namespace lather::Impl {
 /// development VM, and 20 MFLOP take one BLAS thread 0.1-0.25 ms at Shampoo's sizes.
 inline constexpr double flops_per_host_thread = 20e6;
 
+/// The host threads that share out `items` products of `flops` in all: `threads`, no more than
+/// the items, and where `by_work` (a count chosen for them) no more than the flops pay for.
+inline int host_threads_for_products(int threads, bool by_work, std::size_t items, double flops) {
+  int out = int(std::min<std::size_t>(std::size_t(std::max(1, threads)), std::max<std::size_t>(items, 1)));
+  if (by_work) out = std::min(out, std::max(1, int(flops / flops_per_host_thread)));
+  return out;
+}
+
+/// The items of one call shared out among threads: each thread takes the next item until none
+/// is left; an exception stops the others after their current item and is kept for rethrow().
+template <class Item>
+class SharedItems {
+ public:
+  SharedItems(const Item& item, std::size_t count, int threads)
+      : m_item(item), m_count(count), m_failures(static_cast<std::size_t>(threads)) {}
+  void work(int thread) {
+    try {
+      for (std::size_t k = m_next++; k < m_count; k = m_next++) m_item(thread, k);
+    } catch (...) {
+      m_failures[static_cast<std::size_t>(thread)] = std::current_exception();
+      m_next = m_count;  // the others stop after their current item
+    }
+  }
+  /// Once every thread returned: the first thread's exception, where several threw.
+  void rethrow() const {
+    for (const auto& failure : m_failures)
+      if (failure) std::rethrow_exception(failure);
+  }
+
+ private:
+  const Item& m_item;
+  const std::size_t m_count;
+  std::atomic<std::size_t> m_next{0};
+  std::vector<std::exception_ptr> m_failures;
+};
+
 /// Calls item(thread, k) for every k in [0, count) on `threads` host threads at once (this one is
 /// thread 0; per-thread state indexed by `thread` needs `threads` entries) and returns once every
 /// thread has. Where the system starts fewer threads, those started and this one take every item.
@@ -31,26 +67,16 @@ inline constexpr double flops_per_host_thread = 20e6;
 template <class Item>
 void for_each_on_host_threads(int threads, std::size_t count, const Item& item) {
   threads = std::max(1, threads);
-  std::atomic<std::size_t> next{0};
-  std::vector<std::exception_ptr> failures(static_cast<std::size_t>(threads));
-  const auto work = [&](int thread) {
-    try {
-      for (std::size_t k = next++; k < count; k = next++) item(thread, k);
-    } catch (...) {
-      failures[static_cast<std::size_t>(thread)] = std::current_exception();
-      next = count;  // the others stop after their current item
-    }
-  };
+  SharedItems<Item> items(item, count, threads);
   std::vector<std::thread> pool;
   try {
-    for (int thread = 1; thread < threads; ++thread) pool.emplace_back(work, thread);
+    for (int thread = 1; thread < threads; ++thread) pool.emplace_back([&items, thread] { items.work(thread); });
   } catch (const std::system_error&) {
     // Fewer threads than asked for: joined below like the others.
   }
-  work(0);
+  items.work(0);
   for (auto& thread : pool) thread.join();
-  for (const auto& failure : failures)
-    if (failure) std::rethrow_exception(failure);
+  items.rethrow();
 }
 
 /// The same, on the threads of `space` where it is a host execution space with several (OpenMP,
@@ -63,21 +89,11 @@ void for_each_on_host_threads(const ExecutionSpace& space, int threads, std::siz
   if constexpr (runs_on_host<ExecutionSpace>) {
     if (threads > 1 && count > 1 && space.concurrency() > 1) {
       using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
-      std::atomic<std::size_t> next{0};
-      std::vector<std::exception_ptr> failures(static_cast<std::size_t>(threads));
+      SharedItems<Item> items(item, count, threads);
       Kokkos::parallel_for("Lather::host_threads", Policy(space, threads, 1),
-                           [&](const typename Policy::member_type& team) {
-                             const int thread = team.league_rank();
-                             try {
-                               for (std::size_t k = next++; k < count; k = next++) item(thread, k);
-                             } catch (...) {
-                               failures[static_cast<std::size_t>(thread)] = std::current_exception();
-                               next = count;
-                             }
-                           });
+                           [&](const typename Policy::member_type& team) { items.work(team.league_rank()); });
       fence(space, "Lather: host threads done");
-      for (const auto& failure : failures)
-        if (failure) std::rethrow_exception(failure);
+      items.rethrow();
       return;
     }
   }

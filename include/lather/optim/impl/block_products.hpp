@@ -19,14 +19,6 @@
 
 namespace lather::optim::Impl {
 
-/// The host threads that share out `items` products of `flops` in all: `threads`, no more than
-/// the items, and where `by_work` (an automatic count) no more than the flops pay for.
-inline int product_threads(int threads, bool by_work, std::size_t items, double flops) {
-  int out = int(std::min<std::size_t>(std::size_t(std::max(1, threads)), std::max<std::size_t>(items, 1)));
-  if (by_work) out = std::min(out, std::max(1, int(flops / ::lather::Impl::flops_per_host_thread)));
-  return out;
-}
-
 template <class ExecutionSpace, class T>
 class BlockProducts {
  public:
@@ -217,7 +209,8 @@ class BlockProducts {
   /// where the user placed and pinned them; a serial one, threads started for the phase.
   template <class Item>
   void on_host_threads(const ExecutionSpace& space, std::size_t count, double flops, int most, const Item& item) const {
-    const int threads = std::min(most, product_threads(m_threads, m_threads_by_work, count, flops));
+    const int threads =
+        std::min(most, ::lather::Impl::host_threads_for_products(m_threads, m_threads_by_work, count, flops));
     if (threads <= 1) {
       for (std::size_t i = 0; i < count; ++i) item(0, i);
       return;
