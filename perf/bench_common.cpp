@@ -2,7 +2,6 @@
 
 #include <lather/core/host_blas_threads.hpp>
 #include <lather/core/impl/gemm.hpp>
-#include <lather/core/impl/host_threads.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
@@ -82,20 +81,10 @@ double batched_gemm_gflops(int n, int batch, int host_threads, double seconds) {
   const Space space;
   const std::int64_t stride_c = std::int64_t(n) * n;
   const auto call = [&] {
-    if constexpr (lather::Impl::runs_on_host<Space>) {
-      if (host_threads > 1) {  // as Shampoo's products on the host
-        ScopedHostBlasThreads one_blas_thread(1);
-        lather::Impl::for_each_on_host_threads(space, std::min(host_threads, batch), std::size_t(batch),
-                                               [&](int, std::size_t i) {
-                                                 lather::Impl::host_gemm('N', 'N', n, n, n, Scalar(1), a.data(), n,
-                                                                         b.data(), n, Scalar(0),
-                                                                         c.data() + std::int64_t(i) * stride_c, n);
-                                               });
-        return;
-      }
-    }
+    // On a host backend shared out among host_threads threads as Shampoo's products are, every
+    // one of them used (by_work false: the batch is the baseline's, not a step's).
     lather::Impl::gemm_strided_batched(space, 'N', 'N', n, n, n, Scalar(1), a.data(), 0, b.data(), 0, Scalar(0),
-                                       c.data(), stride_c, batch);
+                                       c.data(), stride_c, batch, host_threads, false);
     space.fence();
   };
   return repeated_gflops(call, 2.0 * double(n) * n * n * double(batch), seconds);
