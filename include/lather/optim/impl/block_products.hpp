@@ -101,35 +101,27 @@ class BlockProducts {
       list.clear();
       used = 0;
     };
-    for (const auto& group : m_step->groups) {
-      const int units = int(group.units.size());
-      const std::int64_t elements = product(group.size, 0, int(group.size.size()));
-      const T* first = packed + m_step->packed_offset[group.units.front()];
-      for (std::size_t j = 0; j < group.dims.size(); ++j) {
-        const int d = group.dims[j];
-        const std::int64_t n = group.size[std::size_t(d)], square = n * n;
-        const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
-        const int first_slot = group.first_slot + int(j) * units;
-        // Dense slots of the padded size: the products are blended in place by the GEMM itself,
-        // S = w2 X X^T + w1 S, with no Gram scratch and no blend pass.
-        if (T* slots = statistics.contiguous(first_slot, int(n))) {
-          gram_products(space, first, elements, int(n), before, after, w2, w1, slots, square, units);
-          continue;
-        }
-        // As many of the group's units at once as the Gram scratch holds.
-        for (int begin = 0; begin < units;) {
-          if (used + square > m_gram_capacity) flush();
-          const int count = int(std::min<std::int64_t>(units - begin, (m_gram_capacity - used) / square));
-          gram_products(space, first + begin * elements, elements, int(n), before, after, T(1), T(0),
-                        m_grams.data() + used, square, count);
-          for (int k = 0; k < count; ++k) {
-            list.add(first_slot + begin + k, int(n), used, int(n));
-            used += square;
-          }
-          begin += count;
-        }
+    for_each_statistic_dimension(packed, [&](const StatisticDimension& s) {
+      const std::int64_t square = std::int64_t(s.n) * s.n;
+      // Dense slots of the padded size: the products are blended in place by the GEMM itself,
+      // S = w2 X X^T + w1 S, with no Gram scratch and no blend pass.
+      if (T* slots = statistics.contiguous(s.first_slot, s.n)) {
+        gram_products(space, s.first, s.elements, s.n, s.before, s.after, w2, w1, slots, square, s.units);
+        return;
       }
-    }
+      // As many of the group's units at once as the Gram scratch holds.
+      for (int begin = 0; begin < s.units;) {
+        if (used + square > m_gram_capacity) flush();
+        const int count = int(std::min<std::int64_t>(s.units - begin, (m_gram_capacity - used) / square));
+        gram_products(space, s.first + begin * s.elements, s.elements, s.n, s.before, s.after, T(1), T(0),
+                      m_grams.data() + used, square, count);
+        for (int k = 0; k < count; ++k) {
+          list.add(s.first_slot + begin + k, s.n, used, s.n);
+          used += square;
+        }
+        begin += count;
+      }
+    });
     flush();
   }
 
@@ -162,24 +154,14 @@ class BlockProducts {
   /// anything reads the statistics.
   void update_dense_statistics_on_host(const ExecutionSpace& space, const T* packed, Store& statistics, T w1, T w2) {
     m_host_grams.clear();
-    for (const auto& group : m_step->groups) {
-      const int units = int(group.units.size());
-      const std::int64_t elements = product(group.size, 0, int(group.size.size()));
-      const T* first = packed + m_step->packed_offset[group.units.front()];
-      for (std::size_t j = 0; j < group.dims.size(); ++j) {
-        const int d = group.dims[j];
-        const int first_slot = group.first_slot + int(j) * units;
-        for (int k = 0; k < units; ++k)
-          m_host_grams.push_back({first + k * elements, statistics.leading(first_slot + k),
-                                  int(group.size[std::size_t(d)]), product(group.size, 0, d),
-                                  product(group.size, d + 1, -1)});
-      }
-    }
     double flops = 0;
-    for (const HostGram& g : m_host_grams) {
-      m_launches += g.before > 1 && g.after > 1 ? long(g.before) : 1;
-      flops += double(g.n + 1) * double(g.before) * double(g.n) * double(g.after);
-    }
+    for_each_statistic_dimension(packed, [&](const StatisticDimension& s) {
+      for (int k = 0; k < s.units; ++k)
+        m_host_grams.push_back(
+            {s.first + k * s.elements, statistics.leading(s.first_slot + k), s.n, s.before, s.after});
+      m_launches += long(s.units) * (s.before > 1 && s.after > 1 ? long(s.before) : 1);
+      flops += double(s.units) * double(s.n + 1) * double(s.elements);  // syrk: the upper triangle
+    });
     m_flops += flops;
     const int ld = statistics.max_size();
     ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before syrk");
@@ -288,6 +270,29 @@ class BlockProducts {
   }
 
  private:
+  /// One preconditioned dimension of a shape group: its `units` blocks from `first`, `elements`
+  /// apart, viewed as [before, n, after]; their statistics in the slots from `first_slot` on.
+  struct StatisticDimension {
+    const T* first;
+    int units, n, first_slot;
+    std::int64_t elements, before, after;
+  };
+  /// f(dimension) for every preconditioned dimension of every group of the step, in slot order;
+  /// `packed` holds the blocks.
+  template <class F>
+  void for_each_statistic_dimension(const T* packed, const F& f) const {
+    for (const auto& group : m_step->groups) {
+      const int units = int(group.units.size());
+      const std::int64_t elements = product(group.size, 0, int(group.size.size()));
+      const T* first = packed + m_step->packed_offset[group.units.front()];
+      for (std::size_t j = 0; j < group.dims.size(); ++j) {
+        const int d = group.dims[j];
+        f(StatisticDimension{first, units, int(group.size[std::size_t(d)]), group.first_slot + int(j) * units,
+                             elements, product(group.size, 0, d), product(group.size, d + 1, -1)});
+      }
+    }
+  }
+
   struct HostGram {
     const T* x;  // the block
     T* c;        // its statistic's slot
@@ -304,16 +309,16 @@ class BlockProducts {
                                   T* direction) {
     const auto& groups = m_step->groups;
     m_host_blocks.clear();
-    for (std::size_t g = 0; g < groups.size(); ++g)
-      for (int k = 0; k < int(groups[g].units.size()); ++k) m_host_blocks.push_back({int(g), k});
     double flops = 0;
-    for (const HostBlock& b : m_host_blocks) {
-      const auto& group = groups[std::size_t(b.group)];
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const auto& group = groups[g];
+      const int units = int(group.units.size());
+      for (int k = 0; k < units; ++k) m_host_blocks.push_back({int(g), k});
       const std::int64_t elements = product(group.size, 0, int(group.size.size()));
       for (int d : group.dims) {
         const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
-        m_launches += before > 1 && after > 1 ? long(before) : 1;
-        flops += 2.0 * double(group.size[std::size_t(d)]) * double(elements);
+        m_launches += long(units) * (before > 1 && after > 1 ? long(before) : 1);
+        flops += double(units) * 2.0 * double(group.size[std::size_t(d)]) * double(elements);
       }
     }
     m_flops += flops;
