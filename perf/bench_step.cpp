@@ -7,6 +7,7 @@
 
 #include <lather/comm/mesh.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/impl/host_threads.hpp>
 #include <lather/core/parameters.hpp>
 #include <lather/optim/first_order.hpp>
 #include <lather/optim/muon.hpp>
@@ -96,11 +97,8 @@ void run_step(const StepBenchOptions& o) {
   const Space space;
   // The threads Shampoo's products take on a host backend (optim::Impl::host_threads): the GEMM
   // baseline below shares its batch out among as many.
-  const int node_share = mesh.world().node_occupancy().cpu_share();
-  const int backend_threads = lather::Impl::runs_on_host<Space> ? int(space.concurrency()) : 1;
-  const int product_threads = shampoo_options.product_host_threads > 0 ? shampoo_options.product_host_threads
-                              : backend_threads > 1                      ? backend_threads
-                                                                         : node_share;
+  const int product_threads = lather::Impl::host_threads_for(space, shampoo_options.product_host_threads,
+                                                             mesh.world().node_occupancy().cpu_share());
 
   for (const auto& set : o.sets) {
     const auto specs = parameter_specs_of(doc, set, path);

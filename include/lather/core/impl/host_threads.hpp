@@ -23,6 +23,19 @@ namespace lather::Impl {
 /// development VM, and 20 MFLOP take one BLAS thread 0.1-0.25 ms at Shampoo's sizes.
 inline constexpr double flops_per_host_thread = 20e6;
 
+/// How many host threads take a rank's host work (roots, products, refreshes): `asked` where it
+/// is set (above 0); else the threads of `space` where it is a threaded host backend (OpenMP,
+/// Threads: concurrency() above 1), which then run it; else `node_share`, the CPUs the rank has to
+/// itself on its node (comm::NodeOccupancy::cpu_share).
+template <class ExecutionSpace>
+int host_threads_for(const ExecutionSpace& space, int asked, int node_share) {
+  if (asked > 0) return asked;
+  if constexpr (runs_on_host<ExecutionSpace>) {
+    if (space.concurrency() > 1) return int(space.concurrency());
+  }
+  return node_share;
+}
+
 /// The host threads that share out `items` products of `flops` in all: `threads`, no more than
 /// the items, and where `by_work` (a count chosen for them) no more than the flops pay for.
 inline int host_threads_for_products(int threads, bool by_work, std::size_t items, double flops) {

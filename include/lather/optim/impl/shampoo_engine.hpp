@@ -16,6 +16,7 @@
 #include <lather/comm/group.hpp>
 #include <lather/comm/impl/node_window.hpp>
 #include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/impl/host_threads.hpp>
 #include <lather/optim/impl/block_products.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/root_exchange.hpp>
@@ -42,23 +43,23 @@ struct HostThreads {
   bool products_by_work = false;  ///< fewer where a step's products are too small for them (automatic)
 };
 
-/// options.root.host_threads and options.product_host_threads, each where it is 0 the CPUs this
-/// rank has to itself on its node (the CPUs the node's ranks of both groups are bound to, shared
-/// among them), or on a threaded host backend (`backend_threads`, its concurrency, above 1) that
-/// backend's threads, which run them. Collective over both groups, whatever the options
-/// say: Shampoo's constructor calls it on every rank before anything that may fail on one rank
-/// only (or differ between ranks, as a rank given other options would) can part the ranks.
-inline HostThreads host_threads(const ShampooOptions& options, const comm::Group& group, const comm::Group& shards,
-                                int backend_threads) {
+/// options.root.host_threads and options.product_host_threads, each where it is 0 the threads of
+/// `space` where it is a threaded host backend, else the CPUs this rank has to itself on its node
+/// (the CPUs the node's ranks of both groups are bound to, shared among them; see
+/// host_threads_for). Collective over both groups, whatever the options say: Shampoo's
+/// constructor calls it on every rank before anything that may fail on one rank only (or differ
+/// between ranks, as a rank given other options would) can part the ranks.
+template <class ExecutionSpace>
+HostThreads host_threads(const ShampooOptions& options, const comm::Group& group, const comm::Group& shards,
+                         const ExecutionSpace& space) {
   const comm::NodeOccupancy on_node = group.node_occupancy(), shards_on_node = shards.node_occupancy();
   comm::NodeOccupancy both = on_node;  // the node's ranks of both groups, on the CPUs of either
   both.ranks *= shards_on_node.ranks;
   both.cpus = std::max(on_node.cpus, shards_on_node.cpus);
   const int share = both.cpu_share();
-  const int automatic = backend_threads > 1 ? backend_threads : share;
-  return {options.root.host_threads > 0 ? options.root.host_threads : automatic,
-          options.product_host_threads > 0 ? options.product_host_threads : automatic,
-          options.product_host_threads == 0};
+  using ::lather::Impl::host_threads_for;
+  return {host_threads_for(space, options.root.host_threads, share),
+          host_threads_for(space, options.product_host_threads, share), options.product_host_threads == 0};
 }
 
 template <class ExecutionSpace, class Scalar>

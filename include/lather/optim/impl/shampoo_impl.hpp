@@ -22,8 +22,7 @@ Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vecto
     : Optimizer<ExecutionSpace, Scalar>(std::move(parameters), typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()) {
   // The one collective that does not wait for the agreement below: every rank reaches it, before
   // anything that may throw on one rank only.
-  const int backend_threads = ::lather::Impl::runs_on_host<ExecutionSpace> ? int(space.concurrency()) : 1;
-  const Impl::HostThreads threads = Impl::host_threads(options, group, shards, backend_threads);
+  const Impl::HostThreads threads = Impl::host_threads(options, group, shards, space);
   const auto setup = [&] {
     ::lather::Impl::fault_point("shampoo.construct");
     this->validate_parameters();  // the engine validates the options

@@ -82,12 +82,9 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
   const int ranks = m_group.size(), rank = m_group.rank();
   // The one collective that does not wait for the agreement below (every rank reaches it before
   // anything that may throw on one rank only): the refresh's host threads.
-  const int node_share = m_group.node_occupancy().cpu_share();
-  const int backend_threads = ::lather::Impl::runs_on_host<ExecutionSpace> ? int(space.concurrency()) : 1;
+  m_host_threads = ::lather::Impl::host_threads_for(space, m_options.host_threads,
+                                                    m_group.node_occupancy().cpu_share());
   m_host_threads_by_work = m_options.host_threads == 0;
-  m_host_threads = m_options.host_threads > 0 ? m_options.host_threads
-                      : backend_threads > 1      ? backend_threads
-                                                 : node_share;
   const auto setup = [&] {
     this->validate_parameters();
     m_options.validate();
