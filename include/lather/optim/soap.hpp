@@ -246,7 +246,6 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   std::vector<std::int64_t> m_local_packed, m_local_factors;  // per rank: sizes of its share
   comm::Group m_group;
   int m_host_threads = 1;  // host threads of the products and refreshes (SoapOptions::host_threads)
-  bool m_host_threads_by_work = true;  // automatic: the products' threads follow their flops
   // This rank's share, in its local layout.
   Buffer m_exp_avg, m_exp_avg_sq, m_factors, m_bases;
   Buffer m_gradient, m_update, m_scratch_a;  // workspace

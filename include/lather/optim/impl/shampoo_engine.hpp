@@ -40,7 +40,6 @@ namespace lather::optim::Impl {
 struct HostThreads {
   int roots = 1;     ///< for the eigh roots
   int products = 1;  ///< sharing out the blocks' products on a host backend
-  bool products_by_work = false;  ///< fewer where a step's products are too small for them (automatic)
 };
 
 /// options.root.host_threads and options.product_host_threads, each where it is 0 the threads of
@@ -59,7 +58,7 @@ HostThreads host_threads(const ShampooOptions& options, const comm::Group& group
   const int share = both.cpu_share();
   using ::lather::Impl::host_threads_for;
   return {host_threads_for(space, options.root.host_threads, share),
-          host_threads_for(space, options.product_host_threads, share), options.product_host_threads == 0};
+          host_threads_for(space, options.product_host_threads, share)};
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -126,7 +125,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
                                      m_options.async_roots_in_background;
     m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(
         space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(),
-        roots_in_background ? 1 : threads.products, threads.products_by_work);
+        roots_in_background ? 1 : threads.products, m_options.product_host_threads == 0);
   }
 
   // ---------------------------------------------------------------------------------------------

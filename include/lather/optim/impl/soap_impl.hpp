@@ -84,7 +84,6 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
   // anything that may throw on one rank only): the refresh's host threads.
   m_host_threads = ::lather::Impl::host_threads_for(space, m_options.host_threads,
                                                     m_group.node_occupancy().cpu_share());
-  m_host_threads_by_work = m_options.host_threads == 0;
   const auto setup = [&] {
     this->validate_parameters();
     m_options.validate();

@@ -19,7 +19,7 @@ void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const Sha
   const auto& size = c.size;
   const std::int64_t count = std::int64_t(c.blocks.size()), elements = c.elements;
   const int threads = m_host_threads;  // on a host backend (gemm_strided_batched)
-  const bool by_work = m_host_threads_by_work;
+  const bool by_work = m_options.host_threads == 0;  // automatic: as many as the flops pay for
   Scalar* in = from;
   Scalar* out = scratch;
   for (std::size_t d = 0; d < size.size(); ++d) {
@@ -65,7 +65,7 @@ void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& spac
   const auto& size = c.size;
   const std::int64_t count = std::int64_t(c.blocks.size()), elements = c.elements;
   const int threads = m_host_threads;  // on a host backend (gemm_strided_batched)
-  const bool by_work = m_host_threads_by_work;
+  const bool by_work = m_options.host_threads == 0;  // automatic: as many as the flops pay for
   for (std::size_t d = 0; d < size.size(); ++d) {
     if (c.factor[d] < 0) continue;
     const int n = int(size[d]);
