@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -459,6 +460,52 @@ TEST(HostThreads, EveryItemOnceAndFailuresReachTheCaller) {
                      }),
                  std::runtime_error)
         << "variant " << variant;
+  }
+}
+
+// The threads kept between calls (kept_host_threads.hpp) serve call after call with any thread
+// count; two callers at once, and a call from inside an item, are served too (one of them by
+// threads started for it, as the kept ones are at work): every item once in each call, with a
+// thread index below the count, and the kept threads still serve after an item threw. A kept
+// thread that missed a call, or took a call's part twice, would show up as an item taken 0 or 2
+// times or as a call that never returns (ctest's timeout).
+TEST(HostThreads, KeptThreadsServeCallAfterCallAndCallersAtOnce) {
+  using lather::Impl::for_each_on_host_threads;
+  const auto check_call = [](int threads, std::size_t count) {
+    std::vector<std::atomic<int>> taken(count);
+    std::atomic<int> bad_thread{0};
+    for_each_on_host_threads(threads, count, [&](int thread, std::size_t k) {
+      if (thread < 0 || thread >= threads) ++bad_thread;
+      ++taken[k];
+    });
+    int wrong = bad_thread.load();
+    for (std::size_t k = 0; k < count; ++k) wrong += taken[k].load() != 1;
+    return wrong;
+  };
+  int wrong = 0;
+  for (int call = 0; call < 300; ++call) wrong += check_call(1 + call % 4, std::size_t(1 + call % 37));
+  EXPECT_EQ(wrong, 0) << "one caller";
+
+  std::atomic<int> wrong_at_once{0};
+  const auto caller = [&](int threads) {
+    for (int call = 0; call < 200; ++call) wrong_at_once += check_call(threads, 64);
+  };
+  std::thread other(caller, 3);
+  caller(2);
+  other.join();
+  EXPECT_EQ(wrong_at_once.load(), 0) << "two callers at once";
+
+  std::atomic<int> inner_wrong{0};
+  for_each_on_host_threads(2, 6, [&](int, std::size_t) { inner_wrong += check_call(2, 16); });
+  EXPECT_EQ(inner_wrong.load(), 0) << "calls from inside items";
+
+  for (std::size_t failing : {std::size_t(0), std::size_t(5)}) {
+    EXPECT_THROW(for_each_on_host_threads(2, 8,
+                                          [&](int, std::size_t k) {
+                                            if (k == failing) throw std::runtime_error("failed");
+                                          }),
+                 std::runtime_error);
+    EXPECT_EQ(check_call(3, 40), 0) << "after item " << failing << " threw";
   }
 }
 

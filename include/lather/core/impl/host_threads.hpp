@@ -4,6 +4,7 @@
 // blocks' products on a host backend. Each thread takes the next item until none is left, so
 // where an item's result goes is fixed by the item, not by the thread that took it.
 
+#include <lather/core/impl/kept_host_threads.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -74,21 +75,25 @@ class SharedItems {
 
 /// Calls item(thread, k) for every k in [0, count) on `threads` host threads at once (this one is
 /// thread 0; per-thread state indexed by `thread` needs `threads` entries) and returns once every
-/// thread has. Where the system starts fewer threads, those started and this one take every item.
-/// An exception stops the others after their current item and is rethrown here after they all
-/// returned (the first thread's, where several threw). `item` must make no Kokkos call.
+/// thread has: the process's kept threads (kept_host_threads.hpp), or threads started for the
+/// call where those are at work for another caller. Where the system starts fewer threads, those
+/// started and this one take every item. An exception stops the others after their current item
+/// and is rethrown here after they all returned (the first thread's, where several threw).
+/// `item` must make no Kokkos call.
 template <class Item>
 void for_each_on_host_threads(int threads, std::size_t count, const Item& item) {
   threads = std::max(1, threads);
   SharedItems<Item> items(item, count, threads);
-  std::vector<std::thread> pool;
-  try {
-    for (int thread = 1; thread < threads; ++thread) pool.emplace_back([&items, thread] { items.work(thread); });
-  } catch (const std::system_error&) {
-    // Fewer threads than asked for: joined below like the others.
+  if (!run_on_kept_host_threads(threads, [&items](int thread) { items.work(thread); })) {
+    std::vector<std::thread> pool;
+    try {
+      for (int thread = 1; thread < threads; ++thread) pool.emplace_back([&items, thread] { items.work(thread); });
+    } catch (const std::system_error&) {
+      // Fewer threads than asked for: joined below like the others.
+    }
+    items.work(0);
+    for (auto& thread : pool) thread.join();
   }
-  items.work(0);
-  for (auto& thread : pool) thread.join();
   items.rethrow();
 }
 
