@@ -94,6 +94,7 @@ struct Mode {
   optim::PreconditionerType side = optim::PreconditionerType::all;
   bool async_roots = false;
   bool mpi_gather = false;  // the parameter all-gather through MPI even on one node
+  int host_threads = 0;     // product_host_threads (0: from the node; the element-wise passes follow)
 };
 
 class DistributedShampoo : public ::testing::TestWithParam<Mode> {};
@@ -125,6 +126,7 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
   }
   o.root.workspace_bytes = 8 << 10;  // several root chunks and gram batches
   o.shared_memory_gather = !mode.mpi_gather;
+  o.product_host_threads = mode.host_threads;
   const comm::Mesh mesh(MPI_COMM_WORLD, mode.shards);
   const auto specs = local_specs(mode.shards, mesh.shard());
   optim::Shampoo<Space, float> distributed(Space(), specs, o, mesh);
@@ -198,7 +200,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"replicated_async_roots", StepMode::replicated, true, false, 1,
                            optim::PreconditionerType::all, true},
                       Mode{"distributed_async_roots", StepMode::distributed, true, false, 1,
-                           optim::PreconditionerType::all, true}),
+                           optim::PreconditionerType::all, true},
+                      // On a serial host backend the products and the element-wise passes (the
+                      // gathered parameters' scatter among them) on 3 host threads.
+                      Mode{"distributed_quantized_host_threads3", StepMode::distributed, true, true, 1,
+                           optim::PreconditionerType::all, false, false, 3}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A NaN or Inf in one rank's gradient only (replicas should agree, but nothing may hang when they

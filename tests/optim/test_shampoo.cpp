@@ -276,7 +276,9 @@ TEST(Shampoo, RootHostThreadsDoNotChangeTheTrajectory) {
 // The blocks' statistics and preconditioning products shared out among host threads
 // (product_host_threads; 0 picks from the node) leave the trajectory bit for bit what one thread
 // gives, whatever the BLAS's own thread count: each block's products are the same BLAS calls
-// whichever thread makes them. 8 steps, one-sided and not, of two models: blocks of mixed small
+// whichever thread makes them. So do the element-wise passes (pack, graft, update), whose units
+// the same threads share out on a serial backend (run_units): a unit's runs and sums are those
+// of a team of one. 8 steps, one-sided and not, of two models: blocks of mixed small
 // sizes (statistics of the stack's full size and smaller ones, in place in their slots) with a
 // rank-3 tensor (the products over its middle dimension loop over the leading index); and blocks
 // of 128 and 72, sizes at which OpenBLAS splits a product over its threads; dense and quantized
@@ -335,6 +337,15 @@ TEST(Shampoo, ProductThreadsFollowTheWork) {
   EXPECT_EQ(product_threads(3, false, 100, 10.0), 3);  // a count that is set is used as it is
   EXPECT_EQ(product_threads(3, false, 2, 10.0), 2);
   EXPECT_EQ(product_threads(3, false, 0, 0.0), 1);
+  // The element-wise passes: one thread per 65,536 values when automatic.
+  const auto pass_threads = [](int threads, bool by_work, std::size_t units, double values) {
+    return lather::Impl::host_threads_for_work(threads, by_work, units, values, lather::Impl::values_per_host_thread);
+  };
+  EXPECT_EQ(pass_threads(2, true, 400, 5256704), 2);  // the transformer set
+  EXPECT_EQ(pass_threads(16, true, 400, 535818), 8);  // the MLP
+  EXPECT_EQ(pass_threads(16, true, 400, 4000), 1);    // the tests' small models
+  EXPECT_EQ(pass_threads(3, false, 400, 4000), 3);    // asked for: as asked
+  EXPECT_EQ(pass_threads(3, false, 2, 4000), 2);      // no more than the units
 }
 
 // Skipped parameters follow the graft in closed form. First step, SGD graft, beta1 = 0.9,

@@ -20,8 +20,9 @@
 namespace lather::Impl {
 
 /// Products shared out among host threads give each thread at least this many flops where the
-/// count is chosen for them: starting a thread and joining it cost 26-58 us on the 2-CPU
-/// development VM, and 20 MFLOP take one BLAS thread 0.1-0.25 ms at Shampoo's sizes.
+/// count is chosen for them: 20 MFLOP take one BLAS thread 0.1-0.25 ms at Shampoo's sizes, against
+/// 26-58 us to start and join a thread on the 2-CPU development VM (the floor was set then; the
+/// kept threads of a serial backend now cost about 5 us a call, 28-30 us where started).
 inline constexpr double flops_per_host_thread = 20e6;
 
 /// How many host threads take a rank's host work (roots, products, refreshes): `asked` where it
@@ -37,12 +38,23 @@ int host_threads_for(const ExecutionSpace& space, int asked, int node_share) {
   return node_share;
 }
 
-/// The host threads that share out `items` products of `flops` in all: `threads`, no more than
-/// the items, and where `by_work` (a count chosen for them) no more than the flops pay for.
-inline int host_threads_for_products(int threads, bool by_work, std::size_t items, double flops) {
+/// Element-wise passes shared out among host threads give each thread at least this many values
+/// where the count is chosen for them: a pass over 2^16 values streams 0.5-2.4 MB (2 to 9
+/// arrays), 10-40 us on one thread of the development VM, against about 5 us a call for the kept
+/// threads.
+inline constexpr double values_per_host_thread = 65536;
+
+/// The host threads that share out `items` pieces of `work` in all: `threads`, no more than the
+/// items, and where `by_work` (a count chosen for them) no more than one per `work_per_thread`.
+inline int host_threads_for_work(int threads, bool by_work, std::size_t items, double work, double work_per_thread) {
   int out = int(std::min<std::size_t>(std::size_t(std::max(1, threads)), std::max<std::size_t>(items, 1)));
-  if (by_work) out = std::min(out, std::max(1, int(flops / flops_per_host_thread)));
+  if (by_work) out = std::min(out, std::max(1, int(work / work_per_thread)));
   return out;
+}
+
+/// The host threads that share out `items` products of `flops` in all (host_threads_for_work).
+inline int host_threads_for_products(int threads, bool by_work, std::size_t items, double flops) {
+  return host_threads_for_work(threads, by_work, items, flops, flops_per_host_thread);
 }
 
 /// The items of one call shared out among threads: each thread takes the next item until none
@@ -100,7 +112,7 @@ void for_each_on_host_threads(int threads, std::size_t count, const Item& item) 
 /// The same, on the threads of `space` where it is a host execution space with several (OpenMP,
 /// Threads: concurrency() above 1), which sit where the user placed and pinned them: one team of
 /// one per thread (`threads` teams), each taking the next item until none is left. Elsewhere
-/// (Serial, a device) on threads started for the call, as above. `item` runs inside a Kokkos
+/// (Serial, a device) on the kept threads or threads started for the call, as above. `item` runs inside a Kokkos
 /// parallel region there: it must make no Kokkos call, as above.
 template <class ExecutionSpace, class Item>
 void for_each_on_host_threads(const ExecutionSpace& space, int threads, std::size_t count, const Item& item) {

@@ -188,7 +188,7 @@ class BlockProducts {
   /// item(thread, i) for i < count on the host threads (thread < at most `most`), each running one
   /// BLAS thread; in this thread alone, with the BLAS's own threads, where one would do. `flops`:
   /// the work of all the items. A threaded host backend (OpenMP, Threads) lends its own threads,
-  /// where the user placed and pinned them; a serial one, threads started for the phase.
+  /// where the user placed and pinned them; a serial one, the process's kept threads.
   template <class Item>
   void on_host_threads(const ExecutionSpace& space, std::size_t count, double flops, int most, const Item& item) const {
     const int threads =

@@ -110,6 +110,14 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
                       m_step_plan.root_owner[s], 0.0, 0, 0, 0};
     for (int s : m_plan.local_statistics)
       if (m_step_plan.root_owner[s] == m_group.rank()) m_mine.push_back(s);
+    // Asynchronous roots in the background on a host backend make LAPACK calls while the step
+    // runs, on the BLAS's thread count as it stands at each call (and dsyevd rounds otherwise on
+    // 1 thread than on 2): host threads for the products, which set the count to 1 for their
+    // phase, would make the roots depend on timing. There the products keep to this thread, and
+    // so do the element-wise passes, the roots' threads having the CPUs.
+    const bool roots_in_background = ::lather::Impl::runs_on_host<ExecutionSpace> && m_options.async_roots &&
+                                     m_options.async_roots_in_background;
+    m_step_threads = roots_in_background ? 1 : threads.products;
     allocate_stores(space);
     allocate_state(space);
     m_roots = std::make_unique<RootPhase<ExecutionSpace, T>>(space, m_options, m_plan.max_size, int(m_mine.size()),
@@ -117,15 +125,9 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     if (m_options.async_roots)
       m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(
           m_options, async_root_threads<memory_space>(m_options, threads.roots));
-    // Asynchronous roots in the background on a host backend make LAPACK calls while the step
-    // runs, on the BLAS's thread count as it stands at each call (and dsyevd rounds otherwise on
-    // 1 thread than on 2): host threads for the products, which set the count to 1 for their
-    // phase, would make the roots depend on timing. There the products keep to this thread.
-    const bool roots_in_background = ::lather::Impl::runs_on_host<ExecutionSpace> && m_options.async_roots &&
-                                     m_options.async_roots_in_background;
-    m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(
-        space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(),
-        roots_in_background ? 1 : threads.products, m_options.product_host_threads == 0);
+    m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(space, m_plan, m_step_plan,
+                                                                    m_options.root.workspace_bytes, quantized(),
+                                                                    m_step_threads, m_options.product_host_threads == 0);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -141,7 +143,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     // with the norms, its message in the agreement below).
     std::string local_error = ::lather::Impl::local_failure("shampoo.pack", [&] {
       pack_gradients<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_gradients.device(),
-                                                              m_parameter_scalars, m_packed, m_packed_t, m_unit_norms);
+                                                              m_parameter_scalars, m_packed, m_packed_t, m_unit_norms,
+                                                              m_mine_threads);
     });
     phases.end("pack");
     const AgreedNorms gradient = parameter_norms(space, !local_error.empty());
@@ -203,7 +206,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     set_gradient_scales(space, gradient_norm2);
     const auto graft = [&] {
       graft_and_norms<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, c, m_parameter_scalars,
-                                                               m_direction, m_diagonal, m_packed, m_unit_norms);
+                                                               m_direction, m_diagonal, m_packed, m_unit_norms, m_mine_threads);
     };
     std::string share_error;
     if (m_step_plan.distributed)
@@ -244,7 +247,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
                                                                                                    m_step_plan.my_elements()))))
                                : V1<Scalar>();
     update_parameters<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_values.device(),
-                                                               m_parameter_scalars, element, own);
+                                                               m_parameter_scalars, element, own, m_mine_threads);
     std::swap(m_scales[0], m_scales[1]);  // the new scales are the current ones from here on
     phases.end("update");
     if (m_step_plan.distributed) {
@@ -258,7 +261,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
         m_group.allgatherv(space, V1<const Scalar>(own), m_gathered, part_counts());
       }
       phases.end("communication");
-      scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, m_others_table, m_values.device(), m_gathered);
+      scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, m_others_table, m_values.device(), m_gathered,
+                                                            m_others_threads);
       phases.end("update");
     }
     ++m_step;
@@ -383,6 +387,9 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
 
   // The units this rank updates (packed order) and, distributed, the others' in gather order.
   UnitTable<memory_space> m_mine_table, m_others_table;
+  // Host threads: the step's products' (see the constructor) and, out of those, the element-wise
+  // passes' over each table's units (run_units).
+  int m_step_threads = 1, m_mine_threads = 1, m_others_threads = 1;
   PointerTable<Scalar, memory_space> m_values, m_gradients;
   std::vector<ParameterScalars<Scalar>> m_parameter_scalars_host;
   V1<ParameterScalars<Scalar>> m_parameter_scalars;

@@ -58,6 +58,11 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
     if (unit.block >= 0) preconditioned = std::max(preconditioned, step.packed_offset[u] + unit.elements);
   }
   m_mine_table = make_unit_table(space, m_plan, step, step.mine(), packed, state);
+  const auto pass_threads = [&](std::size_t units, std::int64_t values) {
+    return ::lather::Impl::host_threads_for_work(m_step_threads, m_options.product_host_threads == 0, units,
+                                                 double(values), ::lather::Impl::values_per_host_thread);
+  };
+  m_mine_threads = pass_threads(step.mine().size(), step.my_elements());
   alloc(m_unit_norms, "unit_norms", std::max<std::int64_t>(1, std::int64_t(step.mine().size())));
   m_unit_norms_host = Kokkos::create_mirror_view(m_unit_norms);
 
@@ -93,6 +98,7 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
       displacement += step.part_elements[part];
     }
     m_others_table = make_unit_table(space, m_plan, step, others, at, std::vector<std::int64_t>(others.size(), 0));
+    m_others_threads = pass_threads(others.size(), displacement - step.my_elements());
     scratch(m_gathered, "gathered_parameters", displacement);
   }
   upload_parameter_scalars(space);

@@ -7,6 +7,7 @@
 // parameters are reached through a table of their pointers.
 
 #include <lather/core/error.hpp>
+#include <lather/core/impl/host_threads.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
 
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace lather::optim::Impl {
@@ -133,6 +135,15 @@ KOKKOS_INLINE_FUNCTION std::int64_t row_start(const UnitTable<MemorySpace>& t, i
   return flat;
 }
 
+/// A unit taken whole by a host thread, outside any Kokkos parallel region: where a serial host
+/// backend shares a pass's units out among host threads (run_units), each pass body is called
+/// with one of these instead of a team member. Its runs are walked, and summed, in the order a
+/// host team of one walks them, so a unit's results do not depend on who took it.
+struct HostUnit {
+  int k;
+  KOKKOS_INLINE_FUNCTION int league_rank() const { return k; }
+};
+
 /// Calls f(packed, flat, count) over the elements of unit k of the table in runs: packed indices
 /// packed .. packed + count - 1 and flat indices flat .. flat + count - 1 are one run. On the host
 /// a run is a row of the box (or a piece of a range), a loop the pass writes with restrict
@@ -220,6 +231,66 @@ KOKKOS_INLINE_FUNCTION Sums2 reduce_unit_runs(const Member& member, const UnitTa
       },
       Kokkos::Sum<Sums2>(total));
   return total;
+}
+
+/// for_unit_runs for a unit a host thread took (run_units): the host team's runs above, one after
+/// another.
+template <class ExecutionSpace, class MemorySpace, class F>
+void for_unit_runs(const HostUnit&, const UnitTable<MemorySpace>& t, int k, const F& f) {
+  using Table = UnitTable<MemorySpace>;
+  static_assert(::lather::Impl::runs_on_host<ExecutionSpace>, "a HostUnit is taken on the host only");
+  const std::int64_t packed = t.units(k, Table::packed);
+  const int rank = int(t.units(k, Table::rank));
+  const std::int64_t elements = t.units(k, Table::elements);
+  if (rank == 0) {
+    const std::int64_t begin = t.units(k, Table::begin);
+    constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
+    for (std::int64_t e = 0; e < elements; e += run) f(packed + e, begin + e, e + run < elements ? run : elements - e);
+    return;
+  }
+  const int p = int(t.units(k, Table::parameter));
+  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
+  for (std::int64_t row = 0; row < elements / last; ++row) f(packed + row * last, row_start(t, k, p, rank, row), last);
+}
+
+/// reduce_unit_runs for a unit a host thread took: a host team of one sums its runs into one
+/// value from zero, in order, and so does this.
+template <class ExecutionSpace, class MemorySpace, class F>
+Sums2 reduce_unit_runs(const HostUnit& unit, const UnitTable<MemorySpace>& t, int k, const F& f) {
+  Sums2 total(0, 0);
+  for_unit_runs<ExecutionSpace>(unit, t, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) { f(i, flat, n, total); });
+  return total;
+}
+
+/// f() once for the unit: by one member of a team, or by the host thread that took it.
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION void once_per_unit(const Member& member, const F& f) {
+  if constexpr (std::is_same<Member, HostUnit>::value)
+    f();
+  else
+    Kokkos::single(Kokkos::PerTeam(member), f);
+}
+
+/// pass(member) for every unit of a table of `count`: one team per unit, or on a serial host
+/// backend, where `host_threads` is above 1, pass(HostUnit{k}) with the units shared out among
+/// that many host threads (a threaded backend's teams already run on its threads). The units'
+/// results do not depend on the thread count. `pass` must write nothing another unit writes and,
+/// on host threads, make no Kokkos call (so no atomics: Kokkos's may be plain operations in a
+/// build without a threaded backend).
+template <class ExecutionSpace, class Pass>
+void run_units(const ExecutionSpace& space, const char* name, int count, int host_threads, const Pass& pass) {
+  if (count <= 0) return;
+  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
+    if (host_threads > 1 && count > 1 && space.concurrency() == 1) {
+      ::lather::Impl::fence(space, name);
+      ::lather::Impl::for_each_on_host_threads(host_threads, std::size_t(count),
+                                               [&](int, std::size_t k) { pass(HostUnit{int(k)}); });
+      return;
+    }
+  }
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Kokkos::parallel_for(name, Kokkos::TeamPolicy<ExecutionSpace>(space, count, Kokkos::AUTO),
+                       KOKKOS_LAMBDA(const member_type& member) { pass(member); });
 }
 
 /// The sum of x[k]^2 for k < n in double, in eight interleaved partial sums (a fixed order, so the

@@ -9,12 +9,17 @@
 //   scatter  packed values -> parameters.
 // Each pass works on runs of elements (shampoo_kernels.hpp: a row of a block on the host, one
 // element per lane on a device) with the scalars in locals and restrict pointers, so that the
-// host loops vectorise. Free functions: their lambdas are device-safe under nvcc.
+// host loops vectorise. A pass is a functor over one unit, called with a team member, or on a
+// serial host backend with a HostUnit by the host threads that share the units out (run_units):
+// one body either way (nvcc rejects a generic __host__ __device__ lambda). column_maxima, whose
+// atomics have to be Kokkos's, stays a lambda in teams.
 
 #include <lather/optim/impl/shampoo_kernels.hpp>
 #include <lather/optim/quantization.hpp>
 
 #include <Kokkos_Core.hpp>
+
+#include <type_traits>
 
 namespace lather::optim::Impl {
 
@@ -22,37 +27,49 @@ template <class MemorySpace>
 using Norms = Kokkos::View<Sums2*, MemorySpace>;
 
 /// packed(i) = gradient, and (when `packed_t` is not empty) packed_t(i) = T(gradient) for the
-/// preconditioned units; norms(k).a = squared norm of unit k's gradient.
+/// preconditioned units; norms(k).a = squared norm of unit k's gradient. `host_threads`: see
+/// run_units.
+template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
+struct PackPass {
+  using Table = UnitTable<MemorySpace>;
+  Table table;
+  Kokkos::View<const std::uintptr_t*, MemorySpace> gradients;
+  Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace> per_parameter;
+  Kokkos::View<Scalar*, MemorySpace> packed;
+  Kokkos::View<T*, MemorySpace> packed_t;
+  Norms<MemorySpace> norms;
+  bool convert;
+
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
+    const int k = member.league_rank();
+    const int p = int(table.units(k, Table::parameter));
+    const Scalar* g = tensor<Scalar>(gradients(p));
+    const bool to_t = convert && per_parameter(p).preconditioned;
+    const Sums2 total =
+        reduce_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n, Sums2& s) {
+          const Scalar* KOKKOS_RESTRICT from = g + flat;
+          Scalar* KOKKOS_RESTRICT to = packed.data() + i;
+          for (std::int64_t e = 0; e < n; ++e) to[e] = from[e];
+          if (to_t) {
+            T* KOKKOS_RESTRICT to_t_ = packed_t.data() + i;
+            for (std::int64_t e = 0; e < n; ++e) to_t_[e] = T(from[e]);
+          }
+          s.a += sum_of_squares(from, n);
+        });
+    once_per_unit(member, [&] { norms(k) = total; });
+  }
+};
+
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
 void pack_gradients(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
                     const Kokkos::View<const std::uintptr_t*, MemorySpace>& gradients,
                     const Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace>& per_parameter,
                     const Kokkos::View<Scalar*, MemorySpace>& packed, const Kokkos::View<T*, MemorySpace>& packed_t,
-                    const Norms<MemorySpace>& norms) {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  using Table = UnitTable<MemorySpace>;
-  if (table.count == 0) return;
-  const bool convert = packed_t.extent(0) > 0;
-  Kokkos::parallel_for(
-      "Lather::Shampoo::pack", Kokkos::TeamPolicy<ExecutionSpace>(space, table.count, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const int k = member.league_rank();
-        const int p = int(table.units(k, Table::parameter));
-        const Scalar* g = tensor<Scalar>(gradients(p));
-        const bool to_t = convert && per_parameter(p).preconditioned;
-        const Sums2 total = reduce_unit_runs<ExecutionSpace>(
-            member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n, Sums2& s) {
-              const Scalar* KOKKOS_RESTRICT from = g + flat;
-              Scalar* KOKKOS_RESTRICT to = packed.data() + i;
-              for (std::int64_t e = 0; e < n; ++e) to[e] = from[e];
-              if (to_t) {
-                T* KOKKOS_RESTRICT to_t_ = packed_t.data() + i;
-                for (std::int64_t e = 0; e < n; ++e) to_t_[e] = T(from[e]);
-              }
-              s.a += sum_of_squares(from, n);
-            });
-        Kokkos::single(Kokkos::PerTeam(member), [&] { norms(k) = total; });
-      });
+                    const Norms<MemorySpace>& norms, int host_threads = 1) {
+  const PackPass<ExecutionSpace, Scalar, T, MemorySpace> pass{table,  gradients, per_parameter, packed,
+                                                              packed_t, norms,    packed_t.extent(0) > 0};
+  run_units(space, "Lather::Shampoo::pack", table.count, host_threads, pass);
 }
 
 /// The graft direction (before multipliers) replaces the packed gradient in `graft` (nothing
@@ -60,55 +77,67 @@ void pack_gradients(const ExecutionSpace& space, const UnitTable<MemorySpace>& t
 /// and the graft's diagonal statistics are updated in place; norms(k) = {squared norm of the
 /// graft, squared norm of the preconditioned direction (preconditioned units)}.
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
+struct GraftPass {
+  using Table = UnitTable<MemorySpace>;
+  Table table;
+  Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace> per_parameter;
+  Kokkos::View<const T*, MemorySpace> direction;
+  Kokkos::View<Scalar*, MemorySpace> diagonal, graft;
+  Norms<MemorySpace> norms;
+  int kind;  // GraftType: 0 sgd, 1 adagrad, 2 rmsprop, 3 rmsprop_normalized, 4 sqrt_n, 5 adagrad_normalized
+  Scalar w1, w2, eps;
+
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
+    const int k = member.league_rank();
+    const auto& pp = per_parameter(int(table.units(k, Table::parameter)));
+    const bool preconditioned = pp.preconditioned;
+    // The normalized grafts scale the gradient by 1 / |g|; the others leave it.
+    const Scalar scale = (kind == 3 || kind == 5) ? pp.gradient_scale : Scalar(1);
+    // AdaGrad sums the squares (weights 1, 1); RMSProp blends them (w1, w2).
+    const Scalar d1 = (kind == 1 || kind == 5) ? Scalar(1) : w1, d2 = (kind == 1 || kind == 5) ? Scalar(1) : w2;
+    const Scalar epsilon = eps;
+    const int graft_kind = kind;
+    const Sums2 total =
+        reduce_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t, std::int64_t n, Sums2& s) {
+          Scalar* KOKKOS_RESTRICT x = graft.data() + i;  // the gradient in, the graft out
+          if ((graft_kind >= 1 && graft_kind <= 3) || graft_kind == 5) {
+            Scalar* KOKKOS_RESTRICT diag = diagonal.data() + i;
+            if (scale == Scalar(1)) {
+              for (std::int64_t e = 0; e < n; ++e) {
+                const Scalar sg = x[e];
+                const Scalar d = d1 * diag[e] + d2 * sg * sg;
+                diag[e] = d;
+                x[e] = sg / (kmath::sqrt(d) + epsilon);
+              }
+            } else {
+              for (std::int64_t e = 0; e < n; ++e) {
+                const Scalar sg = x[e] * scale;
+                const Scalar d = d1 * diag[e] + d2 * sg * sg;
+                diag[e] = d;
+                x[e] = sg / (kmath::sqrt(d) + epsilon);
+              }
+            }
+          } else if (graft_kind == 4) {
+            for (std::int64_t e = 0; e < n; ++e)
+              x[e] = x[e] > Scalar(0) ? Scalar(1) : (x[e] < Scalar(0) ? Scalar(-1) : Scalar(0));
+          }
+          s.a += sum_of_squares(graft.data() + i, n);
+          if (preconditioned) s.b += sum_of_squares(direction.data() + i, n);
+        });
+    once_per_unit(member, [&] { norms(k) = total; });
+  }
+};
+
+template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
 void graft_and_norms(const ExecutionSpace& space, const UnitTable<MemorySpace>& table, const StepScalars<Scalar>& c,
                      const Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace>& per_parameter,
                      const Kokkos::View<const T*, MemorySpace>& direction, const Kokkos::View<Scalar*, MemorySpace>& diagonal,
-                     const Kokkos::View<Scalar*, MemorySpace>& graft, const Norms<MemorySpace>& norms) {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  using Table = UnitTable<MemorySpace>;
-  if (table.count == 0) return;
-  // GraftType: 0 sgd, 1 adagrad, 2 rmsprop, 3 rmsprop_normalized, 4 sqrt_n, 5 adagrad_normalized
-  const int kind = c.graft;
-  const Scalar w1 = c.w1, w2 = c.w2, eps = c.diagonal_epsilon;
-  Kokkos::parallel_for(
-      "Lather::Shampoo::graft", Kokkos::TeamPolicy<ExecutionSpace>(space, table.count, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const int k = member.league_rank();
-        const auto& pp = per_parameter(int(table.units(k, Table::parameter)));
-        const bool preconditioned = pp.preconditioned;
-        // The normalized grafts scale the gradient by 1 / |g|; the others leave it.
-        const Scalar scale = (kind == 3 || kind == 5) ? pp.gradient_scale : Scalar(1);
-        // AdaGrad sums the squares (weights 1, 1); RMSProp blends them (w1, w2).
-        const Scalar d1 = (kind == 1 || kind == 5) ? Scalar(1) : w1, d2 = (kind == 1 || kind == 5) ? Scalar(1) : w2;
-        const Sums2 total = reduce_unit_runs<ExecutionSpace>(
-            member, table, k, [&](std::int64_t i, std::int64_t, std::int64_t n, Sums2& s) {
-              Scalar* KOKKOS_RESTRICT x = graft.data() + i;  // the gradient in, the graft out
-              if ((kind >= 1 && kind <= 3) || kind == 5) {
-                Scalar* KOKKOS_RESTRICT diag = diagonal.data() + i;
-                if (scale == Scalar(1)) {
-                  for (std::int64_t e = 0; e < n; ++e) {
-                    const Scalar sg = x[e];
-                    const Scalar d = d1 * diag[e] + d2 * sg * sg;
-                    diag[e] = d;
-                    x[e] = sg / (kmath::sqrt(d) + eps);
-                  }
-                } else {
-                  for (std::int64_t e = 0; e < n; ++e) {
-                    const Scalar sg = x[e] * scale;
-                    const Scalar d = d1 * diag[e] + d2 * sg * sg;
-                    diag[e] = d;
-                    x[e] = sg / (kmath::sqrt(d) + eps);
-                  }
-                }
-              } else if (kind == 4) {
-                for (std::int64_t e = 0; e < n; ++e)
-                  x[e] = x[e] > Scalar(0) ? Scalar(1) : (x[e] < Scalar(0) ? Scalar(-1) : Scalar(0));
-              }
-              s.a += sum_of_squares(graft.data() + i, n);
-              if (preconditioned) s.b += sum_of_squares(direction.data() + i, n);
-            });
-        Kokkos::single(Kokkos::PerTeam(member), [&] { norms(k) = total; });
-      });
+                     const Kokkos::View<Scalar*, MemorySpace>& graft, const Norms<MemorySpace>& norms,
+                     int host_threads = 1) {
+  const GraftPass<ExecutionSpace, Scalar, T, MemorySpace> pass{
+      table, per_parameter, direction, diagonal, graft, norms, c.graft, c.w1, c.w2, c.diagonal_epsilon};
+  run_units(space, "Lather::Shampoo::graft", table.count, host_threads, pass);
 }
 
 /// The per-element update. For parameters whose momentum is int8, the momentum values are read
@@ -282,61 +311,85 @@ void column_maxima(const ExecutionSpace& space, const UnitTable<MemorySpace>& ta
 /// The update of every element of the table's units: new momentum stored, the parameters updated
 /// in place and, when `out` is not empty, the new values also written to out(packed index).
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
+struct UpdatePass {
+  using Table = UnitTable<MemorySpace>;
+  Table table;
+  Kokkos::View<const std::uintptr_t*, MemorySpace> values;
+  Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace> per_parameter;
+  UpdateElement<Scalar, T, MemorySpace> element;
+  Kokkos::View<Scalar*, MemorySpace> out;
+  bool copy_out;
+
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
+    const int k = member.league_rank();
+    const int p = int(table.units(k, Table::parameter));
+    const auto& pp = per_parameter(p);
+    Scalar* x = tensor<Scalar>(values(p));
+    const std::int64_t state = table.units(k, Table::state) - table.units(k, Table::packed);
+    for_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) {
+      Scalar* target = copy_out ? out.data() + i : nullptr;
+      if (!pp.quantized) {
+        element.update_float(pp, i, state + i, n, x + flat, target);
+        return;
+      }
+      std::int8_t* m1 = element.momentum_codes.data() + state + i;
+      std::int8_t* dm1 = element.diagonal_momentum_codes.data() + state + i;
+      element.for_quantized_run(pp, i, state + i, flat, n, x + flat, [&](std::int64_t e, Scalar m, Scalar dm, Scalar u) {
+        const std::int64_t column = pp.column_base + (flat + e) % pp.columns;
+        m1[e] = element.code(m, element.new_scales(column));
+        dm1[e] = element.code(dm, element.new_diagonal_scales(column));
+        const Scalar value = x[flat + e] + u;
+        x[flat + e] = value;
+        if (target) target[e] = value;
+      });
+    });
+  }
+};
+
+template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
 void update_parameters(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
                        const Kokkos::View<const std::uintptr_t*, MemorySpace>& values,
                        const Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace>& per_parameter,
-                       const UpdateElement<Scalar, T, MemorySpace>& element, const Kokkos::View<Scalar*, MemorySpace>& out) {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  using Table = UnitTable<MemorySpace>;
-  if (table.count == 0) return;
-  const bool copy_out = out.extent(0) > 0;
-  Kokkos::parallel_for(
-      "Lather::Shampoo::update", Kokkos::TeamPolicy<ExecutionSpace>(space, table.count, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const int k = member.league_rank();
-        const int p = int(table.units(k, Table::parameter));
-        const auto& pp = per_parameter(p);
-        Scalar* x = tensor<Scalar>(values(p));
-        const std::int64_t state = table.units(k, Table::state) - table.units(k, Table::packed);
-        for_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) {
-          Scalar* target = copy_out ? out.data() + i : nullptr;
-          if (!pp.quantized) {
-            element.update_float(pp, i, state + i, n, x + flat, target);
-            return;
-          }
-          std::int8_t* m1 = element.momentum_codes.data() + state + i;
-          std::int8_t* dm1 = element.diagonal_momentum_codes.data() + state + i;
-          element.for_quantized_run(pp, i, state + i, flat, n, x + flat, [&](std::int64_t e, Scalar m, Scalar dm, Scalar u) {
-            const std::int64_t column = pp.column_base + (flat + e) % pp.columns;
-            m1[e] = element.code(m, element.new_scales(column));
-            dm1[e] = element.code(dm, element.new_diagonal_scales(column));
-            const Scalar value = x[flat + e] + u;
-            x[flat + e] = value;
-            if (target) target[e] = value;
-          });
-        });
-      });
+                       const UpdateElement<Scalar, T, MemorySpace>& element, const Kokkos::View<Scalar*, MemorySpace>& out,
+                       int host_threads = 1) {
+  const UpdatePass<ExecutionSpace, Scalar, T, MemorySpace> pass{table, values, per_parameter, element, out,
+                                                                out.extent(0) > 0};
+  run_units(space, "Lather::Shampoo::update", table.count, host_threads, pass);
 }
+
+/// values(flat) = packed(packed index) for every element of the table's units (Gather false), or
+/// the inverse, packed(packed index) = values(flat) (Gather true: state arrays in and out of
+/// checkpoints).
+template <class ExecutionSpace, class Scalar, class Packed, class MemorySpace, bool Gather>
+struct CopyPass {
+  using Table = UnitTable<MemorySpace>;
+  Table table;
+  Kokkos::View<const std::uintptr_t*, MemorySpace> values;
+  Kokkos::View<std::conditional_t<Gather, Packed, const Packed>*, MemorySpace> packed;
+
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
+    const int k = member.league_rank();
+    Scalar* x = tensor<Scalar>(values(int(table.units(k, Table::parameter))));
+    for_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) {
+      Scalar* KOKKOS_RESTRICT v = x + flat;
+      auto* KOKKOS_RESTRICT q = packed.data() + i;
+      if constexpr (Gather)
+        for (std::int64_t e = 0; e < n; ++e) q[e] = Packed(v[e]);
+      else
+        for (std::int64_t e = 0; e < n; ++e) v[e] = Scalar(q[e]);
+    });
+  }
+};
 
 /// values(flat) = packed(packed index) for every element of the table's units.
 template <class ExecutionSpace, class Scalar, class Packed, class MemorySpace>
 void scatter(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
              const Kokkos::View<const std::uintptr_t*, MemorySpace>& values,
-             const Kokkos::View<const Packed*, MemorySpace>& packed) {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  using Table = UnitTable<MemorySpace>;
-  if (table.count == 0) return;
-  Kokkos::parallel_for(
-      "Lather::Shampoo::scatter", Kokkos::TeamPolicy<ExecutionSpace>(space, table.count, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const int k = member.league_rank();
-        Scalar* x = tensor<Scalar>(values(int(table.units(k, Table::parameter))));
-        for_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) {
-          Scalar* KOKKOS_RESTRICT to = x + flat;
-          const Packed* KOKKOS_RESTRICT from = packed.data() + i;
-          for (std::int64_t e = 0; e < n; ++e) to[e] = Scalar(from[e]);
-        });
-      });
+             const Kokkos::View<const Packed*, MemorySpace>& packed, int host_threads = 1) {
+  const CopyPass<ExecutionSpace, Scalar, Packed, MemorySpace, false> pass{table, values, packed};
+  run_units(space, "Lather::Shampoo::scatter", table.count, host_threads, pass);
 }
 
 /// packed(packed index) = values(flat): the inverse of scatter (state arrays in and out of
@@ -344,20 +397,8 @@ void scatter(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
 template <class ExecutionSpace, class Scalar, class Packed, class MemorySpace>
 void gather(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
             const Kokkos::View<const std::uintptr_t*, MemorySpace>& values, const Kokkos::View<Packed*, MemorySpace>& packed) {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  using Table = UnitTable<MemorySpace>;
-  if (table.count == 0) return;
-  Kokkos::parallel_for(
-      "Lather::Shampoo::gather", Kokkos::TeamPolicy<ExecutionSpace>(space, table.count, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const int k = member.league_rank();
-        const Scalar* x = tensor<Scalar>(values(int(table.units(k, Table::parameter))));
-        for_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) {
-          const Scalar* KOKKOS_RESTRICT from = x + flat;
-          Packed* KOKKOS_RESTRICT to = packed.data() + i;
-          for (std::int64_t e = 0; e < n; ++e) to[e] = Packed(from[e]);
-        });
-      });
+  const CopyPass<ExecutionSpace, Scalar, Packed, MemorySpace, true> pass{table, values, packed};
+  run_units(space, "Lather::Shampoo::gather", table.count, 1, pass);
 }
 
 }  // namespace lather::optim::Impl
