@@ -26,15 +26,22 @@ namespace lather::optim::Impl {
 template <class MemorySpace>
 using Norms = Kokkos::View<Sums2*, MemorySpace>;
 
+/// What a pass over the parameters' tensors reads: the units, the tensors (gradients or values)
+/// through their pointers, and the per-parameter scalars.
+template <class Scalar, class MemorySpace>
+struct TensorUnits {
+  using Table = UnitTable<MemorySpace>;
+  Table table;
+  Kokkos::View<const std::uintptr_t*, MemorySpace> tensors;
+  Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace> per_parameter;
+};
+
 /// packed(i) = gradient, and (when `packed_t` is not empty) packed_t(i) = T(gradient) for the
 /// preconditioned units; norms(k).a = squared norm of unit k's gradient. `host_threads`: see
 /// run_units.
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
-struct PackPass {
+struct PackPass : TensorUnits<Scalar, MemorySpace> {
   using Table = UnitTable<MemorySpace>;
-  Table table;
-  Kokkos::View<const std::uintptr_t*, MemorySpace> gradients;
-  Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace> per_parameter;
   Kokkos::View<Scalar*, MemorySpace> packed;
   Kokkos::View<T*, MemorySpace> packed_t;
   Norms<MemorySpace> norms;
@@ -42,6 +49,7 @@ struct PackPass {
 
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
+    const auto& [table, gradients, per_parameter] = static_cast<const TensorUnits<Scalar, MemorySpace>&>(*this);
     const int k = member.league_rank();
     const int p = int(table.units(k, Table::parameter));
     const Scalar* g = tensor<Scalar>(gradients(p));
@@ -67,8 +75,8 @@ void pack_gradients(const ExecutionSpace& space, const UnitTable<MemorySpace>& t
                     const Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace>& per_parameter,
                     const Kokkos::View<Scalar*, MemorySpace>& packed, const Kokkos::View<T*, MemorySpace>& packed_t,
                     const Norms<MemorySpace>& norms, int host_threads = 1) {
-  const PackPass<ExecutionSpace, Scalar, T, MemorySpace> pass{table,  gradients, per_parameter, packed,
-                                                              packed_t, norms,    packed_t.extent(0) > 0};
+  const PackPass<ExecutionSpace, Scalar, T, MemorySpace> pass{
+      {table, gradients, per_parameter}, packed, packed_t, norms, packed_t.extent(0) > 0};
   run_units(space, "Lather::Shampoo::pack", table.count, host_threads, pass);
 }
 
@@ -311,17 +319,15 @@ void column_maxima(const ExecutionSpace& space, const UnitTable<MemorySpace>& ta
 /// The update of every element of the table's units: new momentum stored, the parameters updated
 /// in place and, when `out` is not empty, the new values also written to out(packed index).
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
-struct UpdatePass {
+struct UpdatePass : TensorUnits<Scalar, MemorySpace> {
   using Table = UnitTable<MemorySpace>;
-  Table table;
-  Kokkos::View<const std::uintptr_t*, MemorySpace> values;
-  Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace> per_parameter;
   UpdateElement<Scalar, T, MemorySpace> element;
   Kokkos::View<Scalar*, MemorySpace> out;
   bool copy_out;
 
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
+    const auto& [table, values, per_parameter] = static_cast<const TensorUnits<Scalar, MemorySpace>&>(*this);
     const int k = member.league_rank();
     const int p = int(table.units(k, Table::parameter));
     const auto& pp = per_parameter(p);
@@ -353,8 +359,8 @@ void update_parameters(const ExecutionSpace& space, const UnitTable<MemorySpace>
                        const Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace>& per_parameter,
                        const UpdateElement<Scalar, T, MemorySpace>& element, const Kokkos::View<Scalar*, MemorySpace>& out,
                        int host_threads = 1) {
-  const UpdatePass<ExecutionSpace, Scalar, T, MemorySpace> pass{table, values, per_parameter, element, out,
-                                                                out.extent(0) > 0};
+  const UpdatePass<ExecutionSpace, Scalar, T, MemorySpace> pass{
+      {table, values, per_parameter}, element, out, out.extent(0) > 0};
   run_units(space, "Lather::Shampoo::update", table.count, host_threads, pass);
 }
 
