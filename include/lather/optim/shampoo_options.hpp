@@ -90,10 +90,10 @@ struct ShampooOptions {
   /// small to pay for them (20 MFLOP per thread). The results do not depend on it where the BLAS
   /// rounds a product alike on any number of its threads (OpenBLAS's GEMM and syrk do: tested).
   /// Ignored on device backends, and with async_roots in the background on a host backend (1: the
-  /// roots' LAPACK calls, made meanwhile, must find the BLAS's thread count unchanged). On a serial
-  /// host backend the same threads share out the units of the step's element-wise passes (pack,
-  /// graft, update, the gathered values' scatter; 0: no more than one per 65,536 values); a
-  /// threaded backend runs those on its own threads anyway. Their results do not depend on it.
+  /// roots' LAPACK calls, made meanwhile, must find the BLAS's thread count unchanged). On a host
+  /// backend the same threads also share out the blocks of the step's element-wise passes (pack,
+  /// graft, update, the gathered values' scatter; 0: no more than one per 65,536 values), with
+  /// the same results for any count.
   int product_host_threads = 0;
   /// A root computed in float that fails is recomputed once in double before it is rejected.
   bool retry_failed_roots_in_double = true;

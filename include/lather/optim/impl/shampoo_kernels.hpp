@@ -135,9 +135,9 @@ KOKKOS_INLINE_FUNCTION std::int64_t row_start(const UnitTable<MemorySpace>& t, i
   return flat;
 }
 
-/// A unit taken whole by a host thread, outside any Kokkos parallel region: where a serial host
-/// backend shares a pass's units out among host threads (run_units), each pass body is called
-/// with one of these instead of a team member. Its runs are walked, and summed, in the order a
+/// A unit taken whole by a host thread, making no Kokkos call: where a host backend shares a
+/// pass's units out among host threads (run_units), each pass body is called with one of these
+/// instead of a team member. Its runs are walked, and summed, in the order a
 /// host team of one walks them, so a unit's results do not depend on who took it.
 struct HostUnit {
   int k;
@@ -271,19 +271,21 @@ KOKKOS_INLINE_FUNCTION void once_per_unit(const Member& member, const F& f) {
     Kokkos::single(Kokkos::PerTeam(member), f);
 }
 
-/// pass(member) for every unit of a table of `count`: one team per unit, or on a serial host
-/// backend, where `host_threads` is above 1, pass(HostUnit{k}) with the units shared out among
-/// that many host threads (a threaded backend's teams already run on its threads). The units'
-/// results do not depend on the thread count. `pass` must write nothing another unit writes and,
+/// pass(member) for every unit of a table of `count`: one team per unit, or on a host backend,
+/// where `host_threads` is above 1, pass(HostUnit{k}) with the units shared out among that many
+/// host threads, each taking the next unit (for_each_on_host_threads: a threaded backend's own
+/// threads, else the kept threads). The host threads beat one team per unit under Kokkos OpenMP
+/// too (units of unequal size, a static schedule), and a unit's results are then those of a team
+/// of one whatever the backend's team size. `pass` must write nothing another unit writes and,
 /// on host threads, make no Kokkos call (so no atomics: Kokkos's may be plain operations in a
 /// build without a threaded backend).
 template <class ExecutionSpace, class Pass>
 void run_units(const ExecutionSpace& space, const char* name, int count, int host_threads, const Pass& pass) {
   if (count <= 0) return;
   if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-    if (host_threads > 1 && count > 1 && space.concurrency() == 1) {
+    if (host_threads > 1 && count > 1) {
       ::lather::Impl::fence(space, name);
-      ::lather::Impl::for_each_on_host_threads(host_threads, std::size_t(count),
+      ::lather::Impl::for_each_on_host_threads(space, host_threads, std::size_t(count),
                                                [&](int, std::size_t k) { pass(HostUnit{int(k)}); });
       return;
     }
