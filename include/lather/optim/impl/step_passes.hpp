@@ -10,7 +10,7 @@
 // Each pass works on runs of elements (shampoo_kernels.hpp: a row of a block on the host, one
 // element per lane on a device) with the scalars in locals and restrict pointers, so that the
 // host loops vectorise. A pass is a functor over one unit, called with a team member, or on a
-// serial host backend with a HostUnit by the host threads that share the units out (run_units):
+// host backend with a HostUnit by the host threads that share the units out (run_units):
 // one body either way (nvcc rejects a generic __host__ __device__ lambda). column_maxima, whose
 // atomics have to be Kokkos's, stays a lambda in teams.
 
