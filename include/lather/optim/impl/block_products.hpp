@@ -159,7 +159,7 @@ class BlockProducts {
       for (int k = 0; k < s.units; ++k)
         m_host_grams.push_back(
             {s.first + k * s.elements, statistics.leading(s.first_slot + k), s.n, s.before, s.after});
-      m_launches += long(s.units) * (s.before > 1 && s.after > 1 ? long(s.before) : 1);
+      m_launches += host_calls(s);
       flops += double(s.units) * double(s.n + 1) * double(s.elements);  // syrk: the upper triangle
     });
     m_flops += flops;
@@ -277,6 +277,11 @@ class BlockProducts {
     int units, n, first_slot;
     std::int64_t elements, before, after;
   };
+  /// The BLAS calls the host makes for a dimension's products, one per block, or one per leading
+  /// index where the dimension is in the middle of the block.
+  static long host_calls(const StatisticDimension& s) {
+    return long(s.units) * (s.before > 1 && s.after > 1 ? long(s.before) : 1);
+  }
   /// f(dimension) for every preconditioned dimension of every group of the step, in slot order;
   /// `packed` holds the blocks.
   template <class F>
@@ -309,18 +314,13 @@ class BlockProducts {
                                   T* direction) {
     const auto& groups = m_step->groups;
     m_host_blocks.clear();
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      for (int k = 0; k < int(groups[g].units.size()); ++k) m_host_blocks.push_back({int(g), k});
     double flops = 0;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const auto& group = groups[g];
-      const int units = int(group.units.size());
-      for (int k = 0; k < units; ++k) m_host_blocks.push_back({int(g), k});
-      const std::int64_t elements = product(group.size, 0, int(group.size.size()));
-      for (int d : group.dims) {
-        const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
-        m_launches += long(units) * (before > 1 && after > 1 ? long(before) : 1);
-        flops += double(units) * 2.0 * double(group.size[std::size_t(d)]) * double(elements);
-      }
-    }
+    for_each_statistic_dimension(input, [&](const StatisticDimension& s) {
+      m_launches += host_calls(s);
+      flops += double(s.units) * 2.0 * double(s.n) * double(s.elements);
+    });
     m_flops += flops;
     const int ld = preconditioners.max_size();
     ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before preconditioning");
