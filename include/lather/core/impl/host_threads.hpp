@@ -94,7 +94,8 @@ class SharedItems {
 /// `item` must make no Kokkos call.
 template <class Item>
 void for_each_on_host_threads(int threads, std::size_t count, const Item& item) {
-  threads = std::max(1, threads);
+  // No more threads than items: a kept thread would wait for the rest of the process's life.
+  threads = int(std::max<std::size_t>(1, std::min<std::size_t>(std::size_t(std::max(1, threads)), count)));
   SharedItems<Item> items(item, count, threads);
   if (!run_on_kept_host_threads(threads, [&items](int thread) { items.work(thread); })) {
     std::vector<std::thread> pool;
@@ -112,8 +113,8 @@ void for_each_on_host_threads(int threads, std::size_t count, const Item& item) 
 /// The same, on the threads of `space` where it is a host execution space with several (OpenMP,
 /// Threads: concurrency() above 1), which sit where the user placed and pinned them: one team of
 /// one per thread (`threads` teams), each taking the next item until none is left. Elsewhere
-/// (Serial, a device) on the kept threads or threads started for the call, as above. `item` runs inside a Kokkos
-/// parallel region there: it must make no Kokkos call, as above.
+/// (Serial, a device) on the kept threads or threads started for the call, as above. `item` runs
+/// inside a Kokkos parallel region there: it must make no Kokkos call, as above.
 template <class ExecutionSpace, class Item>
 void for_each_on_host_threads(const ExecutionSpace& space, int threads, std::size_t count, const Item& item) {
   if constexpr (runs_on_host<ExecutionSpace>) {

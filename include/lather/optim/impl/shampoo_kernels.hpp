@@ -137,8 +137,8 @@ KOKKOS_INLINE_FUNCTION std::int64_t row_start(const UnitTable<MemorySpace>& t, i
 
 /// A unit taken whole by a host thread, making no Kokkos call: where a host backend shares a
 /// pass's units out among host threads (run_units), each pass body is called with one of these
-/// instead of a team member. Its runs are walked, and summed, in the order a
-/// host team of one walks them, so a unit's results do not depend on who took it.
+/// instead of a team member. Its runs are walked, and summed, in the order a host team of one
+/// walks them, so a unit's results do not depend on who took it.
 struct HostUnit {
   int k;
   KOKKOS_INLINE_FUNCTION int league_rank() const { return k; }
