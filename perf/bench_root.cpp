@@ -1,7 +1,8 @@
 // lather-bench root: inverse p-th roots per second and GFLOP/s of the Newton iteration, beside the
-// GEMM throughput of the same BLAS at the same size measured in the same run.
+// GEMM throughput of the same BLAS at the same size, precision and batch measured in the same run.
 #include "bench_common.hpp"
 
+#include <lather/core/impl/host_threads.hpp>
 #include <lather/linalg/inverse_root.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -25,6 +26,7 @@ struct RootBenchOptions {
   std::string precision = "float64";
   double gemm_seconds = 0.3;
   int batched_gemm_max_size = -1;
+  int host_threads = 0;  ///< eigh: the threads taking a batch's matrices (0: as Shampoo chooses)
 };
 
 /// Statistics-like SPD matrices: A = G diag(s) G^T / m with G normal n x 2n and column scales s
@@ -50,11 +52,26 @@ void run_root(const RootBenchOptions& o) {
   if (o.method == "all" || o.method == "eigh") methods.push_back(linalg::RootMethod::eigh);
   LATHER_REQUIRE(!methods.empty(), "--method must be newton, eigh or all, got '", o.method, "'");
   const auto precision = linalg::parse_precision(o.precision);
+  const bool in_float = precision == linalg::Precision::float32;
+  // The eigh roots' host threads as Shampoo takes them (optim::Impl::host_threads): asked for, else
+  // a threaded host backend's own, else the CPUs this rank has to itself on its node. Until 28
+  // November 2026 a direct call's default, one thread, which understated what Shampoo's roots get.
+  const int host_threads =
+      lather::Impl::host_threads_for(Space(), o.host_threads, world_group().node_occupancy().cpu_share());
   for (int n : o.n) {
     LATHER_REQUIRE(n >= 1, "--n values must be >= 1, got ", n);
-    const double baseline = gemm_gflops<double>(n, o.gemm_seconds);
+    // GEMMs in the iteration's precision (before 28 November 2026 always double, which overstated
+    // a float32 iteration's ratio by the BLAS's float-to-double rate): one at a time, and below
+    // `batch` at once as the iteration issues them (one strided-batched call on a GPU, where one
+    // small GEMM at a time measures launches; on a host one BLAS call each, as Newton makes them).
+    const double gemm_one = in_float ? gemm_gflops<float>(n, o.gemm_seconds) : gemm_gflops<double>(n, o.gemm_seconds);
     for (int batch : o.batch) {
       LATHER_REQUIRE(batch >= 1, "--batch values must be >= 1, got ", batch);
+      const double gemm_batched =
+          batch == 1 ? gemm_one
+          : in_float ? batched_gemm_gflops<float>(n, batch, 1, o.gemm_seconds)
+                     : batched_gemm_gflops<double>(n, batch, 1, o.gemm_seconds);
+      const double baseline = std::max(gemm_one, gemm_batched);
       const Stack statistics = make_statistics(batch, n, 1234u + unsigned(n));
       Stack roots("bench::roots", batch, n, n);
       for (int p : o.p) {
@@ -63,6 +80,7 @@ void run_root(const RootBenchOptions& o) {
           options.method = method;
           options.compute_precision = precision;
           options.batched_gemm_max_size = o.batched_gemm_max_size;
+          options.host_threads = host_threads;
           // One untimed call first: a process's first call of a kernel pays one-time costs (on an
           // H200 the first cuBLAS strided-batched call took 80-115 ms, so the first case listed
           // ran at 4% of its rate later in the same run).
@@ -74,7 +92,7 @@ void run_root(const RootBenchOptions& o) {
           const double iterations =
               std::accumulate(result.iterations.begin(), result.iterations.end(), 0.0) / batch;
           const double gflops = result.gemm_flops / seconds / 1e9;
-          emit({{"bench", "root"},
+          nlohmann::json line{{"bench", "root"},
                 {"method", linalg::to_string(method)},
                 {"precision", linalg::to_string(precision)},
                 {"n", n},
@@ -85,8 +103,12 @@ void run_root(const RootBenchOptions& o) {
                 {"roots_per_second", batch / seconds},
                 {"gflops", gflops},
                 {"gemm_gflops", baseline},
+                {"gemm_gflops_one", gemm_one},
+                {"gemm_gflops_batched", gemm_batched},
                 {"ratio", gflops / baseline},
-                {"max_error", *std::max_element(result.error.begin(), result.error.end())}});
+                {"max_error", *std::max_element(result.error.begin(), result.error.end())}};
+          if (method == linalg::RootMethod::eigh) line["host_threads"] = host_threads;
+          emit(std::move(line));
         }
       }
     }
@@ -116,6 +138,11 @@ void register_root(CLI::App& app) {
   sub->add_option("--batched-gemm-max-size", options->batched_gemm_max_size,
                   "Largest n that uses batched small GEMMs instead of one BLAS call per matrix "
                   "(-1: the backend's default)")
+      ->capture_default_str();
+  sub->add_option("--host-threads", options->host_threads,
+                  "eigh: host threads taking a batch's matrices (0: as Shampoo takes them: a threaded "
+                  "host backend's threads, else the CPUs this rank has to itself on its node)")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   sub->callback([options] { run_root(*options); });
 }
