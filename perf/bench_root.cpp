@@ -91,6 +91,8 @@ void run_root(const RootBenchOptions& o) {
           const double seconds = timer.seconds();
           const double iterations =
               std::accumulate(result.iterations.begin(), result.iterations.end(), 0.0) / batch;
+          const double power_iterations =
+              std::accumulate(result.power_iterations.begin(), result.power_iterations.end(), 0.0) / batch;
           const double gflops = result.gemm_flops / seconds / 1e9;
           nlohmann::json line{{"bench", "root"},
                 {"method", linalg::to_string(method)},
@@ -99,6 +101,7 @@ void run_root(const RootBenchOptions& o) {
                 {"batch", batch},
                 {"p", p},
                 {"iterations", iterations},
+                {"power_iterations", power_iterations},
                 {"seconds", seconds},
                 {"roots_per_second", batch / seconds},
                 {"gflops", gflops},

@@ -74,6 +74,7 @@ bool InverseRootResult::accepted(std::size_t task, double failure_threshold) con
 void InverseRootResult::resize(std::size_t n) {
   error.assign(n, 0.0);
   iterations.assign(n, 0);
+  power_iterations.assign(n, 0);
   lambda_max.assign(n, 0.0);
   ridge.assign(n, 0.0);
   status.assign(n, RootStatus::converged);

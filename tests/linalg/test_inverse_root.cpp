@@ -367,6 +367,56 @@ TEST(InverseRoot, MaxIterationsIsReported) {
   EXPECT_GT(result.error[0], 1e-3);
 }
 
+// The power iteration's step count, against its closed form on a diagonal matrix: after k products
+// the vector is d^k * v0 (elementwise), so the Rayleigh quotient is r_k = sum d^(2k+1) v0^2 / sum
+// d^(2k) v0^2, and the iteration stops at the first step whose quotient moved by at most the
+// tolerance from the last (from 0 before the first), or at the limit.
+TEST(InverseRoot, PowerIterationStepsAreReported) {
+  const std::vector<double> d = {1.0, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05};
+  const int n = int(d.size());
+  const auto v0 = lather::linalg::Impl::power_iteration_start_vector(n);
+  const double tolerance = 1e-6;
+  int expected = 0;
+  double previous = 0, margin = 0;
+  for (int k = 0; k < 100; ++k) {
+    long double top = 0, bottom = 0;
+    for (int i = 0; i < n; ++i) {
+      const long double w = std::pow((long double)d[i], 2 * k) * v0[i] * v0[i];
+      top += w * d[i];
+      bottom += w;
+    }
+    const double quotient = double(top / bottom);
+    const double moved = std::fabs(quotient - previous);
+    previous = quotient;
+    expected = k + 1;
+    if (moved <= tolerance) {
+      margin = moved / tolerance;
+      break;
+    }
+  }
+  // Not a near tie at the tolerance, which rounding could tip either way.
+  ASSERT_LT(margin, 0.95) << "expected " << expected;
+  ASSERT_GT(expected, 20);
+  ASSERT_LT(expected, 100);
+
+  std::vector<double> a(std::size_t(n) * n, 0.0);
+  for (int i = 0; i < n; ++i) a[std::size_t(i) * n + i] = d[i];
+  auto stack = make_stack<double>({a, a}, {n, n}, n);
+  Stack<double> roots("roots", 2, n, n);
+  auto options = precise(RootMethod::newton);
+  options.power_iteration_tolerance = tolerance;
+  const auto result = lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, options);
+  EXPECT_EQ(result.power_iterations[0], expected);
+  EXPECT_EQ(result.power_iterations[1], expected);
+  EXPECT_NEAR(result.lambda_max[0], previous, 1e-12);
+
+  options.power_iteration_max_iterations = 5;  // the limit stops it
+  EXPECT_EQ(lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, options).power_iterations[0], 5);
+  options.relative_ridge = false;  // no power iteration
+  EXPECT_EQ(lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, options).power_iterations[0], 0);
+  EXPECT_EQ(lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, precise(RootMethod::eigh)).power_iterations[0], 0);
+}
+
 // An indefinite matrix is not a statistic: Newton must stop without NaN and flag a large error.
 TEST(InverseRoot, IndefiniteInputIsFlaggedNotNaN) {
   const int n = 8;

@@ -81,6 +81,10 @@ struct InverseRootResult {
   /// residual max |H^p (A + ridge I) - I|. +inf when status is non_finite.
   std::vector<double> error;
   std::vector<int> iterations;  ///< Newton steps taken (0 for eigh and 1x1)
+  /// Power-iteration steps that found lambda_max (Newton with relative_ridge; 0 otherwise): each
+  /// is a matrix-vector product, up to power_iteration_max_iterations, and on a GPU, where one
+  /// team takes a matrix, they can cost more than the Newton steps (docs/portability.md).
+  std::vector<int> power_iterations;
   std::vector<double> lambda_max;
   std::vector<double> ridge;
   std::vector<RootStatus> status;

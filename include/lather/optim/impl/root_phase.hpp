@@ -106,6 +106,7 @@ class RootPhase {
           const int c = where[k];
           result.error[c] = again.error[k];
           result.iterations[c] = again.iterations[k];
+          result.power_iterations[c] = again.power_iterations[k];
           result.status[c] = again.status[k];
         }
       }
