@@ -61,9 +61,10 @@ void run_root(const RootBenchOptions& o) {
   for (int n : o.n) {
     LATHER_REQUIRE(n >= 1, "--n values must be >= 1, got ", n);
     // GEMMs in the iteration's precision (before 28 November 2026 always double, which overstated
-    // a float32 iteration's ratio by the BLAS's float-to-double rate): one at a time, and below
-    // `batch` at once as the iteration issues them (one strided-batched call on a GPU, where one
-    // small GEMM at a time measures launches; on a host one BLAS call each, as Newton makes them).
+    // a float32 iteration's ratio by the BLAS's float-to-double rate): one at a time here, and in
+    // the loop below the case's batch at once as the iteration issues them (one strided-batched
+    // call on a GPU, where one small GEMM at a time measures launches; on a host one BLAS call
+    // each, as Newton makes them).
     const double gemm_one = in_float ? gemm_gflops<float>(n, o.gemm_seconds) : gemm_gflops<double>(n, o.gemm_seconds);
     for (int batch : o.batch) {
       LATHER_REQUIRE(batch >= 1, "--batch values must be >= 1, got ", batch);
@@ -95,21 +96,21 @@ void run_root(const RootBenchOptions& o) {
               std::accumulate(result.power_iterations.begin(), result.power_iterations.end(), 0.0) / batch;
           const double gflops = result.gemm_flops / seconds / 1e9;
           nlohmann::json line{{"bench", "root"},
-                {"method", linalg::to_string(method)},
-                {"precision", linalg::to_string(precision)},
-                {"n", n},
-                {"batch", batch},
-                {"p", p},
-                {"iterations", iterations},
-                {"power_iterations", power_iterations},
-                {"seconds", seconds},
-                {"roots_per_second", batch / seconds},
-                {"gflops", gflops},
-                {"gemm_gflops", baseline},
-                {"gemm_gflops_one", gemm_one},
-                {"gemm_gflops_batched", gemm_batched},
-                {"ratio", gflops / baseline},
-                {"max_error", *std::max_element(result.error.begin(), result.error.end())}};
+                              {"method", linalg::to_string(method)},
+                              {"precision", linalg::to_string(precision)},
+                              {"n", n},
+                              {"batch", batch},
+                              {"p", p},
+                              {"iterations", iterations},
+                              {"power_iterations", power_iterations},
+                              {"seconds", seconds},
+                              {"roots_per_second", batch / seconds},
+                              {"gflops", gflops},
+                              {"gemm_gflops", baseline},
+                              {"gemm_gflops_one", gemm_one},
+                              {"gemm_gflops_batched", gemm_batched},
+                              {"ratio", gflops / baseline},
+                              {"max_error", *std::max_element(result.error.begin(), result.error.end())}};
           if (method == linalg::RootMethod::eigh) line["host_threads"] = host_threads;
           emit(std::move(line));
         }
