@@ -88,8 +88,8 @@ class CoupledNewton {
 
     // Ridge scaled by the largest eigenvalue (power iteration), as the reference does.
     Array1<C, memory_space> lambda("Lather::CoupledNewton::lambda", slots);
-    Array1<int, memory_space> power_iterations("Lather::CoupledNewton::power_iterations", slots);
     if (opt.relative_ridge) {
+      Array1<int, memory_space> power_iterations("Lather::CoupledNewton::power_iterations", slots);
       if constexpr (host_accessible<memory_space>) {
         fence(m_space, "Lather::CoupledNewton: matrices loaded");
         power_iteration_host<C, memory_space>(m_m[0], good, n, m_start, m_v, m_av,
@@ -102,12 +102,12 @@ class CoupledNewton {
             opt.power_iteration_max_iterations, C(opt.power_iteration_tolerance), lambda,
             power_iterations);
       }
+      const auto steps = to_host(power_iterations);
+      for (int s : good) result.power_iterations[positions[s]] = steps(s);
     }
     const auto lambda_host = to_host(lambda);
-    const auto power_iterations_host = to_host(power_iterations);
     auto ridge_host = Kokkos::create_mirror_view(lambda);
     for (int s : good) {
-      result.power_iterations[positions[s]] = power_iterations_host(s);
       const double lambda_max = double(lambda_host(s));
       const double ridge = opt.relative_ridge ? opt.ridge_epsilon * std::max(lambda_max, 1e-6)
                                               : opt.ridge_epsilon;
