@@ -1,6 +1,7 @@
 #include <lather/nn/gelu.hpp>
 
 #include "fast_math.hpp"
+#include "for_each_element.hpp"
 
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
@@ -15,27 +16,6 @@ constexpr double gelu_scale = 0.7978845608028654;
 constexpr double gelu_cubic = 0.044715;
 
 }  // namespace
-
-namespace Impl {
-/// f(i, j) for every element of a [rows, columns] matrix: on the host a row per iteration with the
-/// columns in an inner loop the compiler vectorises, on a device a thread per element.
-template <class ExecutionSpace, class Body>
-void for_each_element(const char* label, const ExecutionSpace& space, std::size_t rows, std::size_t columns,
-                      const Body& body) {
-  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-    const std::int64_t width = std::int64_t(columns);
-    Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows), KOKKOS_LAMBDA(std::int64_t i) {
-          for (std::int64_t j = 0; j < width; ++j) body(i, j);
-        });
-  } else {
-    Kokkos::parallel_for(label,
-                         Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(
-                             space, {std::int64_t(0), std::int64_t(0)}, {std::int64_t(rows), std::int64_t(columns)}),
-                         body);
-  }
-}
-}  // namespace Impl
 
 template <class ExecutionSpace, class Scalar>
 void gelu_forward(const ExecutionSpace& space, const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
