@@ -9,8 +9,29 @@ namespace {
 namespace kmath = ::lather::Impl::kmath;
 }  // namespace
 
-// One team per row: the row's sums are team reductions, so a GPU reads each row with coalesced
-// loads; on the host a team is one thread looping over the row.
+// Not in the unnamed namespace: CUDA cannot launch extended lambdas from functions in one.
+namespace Impl {
+
+/// Columns whose parameter gradients one host thread sums together (layer_norm_backward).
+inline constexpr int layer_norm_strip = 32;
+
+/// The sum of term(j) for j in [0, n) in four interleaved lanes, combined in a fixed order: the
+/// same result every run, without one long chain of dependent additions.
+template <class Term>
+KOKKOS_INLINE_FUNCTION double lanes_sum(int n, const Term& term) {
+  double lane[4] = {0, 0, 0, 0};
+  int j = 0;
+  for (; j + 4 <= n; j += 4)
+    for (int l = 0; l < 4; ++l) lane[l] += term(j + l);
+  for (; j < n; ++j) lane[0] += term(j);
+  return (lane[0] + lane[1]) + (lane[2] + lane[3]);
+}
+
+}  // namespace Impl
+
+// On a device one team per row: the row's sums are team reductions, so that a GPU reads each row
+// with coalesced loads. On the host a thread per row with plain loops (Serial's team reductions
+// cost more than the row's arithmetic: 0.31 ms a forward of 8192 x 128 values).
 
 template <class ExecutionSpace, class Scalar>
 void layer_norm_forward(const ExecutionSpace& space,
@@ -32,6 +53,24 @@ void layer_norm_forward(const ExecutionSpace& space,
   LATHER_REQUIRE(features >= 1, "layer_norm_forward: rows of ", features, " features have no mean");
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   const double inverse_features = 1.0 / double(features);
+  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
+    Kokkos::parallel_for(
+        "Lather::nn::layer_norm_forward", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows), KOKKOS_LAMBDA(int i) {
+          const Scalar* const row = &x(i, 0);
+          const double row_mean = Impl::lanes_sum(features, [&](int j) { return double(row[j]); }) * inverse_features;
+          const double squares = Impl::lanes_sum(features, [&](int j) {
+            const double centred = double(row[j]) - row_mean;
+            return centred * centred;
+          });
+          const Scalar m = Scalar(row_mean);
+          const Scalar r = Scalar(1.0 / kmath::sqrt(squares * inverse_features + epsilon));
+          Scalar* const out = &y(i, 0);
+          for (int j = 0; j < features; ++j) out[j] = (row[j] - m) * r * gamma(j) + beta(j);
+          mean(i) = m;
+          rstd(i) = r;
+        });
+    return;
+  }
   Kokkos::parallel_for(
       "Lather::nn::layer_norm_forward", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
       KOKKOS_LAMBDA(const member_type& member) {
@@ -81,25 +120,58 @@ void layer_norm_backward(const ExecutionSpace& space,
                      dx.extent(1) == x.extent(1),
                  "layer_norm_backward: x is [", rows, ", ", features, "], dy [", dy.extent(0), ", ", dy.extent(1),
                  "], dx [", dx.extent(0), ", ", dx.extent(1), "]");
-  // dgamma = sum_i dy * xhat, dbeta = sum_i dy: a thread per column walks the rows in order (the
-  // same sum every run). First, so that dx may overwrite dy afterwards.
+  // dgamma = sum_i dy * xhat, dbeta = sum_i dy: each column's sums walk the rows in order (the
+  // same sum every run, whatever the backend). First, so that dx may overwrite dy afterwards. On a
+  // device a thread per column; on the host a thread per strip of columns, whose sums advance
+  // together along each row, so that the loads are contiguous and the loop vectorises (a column
+  // at a time read one value per row, 0.4 ms for 8192 x 128 values).
+  constexpr int strip = ::lather::Impl::runs_on_host<ExecutionSpace> ? Impl::layer_norm_strip : 1;
   Kokkos::parallel_for(
-      "Lather::nn::layer_norm_backward::parameters", Kokkos::RangePolicy<ExecutionSpace>(space, 0, features),
-      KOKKOS_LAMBDA(int j) {
-        double gamma_sum = 0, beta_sum = 0;
+      "Lather::nn::layer_norm_backward::parameters",
+      Kokkos::RangePolicy<ExecutionSpace>(space, 0, (features + strip - 1) / strip), KOKKOS_LAMBDA(int s) {
+        const int first = s * strip, width = features - first < strip ? features - first : strip;
+        double gamma_sum[strip], beta_sum[strip];
+        for (int c = 0; c < width; ++c) gamma_sum[c] = beta_sum[c] = 0;
         for (int i = 0; i < rows; ++i) {
-          const double d = double(dy(i, j));
-          gamma_sum += d * double((x(i, j) - mean(i)) * rstd(i));
-          beta_sum += d;
+          const Scalar m = mean(i), r = rstd(i);
+          for (int c = 0; c < width; ++c) {
+            const double d = double(dy(i, first + c));
+            gamma_sum[c] += d * double((x(i, first + c) - m) * r);
+            beta_sum[c] += d;
+          }
         }
-        dgamma(j) = accumulate ? Scalar(double(dgamma(j)) + gamma_sum) : Scalar(gamma_sum);
-        dbeta(j) = accumulate ? Scalar(double(dbeta(j)) + beta_sum) : Scalar(beta_sum);
+        for (int c = 0; c < width; ++c) {
+          const int j = first + c;
+          dgamma(j) = accumulate ? Scalar(double(dgamma(j)) + gamma_sum[c]) : Scalar(gamma_sum[c]);
+          dbeta(j) = accumulate ? Scalar(double(dbeta(j)) + beta_sum[c]) : Scalar(beta_sum[c]);
+        }
       });
   if (rows == 0) return;
   // dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)) with g = dy gamma: y depends on x through
   // xhat directly and through the row's mean and rstd.
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   const double inverse_features = 1.0 / double(features);
+  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
+    Kokkos::parallel_for(
+        "Lather::nn::layer_norm_backward::input", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows),
+        KOKKOS_LAMBDA(int i) {
+          const Scalar m = mean(i), r = rstd(i);
+          const Scalar* const input = &x(i, 0);
+          const Scalar* const gradient = &dy(i, 0);
+          const double g_sum = Impl::lanes_sum(features, [&](int j) { return double(gradient[j] * gamma(j)); });
+          const double g_xhat_sum = Impl::lanes_sum(
+              features, [&](int j) { return double(gradient[j] * gamma(j)) * double((input[j] - m) * r); });
+          const Scalar g_mean = Scalar(g_sum * inverse_features), g_xhat_mean = Scalar(g_xhat_sum * inverse_features);
+          // dx may be dy: each element is read before it is written.
+          Scalar* const out = &dx(i, 0);
+          for (int j = 0; j < features; ++j) {
+            const Scalar xhat = (input[j] - m) * r;
+            const Scalar value = r * (gradient[j] * gamma(j) - g_mean - xhat * g_xhat_mean);
+            out[j] = add_to_dx ? out[j] + value : value;
+          }
+        });
+    return;
+  }
   Kokkos::parallel_for(
       "Lather::nn::layer_norm_backward::input", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
       KOKKOS_LAMBDA(const member_type& member) {

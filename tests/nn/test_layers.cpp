@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -170,44 +171,49 @@ TEST(LayerNorm, ForwardMatchesPlainLoop) {
 }
 
 TEST(LayerNorm, GradientsMatchFiniteDifferences) {
-  const int rows = 5, features = 7;
-  Host x = random_values(rows * features, 11), gamma = random_values(features, 12, 0.5, 1.5),
-       beta = random_values(features, 13);
-  const Host w = random_values(rows * features, 14);
-  const auto loss = [&] { return dot(w, layer_norm(x, gamma, beta, rows, features).y); };
+  // 7 features: one group of four lanes and a tail; 37: a whole host strip of 32 columns for the
+  // parameters' sums, a partial one, and nine groups of four lanes and a tail.
+  const int rows = 5;
+  for (const int features : {7, 37}) {
+    SCOPED_TRACE("features = " + std::to_string(features));
+    Host x = random_values(rows * features, 11), gamma = random_values(features, 12, 0.5, 1.5),
+         beta = random_values(features, 13);
+    const Host w = random_values(rows * features, 14);
+    const auto loss = [&] { return dot(w, layer_norm(x, gamma, beta, rows, features).y); };
 
-  const auto out = layer_norm(x, gamma, beta, rows, features);
-  Matrix<double> dx("dx", rows, features);
-  Vector<double> dgamma("dgamma", features), dbeta("dbeta", features);
-  const auto backward = [&](bool add_to_dx, bool accumulate) {
+    const auto out = layer_norm(x, gamma, beta, rows, features);
+    Matrix<double> dx("dx", rows, features);
+    Vector<double> dgamma("dgamma", features), dbeta("dbeta", features);
+    const auto backward = [&](bool add_to_dx, bool accumulate) {
+      lather::nn::layer_norm_backward<Space, double>(Space(), matrix(x, rows, features), vector(gamma), vector(out.mean),
+                                                     vector(out.rstd), matrix(w, rows, features), dx, add_to_dx, dgamma,
+                                                     dbeta, accumulate);
+    };
+    backward(false, false);
+    const Host analytic_x = host(dx), analytic_gamma = host(dgamma), analytic_beta = host(dbeta);
+    EXPECT_LE(relative_error(analytic_x, finite_differences(x, loss)), fd_tolerance);
+    EXPECT_LE(relative_error(analytic_gamma, finite_differences(gamma, loss)), fd_tolerance);
+    EXPECT_LE(relative_error(analytic_beta, finite_differences(beta, loss)), fd_tolerance);
+
+    // add_to_dx and accumulate add to what is there: exactly the sum, one rounding per element.
+    const Host dx0 = random_values(rows * features, 15), dgamma0 = random_values(features, 16),
+               dbeta0 = random_values(features, 17);
+    Kokkos::deep_copy(dx, matrix(dx0, rows, features));
+    Kokkos::deep_copy(dgamma, vector(dgamma0));
+    Kokkos::deep_copy(dbeta, vector(dbeta0));
+    backward(true, true);
+    EXPECT_EQ(host(dx), plus(dx0, analytic_x));
+    EXPECT_EQ(host(dgamma), plus(dgamma0, analytic_gamma));
+    EXPECT_EQ(host(dbeta), plus(dbeta0, analytic_beta));
+
+    // dx may overwrite dy.
+    Matrix<double> in_place = matrix(w, rows, features);
+    Kokkos::deep_copy(dgamma, 0.0);
     lather::nn::layer_norm_backward<Space, double>(Space(), matrix(x, rows, features), vector(gamma), vector(out.mean),
-                                                   vector(out.rstd), matrix(w, rows, features), dx, add_to_dx, dgamma,
-                                                   dbeta, accumulate);
-  };
-  backward(false, false);
-  const Host analytic_x = host(dx), analytic_gamma = host(dgamma), analytic_beta = host(dbeta);
-  EXPECT_LE(relative_error(analytic_x, finite_differences(x, loss)), fd_tolerance);
-  EXPECT_LE(relative_error(analytic_gamma, finite_differences(gamma, loss)), fd_tolerance);
-  EXPECT_LE(relative_error(analytic_beta, finite_differences(beta, loss)), fd_tolerance);
-
-  // add_to_dx and accumulate add to what is there: exactly the sum, one rounding per element.
-  const Host dx0 = random_values(rows * features, 15), dgamma0 = random_values(features, 16),
-             dbeta0 = random_values(features, 17);
-  Kokkos::deep_copy(dx, matrix(dx0, rows, features));
-  Kokkos::deep_copy(dgamma, vector(dgamma0));
-  Kokkos::deep_copy(dbeta, vector(dbeta0));
-  backward(true, true);
-  EXPECT_EQ(host(dx), plus(dx0, analytic_x));
-  EXPECT_EQ(host(dgamma), plus(dgamma0, analytic_gamma));
-  EXPECT_EQ(host(dbeta), plus(dbeta0, analytic_beta));
-
-  // dx may overwrite dy.
-  Matrix<double> in_place = matrix(w, rows, features);
-  Kokkos::deep_copy(dgamma, 0.0);
-  lather::nn::layer_norm_backward<Space, double>(Space(), matrix(x, rows, features), vector(gamma), vector(out.mean),
-                                                 vector(out.rstd), in_place, in_place, false, dgamma, dbeta, false);
-  EXPECT_EQ(host(in_place), analytic_x);
-  EXPECT_EQ(host(dgamma), analytic_gamma);
+                                                   vector(out.rstd), in_place, in_place, false, dgamma, dbeta, false);
+    EXPECT_EQ(host(in_place), analytic_x);
+    EXPECT_EQ(host(dgamma), analytic_gamma);
+  }
 }
 
 TEST(LayerNorm, RejectsMismatchedShapes) {
