@@ -146,7 +146,7 @@ void layer_norm_backward(const ExecutionSpace& space,
           dbeta(j) = accumulate ? Scalar(double(dbeta(j)) + beta_sum[c]) : Scalar(beta_sum[c]);
         }
       });
-  if (rows == 0) return;
+  if (rows == 0 || features == 0) return;
   // dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)) with g = dy gamma: y depends on x through
   // xhat directly and through the row's mean and rstd.
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
