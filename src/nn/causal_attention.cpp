@@ -1,6 +1,7 @@
 #include <lather/nn/causal_attention.hpp>
 
 #include "fast_math.hpp"
+#include "lane_reductions.hpp"
 
 #include <lather/core/error.hpp>
 #include <lather/core/impl/gemm.hpp>
@@ -24,41 +25,6 @@ constexpr int slot_q = 0, slot_k = 1, slot_v = 2, slot_dy = 3, slots = 4;
 
 // Not in the unnamed namespace: CUDA cannot launch extended lambdas from functions in one.
 namespace Impl {
-
-
-
-// Row reductions of the host kernels in four interleaved lanes, combined in a fixed order: the
-// same result every run, without one long chain of dependent additions.
-template <class Scalar>
-KOKKOS_INLINE_FUNCTION Scalar lanes_max(const Scalar* x, int n) {
-  Scalar lane[4] = {x[0], x[0], x[0], x[0]};
-  int i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int l = 0; l < 4; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
-  for (; i < n; ++i) lane[0] = x[i] > lane[0] ? x[i] : lane[0];
-  const Scalar a = lane[0] > lane[1] ? lane[0] : lane[1], b = lane[2] > lane[3] ? lane[2] : lane[3];
-  return a > b ? a : b;
-}
-
-template <class Scalar>
-KOKKOS_INLINE_FUNCTION double lanes_sum(const Scalar* x, int n) {
-  double lane[4] = {0, 0, 0, 0};
-  int i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int l = 0; l < 4; ++l) lane[l] += double(x[i + l]);
-  for (; i < n; ++i) lane[0] += double(x[i]);
-  return (lane[0] + lane[1]) + (lane[2] + lane[3]);
-}
-
-template <class Scalar>
-KOKKOS_INLINE_FUNCTION double lanes_dot(const Scalar* x, const Scalar* y, int n) {
-  double lane[4] = {0, 0, 0, 0};
-  int i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int l = 0; l < 4; ++l) lane[l] += double(x[i + l]) * double(y[i + l]);
-  for (; i < n; ++i) lane[0] += double(x[i]) * double(y[i]);
-  return (lane[0] + lane[1]) + (lane[2] + lane[3]);
-}
 
 /// f(row, column, at) for every element of a [batch * time, heads * head_dim] matrix, `at` being
 /// its index in the per-head layout [batch, heads, time, head_dim]. On the host a call per row, so
@@ -181,7 +147,8 @@ void CausalAttention<ExecutionSpace, Scalar>::softmax(const ExecutionSpace& spac
           const Scalar top = Impl::lanes_max(row, visible);
           // The exponentials in a loop of their own, which vectorises; then their sum.
           for (int s = 0; s < visible; ++s) row[s] = Impl::exp_nonpositive(row[s] - top);
-          const Scalar inverse = Scalar(1.0 / Impl::lanes_sum(row, visible));
+          const Scalar inverse =
+              Scalar(1.0 / Impl::lanes_sum(visible, [&](int s) { return double(row[s]); }));
           for (int s = 0; s < visible; ++s) row[s] *= inverse;
           for (int s = visible; s < time; ++s) row[s] = Scalar(0);
         });
@@ -226,7 +193,8 @@ void CausalAttention<ExecutionSpace, Scalar>::softmax_backward(const ExecutionSp
           const Scalar* const probability = p.data() + std::int64_t(r) * time;
           Scalar* const gradient = d.data() + std::int64_t(r) * time;
           const int visible = r % time + 1;
-          const Scalar shift = Scalar(Impl::lanes_dot(gradient, probability, visible));
+          const Scalar shift = Scalar(Impl::lanes_sum(
+              visible, [&](int s) { return double(gradient[s]) * double(probability[s]); }));
           for (int s = 0; s < visible; ++s) gradient[s] = probability[s] * (gradient[s] - shift) * scale;
           for (int s = visible; s < time; ++s) gradient[s] = Scalar(0);
         });

@@ -1,5 +1,7 @@
 #include <lather/nn/layer_norm.hpp>
 
+#include "lane_reductions.hpp"
+
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
@@ -7,27 +9,10 @@ namespace lather::nn {
 
 namespace {
 namespace kmath = ::lather::Impl::kmath;
-}  // namespace
-
-// Not in the unnamed namespace: CUDA cannot launch extended lambdas from functions in one.
-namespace Impl {
 
 /// Columns whose parameter gradients one host thread sums together (layer_norm_backward).
-inline constexpr int layer_norm_strip = 32;
-
-/// The sum of term(j) for j in [0, n) in four interleaved lanes, combined in a fixed order: the
-/// same result every run, without one long chain of dependent additions.
-template <class Term>
-KOKKOS_INLINE_FUNCTION double lanes_sum(int n, const Term& term) {
-  double lane[4] = {0, 0, 0, 0};
-  int j = 0;
-  for (; j + 4 <= n; j += 4)
-    for (int l = 0; l < 4; ++l) lane[l] += term(j + l);
-  for (; j < n; ++j) lane[0] += term(j);
-  return (lane[0] + lane[1]) + (lane[2] + lane[3]);
-}
-
-}  // namespace Impl
+constexpr int layer_norm_strip = 32;
+}  // namespace
 
 // On a device one team per row: the row's sums are team reductions, so that a GPU reads each row
 // with coalesced loads. On the host a thread per row with plain loops (Serial's team reductions
@@ -124,8 +109,8 @@ void layer_norm_backward(const ExecutionSpace& space,
   // same sum every run, whatever the backend). First, so that dx may overwrite dy afterwards. On a
   // device a thread per column; on the host a thread per strip of columns, whose sums advance
   // together along each row, so that the loads are contiguous and the loop vectorises (a column
-  // at a time read one value per row, 0.4 ms for 2048 x 128 values).
-  constexpr int strip = ::lather::Impl::runs_on_host<ExecutionSpace> ? Impl::layer_norm_strip : 1;
+  // at a time read one value per row, 0.4 ms for 2048 x 128 values), as comm's column_sums does.
+  constexpr int strip = ::lather::Impl::runs_on_host<ExecutionSpace> ? layer_norm_strip : 1;
   Kokkos::parallel_for(
       "Lather::nn::layer_norm_backward::parameters",
       Kokkos::RangePolicy<ExecutionSpace>(space, 0, (features + strip - 1) / strip), KOKKOS_LAMBDA(int s) {
