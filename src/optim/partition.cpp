@@ -30,9 +30,16 @@ std::int64_t Block::elements() const {
   return n;
 }
 
-BlockPartition::BlockPartition(const TensorShape& shape, std::int64_t block_size) : m_shape(shape) {
+BlockPartition::BlockPartition(const TensorShape& shape, std::int64_t block_size)
+    : BlockPartition(shape, std::vector<std::int64_t>(shape.size(), block_size)) {}
+
+BlockPartition::BlockPartition(const TensorShape& shape, const std::vector<std::int64_t>& block_sizes)
+    : m_shape(shape) {
+  LATHER_REQUIRE(block_sizes.size() == shape.size(), "BlockPartition: ", block_sizes.size(),
+                 " block extents for a shape of rank ", shape.size());
   m_elements = element_count(shape);
-  for (std::int64_t d : shape) {
+  for (std::size_t axis = 0; axis < shape.size(); ++axis) {
+    const std::int64_t d = shape[axis], block_size = block_sizes[axis];
     std::vector<std::int64_t> sizes;
     if (block_size > 0 && block_size < d) {
       for (std::int64_t start = 0; start < d; start += block_size)

@@ -115,6 +115,9 @@ void ShampooOptions::validate() const {
   LATHER_REQUIRE(finite(clip_by_scaled_gradient_norm) && clip_by_scaled_gradient_norm >= 0,
                  "ShampooOptions::clip_by_scaled_gradient_norm must be >= 0 (0 disables), got ",
                  clip_by_scaled_gradient_norm);
+  LATHER_REQUIRE(unpreconditioned_block_size >= 0,
+                 "ShampooOptions::unpreconditioned_block_size must be >= 0 (0: block_size), got ",
+                 unpreconditioned_block_size);
   LATHER_REQUIRE(merge_small_dims_block_size >= 1,
                  "ShampooOptions::merge_small_dims_block_size must be >= 1, got ", merge_small_dims_block_size);
   LATHER_REQUIRE(skip_preconditioning_rank_lt >= 0,
@@ -196,7 +199,8 @@ const std::vector<std::string>& option_names() {
       "shard_optimizer_states", "best_effort_memory_usage_reduction", "inverse_failure_threshold",
       "moving_average_for_momentum", "skip_preconditioning_dim_size_gt", "clip_by_scaled_gradient_norm",
       "relative_matrix_epsilon", "merge_small_dims_block_size", "skip_preconditioning_rank_lt",
-      "decoupled_learning_rate", "decoupled_weight_decay", "generate_training_metrics", "root_method",
+      "decoupled_learning_rate", "decoupled_weight_decay", "generate_training_metrics", "unpreconditioned_block_size",
+      "root_method",
       "root_compute_precision", "root_max_iterations", "root_tolerance", "root_host_threads", "product_host_threads", "retry_failed_roots_in_double",
       "max_consecutive_root_failures", "statistics_precision", "balance_root_work", "step_mode", "async_roots", "async_roots_in_background",
       "shared_memory_gather"};
@@ -234,6 +238,8 @@ std::string option_help(const std::string& name) {
       {"decoupled_learning_rate", "apply the learning rate after momentum (the reference's default)"},
       {"decoupled_weight_decay", "weight decay added after momentum, times the learning rate"},
       {"generate_training_metrics", "keep per-statistic inverse-root errors"},
+      {"unpreconditioned_block_size", "one-sided Shampoo: block extent along the dimensions without a statistic "
+                                      "(0: block_size, as the reference)"},
       {"root_method", "newton (coupled Newton iteration) or eigh (eigendecomposition)"},
       {"root_compute_precision", "float32 or float64 for the inverse roots"},
       {"root_max_iterations", "Newton iteration limit"},
@@ -290,6 +296,7 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
   else if (name == "decoupled_learning_rate") out << o.decoupled_learning_rate;
   else if (name == "decoupled_weight_decay") out << o.decoupled_weight_decay;
   else if (name == "generate_training_metrics") out << o.generate_training_metrics;
+  else if (name == "unpreconditioned_block_size") out << o.unpreconditioned_block_size;
   else if (name == "root_method") out << linalg::to_string(o.root.method);
   else if (name == "root_compute_precision") out << linalg::to_string(o.root.compute_precision);
   else if (name == "root_max_iterations") out << o.root.max_iterations;
@@ -341,6 +348,7 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
   else if (name == "decoupled_learning_rate") o.decoupled_learning_rate = b();
   else if (name == "decoupled_weight_decay") o.decoupled_weight_decay = b();
   else if (name == "generate_training_metrics") o.generate_training_metrics = b();
+  else if (name == "unpreconditioned_block_size") o.unpreconditioned_block_size = l();
   else if (name == "root_method") o.root.method = linalg::parse_root_method(value);
   else if (name == "root_compute_precision") o.root.compute_precision = linalg::parse_precision(value);
   else if (name == "root_max_iterations") o.root.max_iterations = i();

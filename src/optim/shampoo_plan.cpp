@@ -47,7 +47,14 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
     pp.preconditioned = int(shape.size()) >= options.skip_preconditioning_rank_lt && !too_large;
     const auto [global, split] = interpret(shape, pp.spec.split_axis, options);
     pp.local_shape = interpret(pp.spec.shape, pp.spec.split_axis, options).first;
-    pp.partition = BlockPartition(global, options.block_size);
+    // Blocks are cut at block_size along the dimensions with a statistic, and one-sided, at
+    // unpreconditioned_block_size along the others.
+    const auto dims = preconditioned_dimensions(int(global.size()), options.preconditioner_type);
+    std::vector<std::int64_t> extents(global.size(), options.block_size);
+    if (options.unpreconditioned_block_size > 0)
+      for (std::size_t d = 0; d < global.size(); ++d)
+        if (std::find(dims.begin(), dims.end(), int(d)) == dims.end()) extents[d] = options.unpreconditioned_block_size;
+    pp.partition = BlockPartition(global, extents);
     pp.quantized_momentum = options.best_effort_memory_usage_reduction && pp.spec.shape.size() > 1;
     if (pp.preconditioned && pp.partition.rank() == 0) pp.preconditioned = false;
     if (pp.preconditioned) {
@@ -55,7 +62,7 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
                      "': its slice and the whole tensor are interpreted differently");
       const std::int64_t begin = split >= 0 ? pp.spec.split_offset : 0;
       const std::int64_t end = split >= 0 ? begin + pp.local_shape[split] : 0;
-      pp.dims = preconditioned_dimensions(pp.partition.rank(), options.preconditioner_type);
+      pp.dims = dims;
       pp.exponent = options.exponent_override > 0 ? options.exponent_override : 2 * int(pp.dims.size());
       pp.first_statistic = plan.num_statistics();
       std::int64_t packed = 0;
@@ -73,8 +80,9 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
           const std::int64_t b0 = block.offset[split], b1 = b0 + block.size[split];
           if (b1 <= begin || b0 >= end) continue;  // another shard's block
           LATHER_REQUIRE(b0 >= begin && b1 <= end, "Shampoo: the slice [", begin, ", ", end, ") of parameter '",
-                         pp.spec.name, "' cuts its block [", b0, ", ", b1, ") (block_size ", options.block_size,
-                         "); choose weight shards whose slices are multiples of block_size");
+                         pp.spec.name, "' cuts its block [", b0, ", ", b1, ") (block extent ", extents[split],
+                         extents[split] == options.block_size ? " = block_size" : " = unpreconditioned_block_size",
+                         "); choose weight shards whose slices are multiples of it");
           local.offset[split] -= begin;
         }
         local.packed_offset = packed;

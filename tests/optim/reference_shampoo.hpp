@@ -29,6 +29,9 @@ struct ReferenceOptions {
   double inverse_failure_threshold = 0.1;
   double root_tolerance = 1e-6;
   int root_max_iterations = 100;
+  int preconditioner_side = 0;  // the reference's precondtioner_type: 0 ALL, 1 INPUT, 2 OUTPUT
+  // Lather's own: one-sided, the block extent along the dimensions without a statistic (0: block_size).
+  long unpreconditioned_block_size = 0;
 };
 
 class ReferenceShampoo {
@@ -50,9 +53,10 @@ class ReferenceShampoo {
         int s = 0;
         for (const auto& block : st.blocks) {
           const auto g = extract(grads[p], st.tshape, block);
-          for (std::size_t j = 0; j < block.size.size(); ++j, ++s) {
+          for (std::size_t j : st.dims) {
             const auto gram = mode_gram(g, block.size, j);
             for (std::size_t k = 0; k < gram.size(); ++k) st.stats[s][k] = w1 * st.stats[s][k] + w2 * gram[k];
+            ++s;
           }
         }
       }
@@ -128,6 +132,7 @@ class ReferenceShampoo {
     Shape shape, tshape;
     bool skip = false;
     std::vector<Block> blocks;
+    std::vector<std::size_t> dims;  // the dimensions with a statistic (should_precondition_dims)
     int exponent = 0;
     std::vector<int> sizes;
     std::vector<std::vector<double>> stats, precs;
@@ -169,12 +174,26 @@ class ReferenceShampoo {
     st.momentum.assign(elements, 0.0);
     st.diagonal_momentum.assign(elements, 0.0);
     if (st.skip) return st;
-    // Blocks: split every dimension at multiples of block_size; enumerate the first dimension
-    // slowest (odometer over block indices).
+    // One-sided (the reference's should_precondition_dims): INPUT all but the last dimension,
+    // OUTPUT the last only; rank <= 1 and ALL every dimension.
+    const std::size_t rank_of_shape = st.tshape.size();
+    for (std::size_t d = 0; d < rank_of_shape; ++d) {
+      const bool last = d + 1 == rank_of_shape;
+      if (rank_of_shape <= 1 || m_o.preconditioner_side == 0 || (m_o.preconditioner_side == 1 && !last) ||
+          (m_o.preconditioner_side == 2 && last))
+        st.dims.push_back(d);
+    }
+    // Blocks: split every dimension at multiples of block_size (one with no statistic at
+    // unpreconditioned_block_size where it is set); enumerate the first dimension slowest
+    // (odometer over block indices).
     std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> splits;
-    for (auto d : st.tshape) {
+    for (std::size_t axis = 0; axis < rank_of_shape; ++axis) {
+      const std::int64_t d = st.tshape[axis];
+      const bool has_statistic = std::find(st.dims.begin(), st.dims.end(), axis) != st.dims.end();
+      const std::int64_t wanted =
+          has_statistic || m_o.unpreconditioned_block_size <= 0 ? m_o.block_size : m_o.unpreconditioned_block_size;
       std::vector<std::pair<std::int64_t, std::int64_t>> parts;
-      const std::int64_t b = (m_o.block_size > 0 && m_o.block_size < d) ? m_o.block_size : d;
+      const std::int64_t b = (wanted > 0 && wanted < d) ? wanted : d;
       for (std::int64_t start = 0; start < d; start += b) parts.push_back({start, std::min(b, d - start)});
       splits.push_back(parts);
     }
@@ -195,10 +214,10 @@ class ReferenceShampoo {
         odometer[d] = 0;
       }
     }
-    const int rank = int(st.tshape.size());
-    st.exponent = m_o.exponent_override ? m_o.exponent_override : 2 * rank;
+    st.exponent = m_o.exponent_override ? m_o.exponent_override : 2 * int(st.dims.size());
     for (const auto& block : st.blocks)
-      for (auto n : block.size) {
+      for (std::size_t j : st.dims) {
+        const std::int64_t n = block.size[j];
         st.sizes.push_back(int(n));
         std::vector<double> eye(n * n, 0.0), eps(n * n, 0.0);
         for (std::int64_t i = 0; i < n; ++i) {
@@ -253,7 +272,7 @@ class ReferenceShampoo {
     int s = 0;
     for (const auto& block : st.blocks) {
       auto x = extract(g, st.tshape, block);
-      for (std::size_t j = 0; j < block.size.size(); ++j, ++s) {
+      for (std::size_t j : st.dims) {
         const std::int64_t n = block.size[j], stride = stride_of(block.size, j);
         std::vector<double> y(x.size());
         for (std::int64_t e = 0; e < std::int64_t(x.size()); ++e) {
@@ -265,6 +284,7 @@ class ReferenceShampoo {
           }
         }
         x.swap(y);
+        ++s;
       }
       for (std::int64_t e = 0; e < std::int64_t(x.size()); ++e) out[global_index(st.tshape, block, e)] = x[e];
     }

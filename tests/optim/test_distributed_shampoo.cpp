@@ -95,6 +95,7 @@ struct Mode {
   bool async_roots = false;
   bool mpi_gather = false;  // the parameter all-gather through MPI even on one node
   int host_threads = 0;     // product_host_threads (0: from the node; the element-wise passes follow)
+  long unpreconditioned_block_size = 0;  // one-sided blocks' extent along the dimensions without a statistic
 };
 
 class DistributedShampoo : public ::testing::TestWithParam<Mode> {};
@@ -127,6 +128,7 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
   o.root.workspace_bytes = 8 << 10;  // several root chunks and gram batches
   o.shared_memory_gather = !mode.mpi_gather;
   o.product_host_threads = mode.host_threads;
+  o.unpreconditioned_block_size = mode.unpreconditioned_block_size;
   const comm::Mesh mesh(MPI_COMM_WORLD, mode.shards);
   const auto specs = local_specs(mode.shards, mesh.shard());
   optim::Shampoo<Space, float> distributed(Space(), specs, o, mesh);
@@ -204,7 +206,14 @@ INSTANTIATE_TEST_SUITE_P(
                       // On a serial host backend the products and the element-wise passes (the
                       // gathered parameters' scatter among them) on 3 host threads.
                       Mode{"distributed_quantized_host_threads3", StepMode::distributed, true, true, 1,
-                           optim::PreconditionerType::all, false, false, 3}),
+                           optim::PreconditionerType::all, false, false, 3},
+                      // One-sided blocks whole along their last dimension ("dense" 8 x 12 blocks,
+                      // "tall" 8 x 5), and cut at 4 there with weight shards ("wide"'s slices of 8
+                      // columns hold two such blocks each).
+                      Mode{"distributed_one_sided_input_whole_rows", StepMode::distributed, true, false, 1,
+                           optim::PreconditionerType::input, false, false, 0, 1000},
+                      Mode{"distributed_shards2_quantized_one_sided_input_extent4", StepMode::distributed, true,
+                           true, 2, optim::PreconditionerType::input, false, false, 0, 4}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A NaN or Inf in one rank's gradient only (replicas should agree, but nothing may hang when they

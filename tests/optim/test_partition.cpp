@@ -2,6 +2,8 @@
 // against a plain element-by-element model of the block layout.
 #include <lather/optim/partition.hpp>
 
+#include <lather/core/error.hpp>
+
 #include <lather/optim/impl/shampoo_plan.hpp>  // white box: the step plan and packing kernels
 #include <lather/optim/impl/step_passes.hpp>
 
@@ -46,6 +48,46 @@ TEST(BlockPartition, SplitsWithRemainderInReferenceOrder) {
   EXPECT_EQ(BlockPartition({20, 11}, 32).blocks().size(), 1u);
   EXPECT_EQ(BlockPartition({20, 11}, 0).blocks().size(), 1u);
   EXPECT_EQ(BlockPartition({7}, 8).statistic_sizes(), (std::vector<int>{7}));
+}
+
+// An extent per dimension (one-sided Shampoo's unpreconditioned_block_size): each dimension is cut
+// at its own extent, in the same order; <= 0 or >= the dimension keeps it whole.
+TEST(BlockPartition, ExtentPerDimension) {
+  const BlockPartition p({20, 11}, std::vector<std::int64_t>{8, 0});
+  EXPECT_EQ(p.split_sizes()[0], (std::vector<std::int64_t>{8, 8, 4}));
+  EXPECT_EQ(p.split_sizes()[1], (std::vector<std::int64_t>{11}));
+  ASSERT_EQ(p.blocks().size(), 3u);
+  EXPECT_EQ(p.blocks()[2].offset, (std::vector<std::int64_t>{16, 0}));
+  EXPECT_EQ(p.blocks()[2].size, (std::vector<std::int64_t>{4, 11}));
+  EXPECT_EQ(p.statistic_sizes(), (std::vector<int>{8, 11, 8, 11, 4, 11}));
+  const BlockPartition q({6, 9, 5}, std::vector<std::int64_t>{4, 4, 2});
+  EXPECT_EQ(q.split_sizes()[2], (std::vector<std::int64_t>{2, 2, 1}));
+  EXPECT_EQ(q.blocks().size(), 2u * 3u * 3u);
+  EXPECT_EQ(q.blocks()[1].offset, (std::vector<std::int64_t>{0, 0, 2}));
+  // The same extent everywhere is the single-size partition.
+  const BlockPartition r({20, 11}, std::vector<std::int64_t>{8, 8});
+  EXPECT_EQ(r.statistic_sizes(), BlockPartition({20, 11}, 8).statistic_sizes());
+  EXPECT_THROW(BlockPartition({20, 11}, std::vector<std::int64_t>{8}), lather::Error);
+}
+
+// The plan cuts one-sided blocks at unpreconditioned_block_size along the dimensions without a
+// statistic: an MLP kernel [784, 512] preconditioned on its input side has 7 statistics (blocks of
+// 128 x 512 and 16 x 512) instead of 28, with the same elements.
+TEST(ShampooPlan, OneSidedBlocksTakeTheirOwnExtent) {
+  lather::optim::ShampooOptions o;
+  o.preconditioner_type = lather::optim::PreconditionerType::input;
+  const std::vector<lather::optim::ParameterSpec> specs = {{"kernel", {784, 512}}, {"bias", {512}}};
+  const auto reference = lather::optim::Impl::make_plan(specs, o);
+  o.unpreconditioned_block_size = 4096;
+  const auto wide = lather::optim::Impl::make_plan(specs, o);
+  EXPECT_EQ(reference.parameters[0].statistics, 28);
+  EXPECT_EQ(wide.parameters[0].statistics, 7);
+  EXPECT_EQ(wide.parameters[0].local_blocks.back().size, (std::vector<std::int64_t>{16, 512}));
+  // A rank-1 tensor has a statistic along its one dimension: cut at block_size as before.
+  EXPECT_EQ(wide.parameters[1].statistics, reference.parameters[1].statistics);
+  EXPECT_EQ(wide.max_size, 128);
+  o.unpreconditioned_block_size = 256;
+  EXPECT_EQ(lather::optim::Impl::make_plan(specs, o).parameters[0].statistics, 14);
 }
 
 // Gathering a tensor into a step's packed buffer then scattering it back restores every element,

@@ -92,6 +92,10 @@ ShampooOptions to_shampoo(const lather::test::ReferenceOptions& r) {
   o.root.tolerance = r.root_tolerance;
   o.root.max_iterations = r.root_max_iterations;
   o.statistics_precision = lather::linalg::Precision::float64;
+  o.preconditioner_type = r.preconditioner_side == 1   ? lather::optim::PreconditionerType::input
+                          : r.preconditioner_side == 2 ? lather::optim::PreconditionerType::output
+                                                       : lather::optim::PreconditionerType::all;
+  o.unpreconditioned_block_size = r.unpreconditioned_block_size;
   return o;
 }
 
@@ -164,6 +168,23 @@ const OptionCase option_cases[] = {
      }},
     {"merged_shapes", [](auto& r) { r.merge_small_dims_block_size = 4096; r.block_size = 128; }},
     {"biases_on_graft_path", [](auto& r) { r.skip_preconditioning_rank_lt = 2; }},
+    {"one_sided_input", [](auto& r) { r.preconditioner_side = 1; }},
+    {"one_sided_output", [](auto& r) { r.preconditioner_side = 2; r.graft_type = 1; }},
+    // Blocks cut at 2 along the dimensions with a statistic and at 3 along the last ([6, 4] into
+    // 2 x 3 and 2 x 1 blocks, [9, 5] into 2 x 3, 2 x 2 and 1 x 3, 1 x 2 ones).
+    {"one_sided_input_own_extent", [](auto& r) {
+       r.preconditioner_side = 1;
+       r.block_size = 2;
+       r.unpreconditioned_block_size = 3;
+     }},
+    // OUTPUT keeps a statistic of the last dimension only, so the blocks of [6, 4], [9, 5] and
+    // [12, 2] span all 6, 9 and 12 rows, where the reference cuts 4 + 2, 4 + 4 + 1 and 4 + 4 + 4.
+    {"one_sided_output_whole_blocks", [](auto& r) {
+       r.preconditioner_side = 2;
+       r.unpreconditioned_block_size = 1000;
+       r.graft_type = 3;
+       r.beta2 = 0.99;
+     }},
 };
 
 INSTANTIATE_TEST_SUITE_P(Options, AgainstModel, ::testing::ValuesIn(option_cases),

@@ -31,6 +31,9 @@ class BlockPartition {
  public:
   BlockPartition() = default;
   BlockPartition(const TensorShape& shape, std::int64_t block_size);
+  /// The same with an extent of its own along each dimension (one-sided Shampoo's blocks, cut only
+  /// along the dimensions with a statistic): block_sizes[d] <= 0 keeps dimension d whole.
+  BlockPartition(const TensorShape& shape, const std::vector<std::int64_t>& block_sizes);
 
   const TensorShape& shape() const { return m_shape; }
   int rank() const { return int(m_shape.size()); }

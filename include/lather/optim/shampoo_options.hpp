@@ -78,6 +78,13 @@ struct ShampooOptions {
   bool generate_training_metrics = true;
 
   // Beyond the reference.
+  /// One-sided Shampoo (preconditioner_type INPUT or OUTPUT): the blocks' extent along the
+  /// dimensions that have no statistic, where the reference cuts every dimension at block_size.
+  /// Each statistic then sums its block-row over that many columns (or the whole dimension), and
+  /// a tensor has fewer statistics and roots for the same products. 0: block_size, as the
+  /// reference. Along a weight-shard split axis the slices must be multiples of it, as of
+  /// block_size.
+  long unpreconditioned_block_size = 0;
   /// Inverse-root method and iteration settings (ridge_epsilon and relative_ridge are taken from
   /// matrix_epsilon and relative_matrix_epsilon). Default: Newton in double, as the reference
   /// recommends where double is available.
