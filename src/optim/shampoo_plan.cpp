@@ -50,10 +50,12 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
     // Blocks are cut at block_size along the dimensions with a statistic, and one-sided, at
     // unpreconditioned_block_size along the others.
     const auto dims = preconditioned_dimensions(int(global.size()), options.preconditioner_type);
-    std::vector<std::int64_t> extents(global.size(), options.block_size);
-    if (options.unpreconditioned_block_size > 0)
-      for (std::size_t d = 0; d < global.size(); ++d)
-        if (std::find(dims.begin(), dims.end(), int(d)) == dims.end()) extents[d] = options.unpreconditioned_block_size;
+    const auto at_block_size = [&](std::size_t d) {
+      return options.unpreconditioned_block_size <= 0 || std::find(dims.begin(), dims.end(), int(d)) != dims.end();
+    };
+    std::vector<std::int64_t> extents(global.size());
+    for (std::size_t d = 0; d < global.size(); ++d)
+      extents[d] = at_block_size(d) ? options.block_size : options.unpreconditioned_block_size;
     pp.partition = BlockPartition(global, extents);
     pp.quantized_momentum = options.best_effort_memory_usage_reduction && pp.spec.shape.size() > 1;
     if (pp.preconditioned && pp.partition.rank() == 0) pp.preconditioned = false;
@@ -81,7 +83,7 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
           if (b1 <= begin || b0 >= end) continue;  // another shard's block
           LATHER_REQUIRE(b0 >= begin && b1 <= end, "Shampoo: the slice [", begin, ", ", end, ") of parameter '",
                          pp.spec.name, "' cuts its block [", b0, ", ", b1, ") (block extent ", extents[split],
-                         extents[split] == options.block_size ? " = block_size" : " = unpreconditioned_block_size",
+                         at_block_size(std::size_t(split)) ? " = block_size" : " = unpreconditioned_block_size",
                          "); choose weight shards whose slices are multiples of it");
           local.offset[split] -= begin;
         }
