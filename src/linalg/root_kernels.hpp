@@ -160,6 +160,33 @@ void power_iteration_host(const Stack3<const C, MemorySpace>& matrices, const st
   }
 }
 
+/// One team's pass over slot s of a Newton step: x(i, j) = element(i, j) (which may also write
+/// the slot's other matrices), t(s) = (1 - alpha) I + alpha x, and the return value max |x - I|
+/// (+inf when an entry is not finite), the error that decides whether the slot goes on.
+template <class Member, class C, class MemorySpace, class Element>
+KOKKOS_INLINE_FUNCTION C error_and_step(const Member& member, int s, int n, C alpha,
+                                        const Stack3<C, MemorySpace>& t, const Element& element) {
+  C worst = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(member, n),
+      [&](int i, C& local) {
+        C row_worst = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(member, n),
+            [&](int j, C& row_local) {
+              const C x = element(i, j);
+              t(s, i, j) = alpha * x + (i == j ? C(1) - alpha : C(0));
+              C d = kmath::fabs(x - C(i == j));
+              if (!is_finite(d)) d = Kokkos::Experimental::infinity<C>::value;
+              if (d > row_local) row_local = d;
+            },
+            Kokkos::Max<C>(row_worst));
+        if (row_worst > local) local = row_worst;
+      },
+      Kokkos::Max<C>(worst));
+  return worst;
+}
+
 /// Newton start: M0 = z (A + ridge I), H0 = z^(1/p) I with z = (1 + p) / (2 ||A + ridge I||_F);
 /// error(s) = max |M0 - I|, and the first step matrix T = (1 - alpha) I + alpha M0 (alpha = -1/p).
 template <class ExecutionSpace, class C, class MemorySpace>
@@ -191,26 +218,12 @@ void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m,
         const C h0 = kmath::pow(z, C(1) / C(p));
         const C alpha = C(-1) / C(p);
         member.team_barrier();
-        C worst = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, n),
-            [&](int i, C& local) {
-              C row_worst = 0;
-              Kokkos::parallel_reduce(
-                  Kokkos::ThreadVectorRange(member, n),
-                  [&](int j, C& row_local) {
-                    const C x = m(s, i, j) * z;
-                    m(s, i, j) = x;
-                    h(s, i, j) = i == j ? h0 : C(0);
-                    t(s, i, j) = alpha * x + (i == j ? C(1) - alpha : C(0));
-                    C d = kmath::fabs(x - C(i == j));
-                    if (!is_finite(d)) d = Kokkos::Experimental::infinity<C>::value;
-                    if (d > row_local) row_local = d;
-                  },
-                  Kokkos::Max<C>(row_worst));
-              if (row_worst > local) local = row_worst;
-            },
-            Kokkos::Max<C>(worst));
+        const C worst = error_and_step(member, s, n, alpha, t, [&](int i, int j) {
+          const C x = m(s, i, j) * z;
+          m(s, i, j) = x;
+          h(s, i, j) = i == j ? h0 : C(0);
+          return x;
+        });
         Kokkos::single(Kokkos::PerTeam(member), [&]() { error(s) = worst; });
       });
 }
@@ -228,24 +241,7 @@ void newton_error_and_step(const ExecutionSpace& space, const Stack3<const C, Me
       "Lather::linalg::newton_error_and_step", per_slot_policy(space, count),
       KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
-        C worst = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, n),
-            [&](int i, C& local) {
-              C row_worst = 0;
-              Kokkos::parallel_reduce(
-                  Kokkos::ThreadVectorRange(member, n),
-                  [&](int j, C& row_local) {
-                    const C x = m(s, i, j);
-                    t(s, i, j) = alpha * x + (i == j ? C(1) - alpha : C(0));
-                    C d = kmath::fabs(x - C(i == j));
-                    if (!is_finite(d)) d = Kokkos::Experimental::infinity<C>::value;
-                    if (d > row_local) row_local = d;
-                  },
-                  Kokkos::Max<C>(row_worst));
-              if (row_worst > local) local = row_worst;
-            },
-            Kokkos::Max<C>(worst));
+        const C worst = error_and_step(member, s, n, alpha, t, [&](int i, int j) { return m(s, i, j); });
         Kokkos::single(Kokkos::PerTeam(member), [&]() { error(s) = worst; });
       });
 }
