@@ -43,21 +43,27 @@ long planned_steps(const TrainOptions& o) {
 optim::ShampooOptions TrainOptions::shampoo_options() const {
   optim::ShampooOptions s;
   // Defaults of the driver (the time-to-accuracy sweep in docs/reference/driver.md): an AdaGrad
-  // graft, biases on the diagonal path, roots every 100 steps by eigendecomposition.
+  // graft, biases on the diagonal path, roots by eigendecomposition every 100 steps (50 for the
+  // transformer).
   s.graft_type = optim::GraftType::adagrad;
   // The MLP's momentum from a five-seed sweep (steps to 88%: 0.85 never more than 0.9, 580 against
-  // 620 on average); the transformer keeps the reference's 0.9 (not swept).
+  // 620 on average); the transformer keeps the reference's 0.9 (0.85 and 0.95 needed more steps
+  // to 1.8 nats/char on two seeds, docs/transformer.md).
   s.beta1 = model == "mlp" ? 0.85 : 0.9;
   // The MLP preconditions the input side of each kernel only (the reference's INPUT): over ten
   // seeds it needed fewer steps to 88% than both sides (506 against 600 on average, at its best
   // rate 6e-3 against 4e-3) for half the statistics, roots and products. The transformer keeps
-  // both sides (INPUT needed 800 and 750 steps to 1.8 nats/char against 700 and 700).
+  // both sides (INPUT needed 760 steps to 1.8 nats/char on average over five seeds against 720).
   s.preconditioner_type = model == "mlp" ? optim::PreconditionerType::input : optim::PreconditionerType::all;
   s.beta2 = 0.999;
   s.diagonal_epsilon = 1e-10;
   s.matrix_epsilon = 1e-6;
   s.start_preconditioning_step = 25;
-  s.preconditioning_compute_steps = 100;
+  // Roots every 100 steps for the MLP (the sweep in docs/reference/driver.md); the transformer
+  // takes them every 50: over five seeds it reached 1.8 nats/char in 690 steps and 44.5 s on
+  // average against 720 and 46.7 s, never in more steps (docs/transformer.md). Its roots are small
+  // beside the model.
+  s.preconditioning_compute_steps = model == "mlp" ? 100 : 50;
   s.block_size = 128;
   s.skip_preconditioning_rank_lt = 2;
   s.root.method = linalg::RootMethod::eigh;

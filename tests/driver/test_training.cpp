@@ -156,6 +156,25 @@ TEST(Training, SoapTakesTheRunsShampooBlockingAndQuantization) {
   EXPECT_EQ(soap.max_precond_dim, 512);
 }
 
+// lather-train's Shampoo defaults per model, as docs/reference/driver.md lists them (each from a
+// time-to-accuracy sweep): the MLP one-sided with momentum 0.85 and roots every 100 steps, the
+// transformer two-sided with 0.9 and roots every 50; --shampoo still overrides them.
+TEST(Training, ShampooDefaultsPerModel) {
+  TrainOptions o;
+  o.model = "mlp";
+  auto s = o.shampoo_options();
+  EXPECT_EQ(s.preconditioner_type, lather::optim::PreconditionerType::input);
+  EXPECT_EQ(s.beta1, 0.85);
+  EXPECT_EQ(s.preconditioning_compute_steps, 100);
+  o.model = "transformer";
+  s = o.shampoo_options();
+  EXPECT_EQ(s.preconditioner_type, lather::optim::PreconditionerType::all);
+  EXPECT_EQ(s.beta1, 0.9);
+  EXPECT_EQ(s.preconditioning_compute_steps, 50);
+  o.shampoo = {"preconditioning_compute_steps=100"};
+  EXPECT_EQ(o.shampoo_options().preconditioning_compute_steps, 100);
+}
+
 TEST(Training, BadOptionsAreClearErrors) {
   const auto expect_error = [](TrainOptions o, const std::string& fragment) {
     try {
