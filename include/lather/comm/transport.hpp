@@ -1,0 +1,198 @@
+#pragma once
+// Moving View data through a Group. Where MPI may touch the memory space (host memory, or a
+// GPU-aware MPI declared at build time) the View's own pointer goes to MPI after a fence;
+// otherwise every transfer is staged through host buffers in chunks of a fixed size, copied
+// with deep_copy on the caller's execution space instance. Both sides of a point-to-point transfer
+// use the same chunking (it is a function of the agreed options only), so messages always match.
+
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
+#include <lather/core/kokkos_compat.hpp>
+
+#include <lather/comm/group.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lather::comm {
+
+/// Counters of what a collective object handed to MPI (for tests and benchmarks).
+struct TransportCounters {
+  long data_calls = 0;  ///< MPI calls carrying tensor data
+  double bytes = 0;     ///< bytes of tensor data this rank sent or contributed
+};
+
+template <class ExecutionSpace, class T>
+class Transport {
+ public:
+  using memory_space = typename ExecutionSpace::memory_space;
+  using view = Kokkos::View<T*, memory_space>;
+  using host_view = Kokkos::View<T*, Kokkos::HostSpace>;
+  static constexpr bool direct = ::lather::Impl::mpi_accessible<memory_space>;
+  /// Host-staged transfers never move more than this many elements at once.
+  static constexpr std::size_t max_chunk = std::size_t(1) << 30;
+
+  Transport() = default;
+  /// `staging_elements`: chunk size of host-staged transfers (ignored where MPI reads in place).
+  Transport(Group group, std::size_t staging_elements, std::string label)
+      : m_group(std::move(group)),
+        m_chunk(direct ? max_chunk : std::max<std::size_t>(1, std::min(staging_elements, max_chunk))),
+        m_label(std::move(label)) {}
+
+  const Group& group() const { return m_group; }
+  TransportCounters& counters() { return m_counters; }
+  const TransportCounters& counters() const { return m_counters; }
+
+  /// data := `op` over the group of data (in place), one allreduce per chunk.
+  void allreduce(const ExecutionSpace& space, const view& data, Combine op = Combine::sum) {
+    for_chunks(data.extent(0), [&](std::size_t begin, std::size_t count) {
+      T* buffer = stage_out(space, data, begin, count, m_send);
+      m_group.allreduce(buffer, count, op);
+      stage_in(space, data, begin, count, m_send);
+      count_call(count);
+    });
+  }
+
+  /// out := sum over the group of in (out of place; in and out must not overlap).
+  void allreduce_sum(const ExecutionSpace& space, const view& in, const view& out) {
+    for_chunks(in.extent(0), [&](std::size_t begin, std::size_t count) {
+      T* send_buffer = stage_out(space, in, begin, count, m_send);
+      T* receive_buffer_ = receive_buffer(space, out, begin, count, m_receive);
+      m_group.allreduce(send_buffer, receive_buffer_, count, Combine::sum);
+      stage_in(space, out, begin, count, m_receive);
+      count_call(count);
+    });
+  }
+
+  /// data := root's data, one broadcast per chunk.
+  void broadcast(const ExecutionSpace& space, const view& data, int root) {
+    const bool sends = m_group.rank() == root;
+    for_chunks(data.extent(0), [&](std::size_t begin, std::size_t count) {
+      T* buffer = sends ? stage_out(space, data, begin, count, m_send)
+                        : receive_buffer(space, data, begin, count, m_send);
+      m_group.broadcast(buffer, count, root);
+      if (!sends) stage_in(space, data, begin, count, m_send);
+      count_call(count);
+    });
+  }
+
+  void send(const ExecutionSpace& space, const view& data, int destination, int tag) {
+    for_chunks(data.extent(0), [&](std::size_t begin, std::size_t count) {
+      m_group.send(stage_out(space, data, begin, count, m_send), count, destination, tag);
+      count_call(count);
+    });
+  }
+
+  void receive(const ExecutionSpace& space, const view& data, int source, int tag) {
+    for_chunks(data.extent(0), [&](std::size_t begin, std::size_t count) {
+      m_group.receive(receive_buffer(space, data, begin, count, m_receive), count, source, tag);
+      stage_in(space, data, begin, count, m_receive);
+    });
+  }
+
+  /// Sends `outgoing` to `partner` and receives `incoming` from it; the partner makes the mirror
+  /// call, so its outgoing size is our incoming size. Chunk k of both directions travels together.
+  void exchange(const ExecutionSpace& space, const view& outgoing, const view& incoming, int partner, int tag) {
+    const std::size_t n_out = outgoing.extent(0), n_in = incoming.extent(0);
+    const std::size_t chunks = std::max((n_out + m_chunk - 1) / m_chunk, (n_in + m_chunk - 1) / m_chunk);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      const std::size_t out_begin = std::min(n_out, k * m_chunk), in_begin = std::min(n_in, k * m_chunk);
+      const std::size_t out_count = std::min(m_chunk, n_out - out_begin);
+      const std::size_t in_count = std::min(m_chunk, n_in - in_begin);
+      T* send_buffer = stage_out(space, outgoing, out_begin, out_count, m_send);
+      T* receive_buffer_ = receive_buffer(space, incoming, in_begin, in_count, m_receive);
+      m_group.exchange(send_buffer, out_count, receive_buffer_, in_count, partner, tag);
+      stage_in(space, incoming, in_begin, in_count, m_receive);
+      count_call(out_count);
+    }
+  }
+
+  /// Alltoall of `per_rank` elements to every rank (sizes bounded by the caller: no chunking).
+  void alltoall(const ExecutionSpace& space, const view& outgoing, const view& incoming, std::size_t per_rank) {
+    const std::size_t total = outgoing.extent(0);
+    T* send_buffer = stage_out(space, outgoing, 0, total, m_send);
+    T* receive_buffer_ = receive_buffer(space, incoming, 0, incoming.extent(0), m_receive);
+    m_group.alltoall(send_buffer, per_rank, receive_buffer_);
+    stage_in(space, incoming, 0, incoming.extent(0), m_receive);
+    count_call(total);
+  }
+
+  /// Allgatherv: rank r's `mine` lands at all[sum of counts before r, + counts[r]).
+  void allgatherv(const ExecutionSpace& space, const view& mine, const view& all,
+                  const std::vector<std::size_t>& counts) {
+    T* send_buffer = stage_out(space, mine, 0, mine.extent(0), m_send);
+    T* receive_buffer_ = receive_buffer(space, all, 0, all.extent(0), m_receive);
+    m_group.allgatherv(send_buffer, receive_buffer_, counts);
+    stage_in(space, all, 0, all.extent(0), m_receive);
+    count_call(mine.extent(0));
+  }
+
+ private:
+  template <class Body>
+  void for_chunks(std::size_t n, Body&& body) const {
+    for (std::size_t begin = 0; begin < n; begin += m_chunk) body(begin, std::min(m_chunk, n - begin));
+  }
+
+  void count_call(std::size_t elements) {
+    m_counters.data_calls += 1;
+    m_counters.bytes += double(elements) * sizeof(T);
+  }
+
+  static auto range(std::size_t begin, std::size_t count) { return std::make_pair(begin, begin + count); }
+
+  void ensure(host_view& host, std::size_t count) {
+    if (host.extent(0) < count)
+      host = host_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, m_label + "::host_staging"), count);
+  }
+
+  /// Pointer MPI may read data[begin, begin + count) from, with the data ready.
+  T* stage_out(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count,
+               host_view& host) {
+    if constexpr (direct) {
+      (void)host;
+      ::lather::Impl::fence(space, "Lather::comm: data ready before sending");
+      return data.data() + begin;
+    } else {
+      ensure(host, count);
+      Kokkos::deep_copy(space, Kokkos::subview(host, range(0, count)), Kokkos::subview(data, range(begin, count)));
+      ::lather::Impl::fence(space, "Lather::comm: staged data ready before sending");
+      return host.data();
+    }
+  }
+
+  /// Pointer MPI may write data[begin, begin + count) to, with earlier work on it finished.
+  T* receive_buffer(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count,
+                    host_view& host) {
+    ::lather::Impl::fence(space, "Lather::comm: buffer free before receiving");
+    if constexpr (direct) {
+      (void)host, (void)count;
+      return data.data() + begin;
+    } else {
+      ensure(host, count);
+      return host.data();
+    }
+  }
+
+  void stage_in(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count,
+                host_view& host) {
+    if constexpr (!direct) {
+      Kokkos::deep_copy(space, Kokkos::subview(data, range(begin, count)), Kokkos::subview(host, range(0, count)));
+    } else {
+      (void)space, (void)data, (void)begin, (void)count, (void)host;
+    }
+  }
+
+  Group m_group;
+  std::size_t m_chunk = max_chunk;
+  std::string m_label;
+  host_view m_send, m_receive;
+  TransportCounters m_counters;
+};
+
+}  // namespace lather::comm

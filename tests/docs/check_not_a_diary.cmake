@@ -1,0 +1,75 @@
+# Fails when reference text holds a date or a commit hash: reference pages (and, later, comments
+# in the code) say what is; when something was measured or changed belongs to perf/results/ and
+# CHANGELOG.md, which git history backs.
+#   -DROOT=<source directory>
+#   -DPATHS=<list, relative to ROOT, separated by ';' or ','>: directories (every file under them)
+#           and file globs, e.g. "docs/reference/*.md,include,src". Default: docs/reference/*.md.
+# A date: ISO (2026-11-28), a day and month ("28 November", "28 November 2026") or a month and
+# year ("November 2026"). A commit hash: a word of 7 to 40 characters of [0-9a-f] with at least one
+# letter and one digit; decimal numbers (1.5e-6, 2.2250738585072014e-308, 1e10) are not words here.
+cmake_minimum_required(VERSION 3.18)
+if(NOT DEFINED PATHS OR PATHS STREQUAL "")
+  set(PATHS "docs/reference/*.md")
+endif()
+string(REPLACE "," ";" PATHS "${PATHS}")
+set(files "")
+foreach(entry IN LISTS PATHS)
+  if(IS_DIRECTORY "${ROOT}/${entry}")
+    file(GLOB_RECURSE found LIST_DIRECTORIES false "${ROOT}/${entry}/*")
+  else()
+    file(GLOB found LIST_DIRECTORIES false "${ROOT}/${entry}")
+  endif()
+  if(NOT found)
+    message(FATAL_ERROR "check_not_a_diary: '${entry}' matches no file under ${ROOT}")
+  endif()
+  list(APPEND files ${found})
+endforeach()
+list(REMOVE_DUPLICATES files)
+list(SORT files)
+
+set(months "January|February|March|April|May|June|July|August|September|October|November|December")
+set(found_any "")
+set(checked 0)
+foreach(path IN LISTS files)
+  file(READ "${path}" text)
+  math(EXPR checked "${checked} + 1")
+  file(RELATIVE_PATH name "${ROOT}" "${path}")
+  # Semicolons and square brackets would confuse CMake's lists and a backslash would escape the
+  # separator; none of them is part of a date or a hash.
+  string(REGEX REPLACE "[];[]" " " text "${text}")
+  string(REPLACE "\\" "/" text "${text}")
+  string(REPLACE "\n" ";" lines "${text}")
+  set(number 0)
+  foreach(line IN LISTS lines)
+    math(EXPR number "${number} + 1")
+    set(hits "")
+    string(REGEX MATCHALL "(^|[^0-9])[12][0-9][0-9][0-9]-[01][0-9]-[0-3][0-9]([^0-9]|$)" iso "${line}")
+    string(REGEX MATCHALL "(^|[^0-9A-Za-z])[0-3]?[0-9] (${months})" day_month "${line}")
+    string(REGEX MATCHALL "(${months}) [12][0-9][0-9][0-9]" month_year "${line}")
+    foreach(hit IN LISTS iso day_month month_year)
+      string(REGEX REPLACE "^[^0-9A-Za-z]|[^0-9A-Za-z]$" "" hit "${hit}")
+      list(APPEND hits "date '${hit}'")
+    endforeach()
+    # Numbers with a decimal point or an exponent are not hashes: blank them before splitting words.
+    string(REGEX REPLACE "[0-9]+\\.[0-9]+([eE][-+]?[0-9]+)?" " " words "${line}")
+    string(REGEX REPLACE "(^|[^0-9A-Za-z_])[0-9]+[eE][-+]?[0-9]+([^0-9A-Za-z_]|$)" "\\1 \\2" words "${words}")
+    string(REGEX MATCHALL "[0-9A-Za-z_]+" words "${words}")
+    foreach(word IN LISTS words)
+      string(LENGTH "${word}" length)
+      if(length GREATER_EQUAL 7 AND length LESS_EQUAL 40 AND word MATCHES "^[0-9a-f]+$"
+         AND word MATCHES "[a-f]" AND word MATCHES "[0-9]")
+        list(APPEND hits "commit hash '${word}'")
+      endif()
+    endforeach()
+    foreach(hit IN LISTS hits)
+      list(APPEND found_any "${name}:${number}: ${hit}")
+    endforeach()
+  endforeach()
+endforeach()
+if(found_any)
+  list(LENGTH found_any count)
+  list(JOIN found_any "\n  " report)
+  message(FATAL_ERROR "${count} dates or commit hashes in reference text (say what is; history "
+                      "goes to perf/results/ or CHANGELOG.md):\n  ${report}")
+endif()
+message(STATUS "no date or commit hash in ${checked} files")

@@ -1,0 +1,46 @@
+# Fails when docs/results.md differs from what perf/results_page.py makes of perf/results/*.jsonl.
+#   -DPYTHON=<python3> -DROOT=<source directory> -DWORK=<scratch directory in the build tree>
+cmake_minimum_required(VERSION 3.18)
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+execute_process(COMMAND "${PYTHON}" "${ROOT}/perf/results_page.py" --results "${ROOT}/perf/results"
+                        --output-dir "${WORK}" --no-plots
+                RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT code EQUAL 0)
+  message(FATAL_ERROR "perf/results_page.py failed (${code}):\n${out}${err}")
+endif()
+file(READ "${WORK}/results.md" generated)
+file(READ "${ROOT}/docs/results.md" committed)
+if(NOT generated STREQUAL committed)
+  # Name the first line that differs, so the message says where to look.
+  # Semicolons and square brackets would confuse CMake's lists: shown as , < and >.
+  string(REGEX REPLACE "[;]" "," generated_text "${generated}")
+  string(REGEX REPLACE "[;]" "," committed_text "${committed}")
+  string(REGEX REPLACE "\\[" "<" generated_text "${generated_text}")
+  string(REGEX REPLACE "\\[" "<" committed_text "${committed_text}")
+  string(REGEX REPLACE "]" ">" generated_text "${generated_text}")
+  string(REGEX REPLACE "]" ">" committed_text "${committed_text}")
+  string(REPLACE "\n" ";" generated_lines "${generated_text}")
+  string(REPLACE "\n" ";" committed_lines "${committed_text}")
+  list(LENGTH generated_lines n_generated)
+  list(LENGTH committed_lines n_committed)
+  set(line 0)
+  set(where "")
+  while(line LESS n_generated AND line LESS n_committed)
+    list(GET generated_lines ${line} a)
+    list(GET committed_lines ${line} b)
+    if(NOT a STREQUAL b)
+      math(EXPR number "${line} + 1")
+      set(where "first difference at line ${number}:\n  committed: ${b}\n  generated: ${a}\n")
+      break()
+    endif()
+    math(EXPR line "${line} + 1")
+  endwhile()
+  if(where STREQUAL "")
+    set(where "the committed page has ${n_committed} lines, the generated one ${n_generated}\n")
+  endif()
+  message(FATAL_ERROR "docs/results.md is not what perf/results/*.jsonl give: run "
+                      "`python3 perf/results_page.py` and commit docs/results.md and docs/results/.\n"
+                      "${where}(generated page: ${WORK}/results.md)")
+endif()
+message(STATUS "docs/results.md matches perf/results/*.jsonl")
