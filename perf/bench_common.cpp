@@ -1,7 +1,7 @@
 #include "bench_common.hpp"
 
 #include <lather/core/host_blas_threads.hpp>
-#include <lather/core/impl/gemm.hpp>
+#include <lather/core/gemm.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>

@@ -2,7 +2,7 @@
 // GEMM throughput of the same BLAS at the same size, precision and batch measured in the same run.
 #include "bench_common.hpp"
 
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/host_threads.hpp>
 #include <lather/linalg/inverse_root.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -68,10 +68,9 @@ void run_root(const RootBenchOptions& o) {
     const double gemm_one = in_float ? gemm_gflops<float>(n, o.gemm_seconds) : gemm_gflops<double>(n, o.gemm_seconds);
     for (int batch : o.batch) {
       LATHER_REQUIRE(batch >= 1, "--batch values must be >= 1, got ", batch);
-      const double gemm_batched =
-          batch == 1 ? gemm_one
-          : in_float ? batched_gemm_gflops<float>(n, batch, 1, o.gemm_seconds)
-                     : batched_gemm_gflops<double>(n, batch, 1, o.gemm_seconds);
+      const double gemm_batched = batch == 1 ? gemm_one
+                                  : in_float ? batched_gemm_gflops<float>(n, batch, 1, o.gemm_seconds)
+                                             : batched_gemm_gflops<double>(n, batch, 1, o.gemm_seconds);
       const double baseline = std::max(gemm_one, gemm_batched);
       const Stack statistics = make_statistics(batch, n, 1234u + unsigned(n));
       Stack roots("bench::roots", batch, n, n);
@@ -90,8 +89,7 @@ void run_root(const RootBenchOptions& o) {
           Kokkos::Timer timer;
           const auto result = linalg::inverse_pth_root(Space(), statistics, roots, p, options);
           const double seconds = timer.seconds();
-          const double iterations =
-              std::accumulate(result.iterations.begin(), result.iterations.end(), 0.0) / batch;
+          const double iterations = std::accumulate(result.iterations.begin(), result.iterations.end(), 0.0) / batch;
           const double power_iterations =
               std::accumulate(result.power_iterations.begin(), result.power_iterations.end(), 0.0) / batch;
           const double gflops = result.gemm_flops / seconds / 1e9;
@@ -123,10 +121,10 @@ void run_root(const RootBenchOptions& o) {
 
 void register_root(CLI::App& app) {
   auto options = std::make_shared<RootBenchOptions>();
-  auto* sub = app.add_subcommand(
-      "root",
-      "Batched inverse p-th roots: Newton GFLOP/s (flops of the GEMMs executed) against same-run "
-      "GEMM GFLOP/s at the same n; the eigendecomposition method's time beside it.");
+  auto* sub =
+      app.add_subcommand("root",
+                         "Batched inverse p-th roots: Newton GFLOP/s (flops of the GEMMs executed) against same-run "
+                         "GEMM GFLOP/s at the same n; the eigendecomposition method's time beside it.");
   add_list_option(*sub, "--n", options->n, "Matrix sizes");
   add_list_option(*sub, "--batch", options->batch, "Matrices per batched call");
   add_list_option(*sub, "--p", options->p, "Root exponents p (computes A^(-1/p))");
@@ -136,8 +134,7 @@ void register_root(CLI::App& app) {
   sub->add_option("--precision", options->precision, "Compute precision: float32 or float64")
       ->check(CLI::IsMember({"float32", "float64"}))
       ->capture_default_str();
-  sub->add_option("--gemm-seconds", options->gemm_seconds,
-                  "Time spent measuring the GEMM baseline per size")
+  sub->add_option("--gemm-seconds", options->gemm_seconds, "Time spent measuring the GEMM baseline per size")
       ->capture_default_str();
   sub->add_option("--batched-gemm-max-size", options->batched_gemm_max_size,
                   "Largest n that uses batched small GEMMs instead of one BLAS call per matrix "

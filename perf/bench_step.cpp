@@ -7,7 +7,7 @@
 
 #include <lather/comm/mesh.hpp>
 #include <lather/core/error.hpp>
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/host_threads.hpp>
 #include <lather/core/parameters.hpp>
 #include <lather/optim/first_order.hpp>
 #include <lather/optim/muon.hpp>
@@ -40,8 +40,8 @@ struct StepBenchOptions {
 /// Seconds per step of the slowest rank, averaged over `windows` windows of `window` steps after
 /// one warm-up window.
 template <class Optimizer>
-double time_steps(const comm::Group& world, Optimizer& optimizer, const ParameterList<float, Mem>& params,
-                  long window, int windows) {
+double time_steps(const comm::Group& world, Optimizer& optimizer, const ParameterList<float, Mem>& params, long window,
+                  int windows) {
   const Space space;
   for (long s = 0; s < window; ++s) optimizer.step(space, params);
   space.fence();
@@ -116,10 +116,17 @@ void run_step(const StepBenchOptions& o) {
     const double adam_bytes = 28.0 * double(elements);
     const double triad = triad_seconds(std::size_t(adam_bytes));
     if (print)
-      emit({{"bench", "step"}, {"set", set}, {"optimizer", "adam"}, {"ranks", mesh.world_size()},
-            {"seconds_per_step", adam_seconds}, {"state_bytes", adam.memory_report().total()},
-            {"ratio_to_adam", 1.0}, {"parameters", specs.size()}, {"values", elements},
-            {"update_gbps", adam_bytes / adam_seconds / 1e9}, {"triad_gbps", adam_bytes / triad / 1e9},
+      emit({{"bench", "step"},
+            {"set", set},
+            {"optimizer", "adam"},
+            {"ranks", mesh.world_size()},
+            {"seconds_per_step", adam_seconds},
+            {"state_bytes", adam.memory_report().total()},
+            {"ratio_to_adam", 1.0},
+            {"parameters", specs.size()},
+            {"values", elements},
+            {"update_gbps", adam_bytes / adam_seconds / 1e9},
+            {"triad_gbps", adam_bytes / triad / 1e9},
             {"ratio_to_triad", triad / adam_seconds},
             {"ns_per_value", adam_seconds / double(elements) * 1e9}});
     // The BLAS's rate for GEMMs of the block size, in the statistics' precision: Shampoo's
@@ -216,7 +223,8 @@ void register_step(CLI::App& app) {
       "bandwidth against a same-run triad. Under mpiexec the ranks share Shampoo's step.");
   add_list_option(*sub, "--set", options->sets, "Parameter sets (transformer, cnn)");
   add_list_option(*sub, "--root-method", options->root_methods, "Inverse-root methods to time (newton, eigh)");
-  add_list_option(*sub, "--others", options->others, "Other optimizers timed beside Adam and Shampoo (soap, muon; none: neither)");
+  add_list_option(*sub, "--others", options->others,
+                  "Other optimizers timed beside Adam and Shampoo (soap, muon; none: neither)");
   sub->add_option("--sets-file", options->file, "The parameter sets file (default: perf/parameter_sets.json)");
   sub->add_option("--windows", options->windows, "Timed windows of preconditioning_compute_steps steps")
       ->check(CLI::PositiveNumber)

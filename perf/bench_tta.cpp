@@ -23,7 +23,7 @@ struct TtaOptions {
   long eval_every = 50;
   int epochs = 5;
   std::string data = "/usr/share/datasets/fashion-mnist";
-  std::vector<std::string> shampoo;  ///< name=value over lather-train's Shampoo defaults (a sweep)
+  std::vector<std::string> shampoo;         ///< name=value over lather-train's Shampoo defaults (a sweep)
   std::vector<std::string> learning_rates;  ///< optimizer=value: peak rates other than lather-train's
   std::string model = "mlp";
   std::string text = "/usr/share/datasets/shakespeare";
@@ -37,31 +37,33 @@ void run_tta(const TtaOptions& o) {
   const int rank = world.rank(), ranks = world.size();
   double baseline_steps = 0, baseline_seconds = 0;
   for (const auto& name : o.optimizers) {
+    const train::OptimizerKind optimizer = train::parse_optimizer(name);
     train::TrainOptions t;
     const bool transformer = o.model == "transformer";
     if (transformer) {
       // lather-train --model transformer's defaults, then this optimizer at its default rate.
-      t.model = "transformer";
+      t.model = train::ModelKind::transformer;
       CLI::App defaults;
       train::add_options(defaults, t);
       train::apply_model_defaults(defaults, t);
       t.text = o.text;
       t.target_loss = o.target_loss;
       if (o.max_steps > 0) t.max_steps = o.max_steps;
-      t.lr = train::default_transformer_learning_rate(name);
+      t.lr = train::default_transformer_learning_rate(optimizer);
       // apply_model_defaults() chose Shampoo's block size for lather-train's default optimizer;
       // the optimizers that take no Shampoo options refuse it.
-      if (name != "shampoo" && name != "soap") t.shampoo.clear();
+      if (optimizer != train::OptimizerKind::shampoo && optimizer != train::OptimizerKind::soap) t.shampoo.clear();
     } else {
       t.data = o.data;
       t.epochs = o.epochs;
       t.target_accuracy = o.target;
     }
-    t.optimizer = name;
+    t.optimizer = optimizer;
     t.seed = o.seed;
     t.eval_every = o.eval_every;
     t.quiet = true;
-    if (name == "shampoo") t.shampoo.insert(t.shampoo.end(), o.shampoo.begin(), o.shampoo.end());
+    if (optimizer == train::OptimizerKind::shampoo)
+      t.shampoo.insert(t.shampoo.end(), o.shampoo.begin(), o.shampoo.end());
     for (const auto& pair : o.learning_rates) {
       const auto eq = pair.find('=');
       LATHER_REQUIRE(eq != std::string::npos, "--lr expects optimizer=value, got '", pair, "'");
@@ -106,7 +108,7 @@ void run_tta(const TtaOptions& o) {
             {"baseline", o.optimizers.front()},
             {"ratio_steps", steps > 0 && baseline_steps > 0 ? steps / baseline_steps : -1.0},
             {"ratio_seconds", seconds > 0 && baseline_seconds > 0 ? seconds / baseline_seconds : -1.0},
-            {"shampoo_overrides", name == "shampoo" ? overrides : std::string()}});
+            {"shampoo_overrides", optimizer == train::OptimizerKind::shampoo ? overrides : std::string()}});
   }
 }
 
@@ -119,7 +121,9 @@ void register_tta(CLI::App& app) {
       "Time to accuracy on Fashion-MNIST: steps and seconds to reach --target test accuracy, for each "
       "optimizer with lather-train's defaults (the first optimizer listed is the baseline of the ratios)");
   add_list_option(*sub, "--optimizers", options->optimizers, "Optimizers, baseline first");
-  sub->add_option("--target", options->target, "Target test accuracy")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  sub->add_option("--target", options->target, "Target test accuracy")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   sub->add_option("--eval-every", options->eval_every, "Evaluate the test accuracy every N steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -133,7 +137,8 @@ void register_tta(CLI::App& app) {
   sub->add_option("--target-loss", options->target_loss, "transformer: target validation loss, nats/char")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  sub->add_option("--max-steps", options->max_steps, "transformer: give up after this many steps (0: lather-train's run)")
+  sub->add_option("--max-steps", options->max_steps,
+                  "transformer: give up after this many steps (0: lather-train's run)")
       ->capture_default_str();
   sub->add_option("--seed", options->seed, "Seed of the initial weights and the data order (lather-train --seed)")
       ->capture_default_str();

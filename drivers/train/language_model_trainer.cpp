@@ -9,7 +9,7 @@
 #include <lather/checkpoint/checkpoint.hpp>
 #include <lather/comm/comm.hpp>
 #include <lather/core/error.hpp>
-#include <lather/core/impl/gemm.hpp>
+#include <lather/core/gemm.hpp>
 #include <lather/data/text.hpp>
 #include <lather/nn/transformer.hpp>
 
@@ -113,8 +113,8 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   const data::TextCorpus corpus = data::load_text_corpus(options.text);
   const int replicas = mesh.replicas(), replica = mesh.replica();
   const int block = options.block_size;
-  LATHER_REQUIRE(corpus.train.size() > std::size_t(block) && corpus.validation.size() > std::size_t(block),
-                 "--text '", options.text, "': ", corpus.train.size(), " training and ", corpus.validation.size(),
+  LATHER_REQUIRE(corpus.train.size() > std::size_t(block) && corpus.validation.size() > std::size_t(block), "--text '",
+                 options.text, "': ", corpus.train.size(), " training and ", corpus.validation.size(),
                  " validation characters; each needs more than --block-size ", block);
 
   const long batch = options.batch_size;
@@ -132,8 +132,8 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   // count up to 128 / block_size, and the shapes, hence checkpoints, do not depend on the shard
   // count. No text token maps to a padding id; their logits only learn to stay low.
   const int characters = corpus.vocabulary.size();
-  config.vocab_size = (characters + padded_vocabulary_multiple - 1) / padded_vocabulary_multiple *
-                      padded_vocabulary_multiple;
+  config.vocab_size =
+      (characters + padded_vocabulary_multiple - 1) / padded_vocabulary_multiple * padded_vocabulary_multiple;
   config.n_layer = o.n_layer;
   config.n_head = o.n_head;
   config.d_model = o.d_model;
@@ -168,14 +168,15 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   log.open_metrics(first_step > 0);
   {
     char line[512];
-    std::snprintf(line, sizeof line,
-                  "lather-train: %d ranks = %d replicas x %d weight shards, transformer %d layers x %d heads, "
-                  "d_model %d, context %d, vocabulary %d padded to %d (%.2fM parameters), %s (lr %.3g), %ld windows per step "
-                  "(%ld per replica%s), %ld steps",
-                  mesh.world_size(), replicas, mesh.weight_shards(), config.n_layer, config.n_head, config.d_model,
-                  block, characters, config.vocab_size, double(config.parameter_count()) / 1e6, o.optimizer.c_str(),
-                  o.learning_rate(), batch, batch / replicas,
-                  o.accumulate > 1 ? (" in " + std::to_string(o.accumulate) + " micro-batches").c_str() : "", planned);
+    std::snprintf(
+        line, sizeof line,
+        "lather-train: %d ranks = %d replicas x %d weight shards, transformer %d layers x %d heads, "
+        "d_model %d, context %d, vocabulary %d padded to %d (%.2fM parameters), %s (lr %.3g), %ld windows per step "
+        "(%ld per replica%s), %ld steps",
+        mesh.world_size(), replicas, mesh.weight_shards(), config.n_layer, config.n_head, config.d_model, block,
+        characters, config.vocab_size, double(config.parameter_count()) / 1e6, to_string(o.optimizer).c_str(),
+        o.learning_rate(), batch, batch / replicas,
+        o.accumulate > 1 ? (" in " + std::to_string(o.accumulate) + " micro-batches").c_str() : "", planned);
     log.say(line);
     log.say("text " + corpus.source + ": " + std::to_string(corpus.train.size()) + " training and " +
             std::to_string(corpus.validation.size()) + " validation characters");
@@ -211,8 +212,11 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
                   step, result.test_loss, result.test_loss / std::log(2.0), 100 * result.test_accuracy,
                   format_duration(log.seconds()).c_str());
     log.say(line);
-    log.record({{"step", step}, {"seconds", log.seconds()}, {"training_seconds", log.training_seconds()},
-                {"validation_loss", result.test_loss}, {"validation_accuracy", result.test_accuracy},
+    log.record({{"step", step},
+                {"seconds", log.seconds()},
+                {"training_seconds", log.training_seconds()},
+                {"validation_loss", result.test_loss},
+                {"validation_accuracy", result.test_accuracy},
                 {"train_loss", result.train_loss}});
   };
   const auto save = [&]() {
@@ -241,8 +245,8 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       const auto [m0, m1] = share(mine_end - mine_begin, o.accumulate, k);
       if (m1 == m0) continue;
       staging.load(space, corpus.train, offsets.data() + mine_begin + m0, int(m1 - m0), block);
-      const auto r = model.train_batch(space, int(m1 - m0), block, staging.inputs(), staging.targets(),
-                                       local.tokens > 0);
+      const auto r =
+          model.train_batch(space, int(m1 - m0), block, staging.inputs(), staging.targets(), local.tokens > 0);
       local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
     }
     reduce_and_step(space, o, *reducer, *optimizer, parameters, double(local.tokens));
@@ -258,15 +262,19 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       // What each rank holds, measured from the Views the run allocated (activations exist now).
       const auto memory = model.memory();
       const auto state = optimizer->memory_report().total();
-      const std::int64_t total = memory.parameters + memory.gradients + state + memory.activations + memory.communication;
+      const std::int64_t total =
+          memory.parameters + memory.gradients + state + memory.activations + memory.communication;
       const std::int64_t largest = mesh.world().allreduce(total, comm::Combine::max);
       log.say("memory on rank 0: parameters " + mib(memory.parameters) + ", gradients " + mib(memory.gradients) +
               ", optimizer state " + mib(state) + ", activations " + mib(memory.activations) +
               ", communication buffers " + mib(memory.communication) + "; total " + mib(total) +
               " (largest on any rank " + mib(largest) + ")");
-      log.record({{"memory_parameters", memory.parameters}, {"memory_gradients", memory.gradients},
-                  {"memory_optimizer_state", state}, {"memory_activations", memory.activations},
-                  {"memory_communication", memory.communication}, {"memory_total_largest", largest}});
+      log.record({{"memory_parameters", memory.parameters},
+                  {"memory_gradients", memory.gradients},
+                  {"memory_optimizer_state", state},
+                  {"memory_activations", memory.activations},
+                  {"memory_communication", memory.communication},
+                  {"memory_total_largest", largest}});
     }
     const bool terminate = sums[3] > 0;
     if ((o.log_every > 0 && done % o.log_every == 0) || done == planned || terminate) {
@@ -279,9 +287,14 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       std::snprintf(line, sizeof line, "step %ld/%ld loss %.4f nats/char (%.3f bits/char) %.0f tokens/s ETA %s", done,
                     planned, loss, loss / std::log(2.0), rate, format_duration(eta).c_str());
       if (!o.quiet) log.say(line);
-      log.record({{"step", done}, {"loss", loss}, {"bits_per_char", loss / std::log(2.0)},
-                  {"train_accuracy", window[1] / std::max(window[2], 1.0)}, {"tokens_per_second", rate},
-                  {"seconds", log.seconds()}, {"training_seconds", now}, {"learning_rate", o.learning_rate()}});
+      log.record({{"step", done},
+                  {"loss", loss},
+                  {"bits_per_char", loss / std::log(2.0)},
+                  {"train_accuracy", window[1] / std::max(window[2], 1.0)},
+                  {"tokens_per_second", rate},
+                  {"seconds", log.seconds()},
+                  {"training_seconds", now},
+                  {"learning_rate", o.learning_rate()}});
       window[0] = window[1] = window[2] = 0;
       last_line_seconds = now;
     }
@@ -322,10 +335,15 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
                   "throughput: %.0f tokens/s, %.2f GFLOP/s per rank = %.2f of this backend's GEMM (%.2f GFLOP/s)",
                   tokens_per_second, achieved / 1e9, achieved / gemm_rate, gemm_rate / 1e9);
     log.say(line);
-    log.record({{"step", result.steps}, {"final", true}, {"seconds", result.seconds},
-                {"training_seconds", result.training_seconds}, {"validation_loss", result.test_loss},
-                {"tokens_per_second", tokens_per_second}, {"model_flops_per_second_per_rank", achieved},
-                {"gemm_flops_per_second", gemm_rate}, {"model_flop_utilization", achieved / gemm_rate}});
+    log.record({{"step", result.steps},
+                {"final", true},
+                {"seconds", result.seconds},
+                {"training_seconds", result.training_seconds},
+                {"validation_loss", result.test_loss},
+                {"tokens_per_second", tokens_per_second},
+                {"model_flops_per_second_per_rank", achieved},
+                {"gemm_flops_per_second", gemm_rate},
+                {"model_flop_utilization", achieved / gemm_rate}});
   }
 
   if (o.sample > 0) {

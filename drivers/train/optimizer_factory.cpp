@@ -1,5 +1,6 @@
 #include "optimizer_factory.hpp"
 
+#include <lather/core/error.hpp>
 #include <lather/optim/first_order.hpp>
 #include <lather/optim/muon.hpp>
 #include <lather/optim/shampoo.hpp>
@@ -10,17 +11,23 @@ namespace lather::train {
 std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& space, const TrainOptions& o,
                                                                const std::vector<ParameterSpec>& parameters,
                                                                const comm::Mesh& mesh) {
-  if (o.optimizer == "shampoo")
-    return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), mesh);
-  // SOAP splits its blocks, Muon its matrices, over the replicas of the data-parallel group.
-  if (o.optimizer == "soap")
-    return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), mesh.data_parallel());
-  if (o.optimizer == "muon")
-    return std::make_unique<optim::Muon<Space, float>>(space, parameters, o.muon_options(), mesh.data_parallel());
-  if (o.optimizer == "sgd") return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.sgd_options());
-  if (o.optimizer == "adagrad")
-    return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.adagrad_options());
-  return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.adam_options());
+  switch (o.optimizer) {
+    case OptimizerKind::shampoo:
+      return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), mesh);
+    // SOAP splits its blocks, Muon its matrices, over the replicas of the data-parallel group.
+    case OptimizerKind::soap:
+      return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), mesh.data_parallel());
+    case OptimizerKind::muon:
+      return std::make_unique<optim::Muon<Space, float>>(space, parameters, o.muon_options(), mesh.data_parallel());
+    case OptimizerKind::sgd:
+      return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.sgd_options());
+    case OptimizerKind::adagrad:
+      return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.adagrad_options());
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw:
+      return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.adam_options());
+  }
+  LATHER_FAIL("--optimizer value ", int(o.optimizer), " has no optimizer");
 }
 
 }  // namespace lather::train

@@ -58,7 +58,7 @@ void install_termination_handler() {
 
 TrainResult train(const TrainOptions& o, const comm::Group& world,
                   const std::function<void(const std::string&)>& log_sink) {
-  if (o.model == "transformer") return train_language_model(o, world, log_sink);
+  if (o.model == ModelKind::transformer) return train_language_model(o, world, log_sink);
   o.validate();
   const comm::Mesh mesh(world, o.weight_shards);
   const Space space;
@@ -83,8 +83,8 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
 
   const long batch = o.batch_size;
   const long steps_per_epoch = (data.train.count + batch - 1) / batch;
-  const long planned = o.max_steps > 0 ? std::min<long>(o.max_steps, o.epochs * steps_per_epoch)
-                                       : o.epochs * steps_per_epoch;
+  const long planned =
+      o.max_steps > 0 ? std::min<long>(o.max_steps, o.epochs * steps_per_epoch) : o.epochs * steps_per_epoch;
   check_checkpoint_directory(checkpointer.get(), optimizer->step_count(), planned);
   {
     char line[512];
@@ -92,7 +92,7 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
                   "lather-train: %d ranks = %d replicas x %d weight shards, MLP %s, %s (lr %.3g), global batch %ld "
                   "(%ld per replica%s), %ld steps/epoch",
                   mesh.world_size(), replicas, mesh.weight_shards(), describe_sizes(sizes).c_str(),
-                  o.optimizer.c_str(), o.learning_rate(), batch, batch / replicas,
+                  to_string(o.optimizer).c_str(), o.learning_rate(), batch, batch / replicas,
                   o.accumulate > 1 ? (" in " + std::to_string(o.accumulate) + " micro-batches").c_str() : "",
                   steps_per_epoch);
     log.say(line);
@@ -133,12 +133,17 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
       result.reach_target(step, log.loop_seconds(), log.training_seconds());
     char line[256];
     std::snprintf(line, sizeof line, "%s %ld: test accuracy %.2f%%, test loss %.4f (step %ld, %s)",
-                  epoch_end ? "epoch" : "eval at epoch", epoch + 1, 100 * result.test_accuracy, result.test_loss,
-                  step, format_duration(log.seconds()).c_str());
+                  epoch_end ? "epoch" : "eval at epoch", epoch + 1, 100 * result.test_accuracy, result.test_loss, step,
+                  format_duration(log.seconds()).c_str());
     log.say(line);
-    log.record({{"epoch", epoch + 1}, {"step", step}, {"loss", result.train_loss}, {"seconds", log.seconds()},
-                {"training_seconds", log.training_seconds()}, {"test_accuracy", result.test_accuracy},
-                {"test_loss", result.test_loss}, {"epoch_end", epoch_end}});
+    log.record({{"epoch", epoch + 1},
+                {"step", step},
+                {"loss", result.train_loss},
+                {"seconds", log.seconds()},
+                {"training_seconds", log.training_seconds()},
+                {"test_accuracy", result.test_accuracy},
+                {"test_loss", result.test_loss},
+                {"epoch_end", epoch_end}});
   };
 
   bool stop = false;
@@ -191,8 +196,12 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
   if (checkpointer && !result.interrupted && result.steps > first_step &&
       !(o.checkpoint_every > 0 && result.steps % o.checkpoint_every == 0))
     save(next);
-  log.record({{"epoch", result.epochs_completed}, {"step", result.steps}, {"loss", result.train_loss},
-              {"seconds", result.seconds}, {"training_seconds", result.training_seconds}, {"final", true},
+  log.record({{"epoch", result.epochs_completed},
+              {"step", result.steps},
+              {"loss", result.train_loss},
+              {"seconds", result.seconds},
+              {"training_seconds", result.training_seconds},
+              {"final", true},
               {"test_accuracy", result.test_accuracy}});
   return result;
 }

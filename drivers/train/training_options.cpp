@@ -10,14 +10,72 @@
 
 namespace lather::train {
 
-double default_learning_rate(const std::string& optimizer) {
-  if (optimizer == "shampoo") return 6e-3;
-  if (optimizer == "adam" || optimizer == "adamw") return 2e-3;
-  if (optimizer == "adagrad") return 3e-2;
-  if (optimizer == "sgd") return 5e-2;
-  if (optimizer == "soap") return 1e-3;
-  if (optimizer == "muon") return 1e-2;
-  LATHER_FAIL("unknown optimizer '", optimizer, "' (expected shampoo, soap, muon, adam, adamw, adagrad or sgd)");
+const std::vector<std::pair<std::string, ModelKind>>& model_names() {
+  static const std::vector<std::pair<std::string, ModelKind>> names = {{"mlp", ModelKind::mlp},
+                                                                       {"transformer", ModelKind::transformer}};
+  return names;
+}
+
+const std::vector<std::pair<std::string, OptimizerKind>>& optimizer_names() {
+  static const std::vector<std::pair<std::string, OptimizerKind>> names = {
+      {"shampoo", OptimizerKind::shampoo}, {"soap", OptimizerKind::soap},   {"muon", OptimizerKind::muon},
+      {"adam", OptimizerKind::adam},       {"adamw", OptimizerKind::adamw}, {"adagrad", OptimizerKind::adagrad},
+      {"sgd", OptimizerKind::sgd}};
+  return names;
+}
+
+const std::vector<std::pair<std::string, comm::ReduceOp>>& reduction_names() {
+  static const std::vector<std::pair<std::string, comm::ReduceOp>> names = {
+      {"mean", comm::ReduceOp::weighted_mean},
+      {"adasum", comm::ReduceOp::adasum},
+      {"adasum-approx", comm::ReduceOp::adasum_approx}};
+  return names;
+}
+
+const std::vector<std::pair<std::string, comm::WirePrecision>>& wire_precision_names() {
+  static const std::vector<std::pair<std::string, comm::WirePrecision>> names = {
+      {"native", comm::WirePrecision::native},
+      {"bf16", comm::WirePrecision::bfloat16},
+      {"fp16", comm::WirePrecision::float16}};
+  return names;
+}
+
+namespace {
+template <class Enum>
+std::string name_of(const std::vector<std::pair<std::string, Enum>>& names, Enum value, const char* what) {
+  for (const auto& [name, v] : names)
+    if (v == value) return name;
+  LATHER_FAIL(what, " value ", int(value), " has no name");
+}
+}  // namespace
+
+std::string to_string(ModelKind model) { return name_of(model_names(), model, "--model"); }
+std::string to_string(OptimizerKind optimizer) { return name_of(optimizer_names(), optimizer, "--optimizer"); }
+std::string reduction_name(comm::ReduceOp reduce) { return name_of(reduction_names(), reduce, "--reduce"); }
+
+OptimizerKind parse_optimizer(const std::string& name) {
+  for (const auto& [known, value] : optimizer_names())
+    if (known == name) return value;
+  LATHER_FAIL("unknown optimizer '", name, "' (expected shampoo, soap, muon, adam, adamw, adagrad or sgd)");
+}
+
+double default_learning_rate(OptimizerKind optimizer) {
+  switch (optimizer) {
+    case OptimizerKind::shampoo:
+      return 6e-3;
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw:
+      return 2e-3;
+    case OptimizerKind::adagrad:
+      return 3e-2;
+    case OptimizerKind::sgd:
+      return 5e-2;
+    case OptimizerKind::soap:
+      return 1e-3;
+    case OptimizerKind::muon:
+      return 1e-2;
+  }
+  LATHER_FAIL("--optimizer value ", int(optimizer), " has no default learning rate");
 }
 
 double TrainOptions::learning_rate() const { return lr >= 0 ? lr : default_learning_rate(optimizer); }
@@ -49,12 +107,12 @@ optim::ShampooOptions TrainOptions::shampoo_options() const {
   // The MLP's momentum from a five-seed sweep (steps to 88%: 0.85 never more than 0.9, 580 against
   // 620 on average); the transformer keeps the reference's 0.9 (0.85 and 0.95 needed more steps
   // to 1.8 nats/char on two seeds, docs/transformer.md).
-  s.beta1 = model == "mlp" ? 0.85 : 0.9;
+  s.beta1 = model == ModelKind::mlp ? 0.85 : 0.9;
   // The MLP preconditions the input side of each kernel only (the reference's INPUT): over ten
   // seeds it needed fewer steps to 88% than both sides (506 against 600 on average, at its best
   // rate 6e-3 against 4e-3) for half the statistics, roots and products. The transformer keeps
   // both sides (INPUT needed 760 steps to 1.8 nats/char on average over five seeds against 720).
-  s.preconditioner_type = model == "mlp" ? optim::PreconditionerType::input : optim::PreconditionerType::all;
+  s.preconditioner_type = model == ModelKind::mlp ? optim::PreconditionerType::input : optim::PreconditionerType::all;
   s.beta2 = 0.999;
   s.diagonal_epsilon = 1e-10;
   s.matrix_epsilon = 1e-6;
@@ -63,7 +121,7 @@ optim::ShampooOptions TrainOptions::shampoo_options() const {
   // takes them every 50: over five seeds it reached 1.8 nats/char in 690 steps and 44.5 s on
   // average against 720 and 46.7 s, never in more steps (docs/transformer.md). Its roots are small
   // beside the model.
-  s.preconditioning_compute_steps = model == "mlp" ? 100 : 50;
+  s.preconditioning_compute_steps = model == ModelKind::mlp ? 100 : 50;
   s.block_size = 128;
   s.skip_preconditioning_rank_lt = 2;
   s.root.method = linalg::RootMethod::eigh;
@@ -99,8 +157,8 @@ optim::AdagradOptions TrainOptions::adagrad_options() const {
 optim::AdamOptions TrainOptions::adam_options() const {
   optim::AdamOptions s;
   s.learning_rate = schedule_of(*this, planned_steps(*this));
-  s.weight_decay = optimizer == "adamw" && weight_decay == 0 ? 1e-4 : weight_decay;
-  s.decoupled_weight_decay = optimizer == "adamw";
+  s.weight_decay = optimizer == OptimizerKind::adamw && weight_decay == 0 ? 1e-4 : weight_decay;
+  s.decoupled_weight_decay = optimizer == OptimizerKind::adamw;
   s.validate();
   return s;
 }
@@ -129,7 +187,7 @@ optim::MuonOptions TrainOptions::muon_options() const {
   s.weight_decay = weight_decay;
   s.adam_weight_decay = weight_decay;
   // Jordan et al.: embeddings and the output head are not hidden matrices; AdamW takes them.
-  if (model == "transformer") s.adamw_parameters = {"embedding/tokens", "embedding/positions", "head/kernel"};
+  if (model == ModelKind::transformer) s.adamw_parameters = {"embedding/tokens", "embedding/positions", "head/kernel"};
   s.validate();
   return s;
 }
@@ -138,15 +196,15 @@ namespace {
 // Upper bounds on what sizes memory or counts steps: far past any run this driver is for, low
 // enough that no size or step product overflows (and a typo of a few digits is an error, not an
 // allocation of terabytes).
-constexpr int max_layer_size = 1 << 16;      // --hidden sizes, --d-model
-constexpr int max_layers = 1 << 10;          // --n-layer, hidden layers
-constexpr int max_batch_size = 1 << 20;      // --batch-size (samples or windows)
-constexpr int max_block_size = 1 << 16;      // --block-size (characters)
-constexpr int max_shards = 1 << 12;          // --weight-shards
-constexpr int max_epochs = 1 << 20;          // --epochs
-constexpr long max_windows = 1L << 24;       // --eval-windows
-constexpr long max_samples = 1L << 40;       // --train-samples, --test-samples, --sample
-constexpr long max_steps_limit = 1L << 50;   // --max-steps, --warmup-steps, --schedule-steps, intervals
+constexpr int max_layer_size = 1 << 16;     // --hidden sizes, --d-model
+constexpr int max_layers = 1 << 10;         // --n-layer, hidden layers
+constexpr int max_batch_size = 1 << 20;     // --batch-size (samples or windows)
+constexpr int max_block_size = 1 << 16;     // --block-size (characters)
+constexpr int max_shards = 1 << 12;         // --weight-shards
+constexpr int max_epochs = 1 << 20;         // --epochs
+constexpr long max_windows = 1L << 24;      // --eval-windows
+constexpr long max_samples = 1L << 40;      // --train-samples, --test-samples, --sample
+constexpr long max_steps_limit = 1L << 50;  // --max-steps, --warmup-steps, --schedule-steps, intervals
 
 /// Lather's message for `value` outside [low, high] of `flag`.
 template <class T>
@@ -165,12 +223,10 @@ bool path_exists(const std::string& path) {
 }  // namespace
 
 void TrainOptions::validate() const {
-  LATHER_REQUIRE(model == "mlp" || model == "transformer", "--model must be mlp or transformer, got '", model, "'");
-  const bool transformer = model == "transformer";
+  const bool transformer = model == ModelKind::transformer;
   // A transformer run may train for no step at all: --resume --epochs 0 --sample N samples from a checkpoint.
   require_range("--epochs", epochs, transformer ? 0 : 1, max_epochs);
   require_range("--batch-size", batch_size, 1, max_batch_size);
-  (void)default_learning_rate(optimizer);
   LATHER_REQUIRE(std::isfinite(lr), "--lr must be finite, got ", lr);
   require_range("--warmup-steps", warmup_steps, 0L, max_steps_limit);
   require_range("--schedule-steps", schedule_steps, 0L, max_steps_limit);
@@ -181,8 +237,7 @@ void TrainOptions::validate() const {
   for (int h : hidden) require_range("--hidden sizes", h, 1, max_layer_size);
   require_range("--weight-shards", weight_shards, 1, max_shards);
   require_range("--accumulate", accumulate, 1, max_batch_size);
-  LATHER_REQUIRE(reduce == "mean" || reduce == "adasum" || reduce == "adasum-approx",
-                 "--reduce must be mean, adasum or adasum-approx, got '", reduce, "'");
+  (void)reduction_name(reduce);  // one of the driver's reductions
   LATHER_REQUIRE(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got ", checkpoint_every);
   LATHER_REQUIRE(checkpoint_every == 0 || !checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
   LATHER_REQUIRE(!resume || !checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
@@ -195,8 +250,6 @@ void TrainOptions::validate() const {
   require_range("--test-samples", test_samples, 0L, max_samples);
   LATHER_REQUIRE(target_accuracy >= 0 && target_accuracy <= 1, "--target-accuracy must be in [0, 1], got ",
                  target_accuracy);
-  LATHER_REQUIRE(wire_precision == "native" || wire_precision == "bf16" || wire_precision == "fp16",
-                 "--wire-precision must be native, bf16 or fp16, got '", wire_precision, "'");
   if (transformer) {
     LATHER_REQUIRE(path_exists(text), "--text '", text,
                    "' does not exist (run scripts/fetch-shakespeare, or pass --text with any UTF-8 file)");
@@ -219,51 +272,69 @@ void TrainOptions::validate() const {
   }
   // Shampoo's options change Shampoo only, and SOAP takes its blocking and quantization from
   // them: given to another optimizer, one would silently change nothing, so it is refused.
-  if (optimizer != "shampoo") {
+  if (optimizer != OptimizerKind::shampoo) {
     static const std::vector<std::string> soap_takes = {"block_size", "merge_small_dims_block_size",
                                                         "skip_preconditioning_dim_size_gt",
                                                         "best_effort_memory_usage_reduction"};
     for (const auto& pair : shampoo) {
       const std::string name = pair.substr(0, pair.find('='));
-      if (optimizer == "soap" && std::find(soap_takes.begin(), soap_takes.end(), name) != soap_takes.end()) continue;
+      if (optimizer == OptimizerKind::soap && std::find(soap_takes.begin(), soap_takes.end(), name) != soap_takes.end())
+        continue;
       LATHER_FAIL("the Shampoo option '", name, "' (--shampoo, --shampoo-*, --precondition-side, --async-roots) ",
-                  "has no effect with --optimizer ", optimizer,
-                  optimizer == "soap" ? "; soap takes block_size, merge_small_dims_block_size, "
-                                        "skip_preconditioning_dim_size_gt and best_effort_memory_usage_reduction"
-                                      : "");
+                  "has no effect with --optimizer ", to_string(optimizer),
+                  optimizer == OptimizerKind::soap
+                      ? "; soap takes block_size, merge_small_dims_block_size, "
+                        "skip_preconditioning_dim_size_gt and best_effort_memory_usage_reduction"
+                      : "");
     }
   }
   // The optimizer's own options, each validated, so that a bad value is refused before any set-up.
-  LATHER_REQUIRE(weight_shards == 1 || (optimizer != "soap" && optimizer != "muon"), "--optimizer ", optimizer,
-                 " does not support --weight-shards ", weight_shards, " (use shampoo or a first-order optimizer)");
-  if (optimizer == "shampoo") (void)shampoo_options();
-  else if (optimizer == "soap") (void)soap_options();
-  else if (optimizer == "muon") (void)muon_options();
-  else if (optimizer == "sgd") (void)sgd_options();
-  else if (optimizer == "adagrad") (void)adagrad_options();
-  else (void)adam_options();
+  LATHER_REQUIRE(weight_shards == 1 || (optimizer != OptimizerKind::soap && optimizer != OptimizerKind::muon),
+                 "--optimizer ", to_string(optimizer), " does not support --weight-shards ", weight_shards,
+                 " (use shampoo or a first-order optimizer)");
+  switch (optimizer) {
+    case OptimizerKind::shampoo:
+      (void)shampoo_options();
+      break;
+    case OptimizerKind::soap:
+      (void)soap_options();
+      break;
+    case OptimizerKind::muon:
+      (void)muon_options();
+      break;
+    case OptimizerKind::sgd:
+      (void)sgd_options();
+      break;
+    case OptimizerKind::adagrad:
+      (void)adagrad_options();
+      break;
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw:
+      (void)adam_options();
+      break;
+  }
 }
 
 void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
-  if (o.model != "transformer") return;
+  if (o.model != ModelKind::transformer) return;
   const auto unset = [&](const char* flag) { return app.count(flag) == 0; };
   // `mpiexec -n 2 lather-train --model transformer`: 32 windows of 64 characters per step; the
-  // run length and learning rates from the sweep in docs/training-a-transformer.md.
+  // run length and learning rates from the sweep in docs/transformer.md.
   if (unset("--batch-size")) o.batch_size = 32;
   if (unset("--epochs") && unset("--max-steps")) o.max_steps = 2000;
   if (unset("--eval-every")) o.eval_every = 250;
   if (unset("--log-every")) o.log_every = 50;
-  if (unset("--optimizer")) o.optimizer = "shampoo";
+  if (unset("--optimizer")) o.optimizer = OptimizerKind::shampoo;
   if (unset("--lr") && o.lr < 0) o.lr = default_transformer_learning_rate(o.optimizer);
   // Shampoo's blocks must not straddle the shards' slices: the largest power of two up to 128
   // dividing this shard count's slices of d_model and 4 d_model (the vocabulary is padded to
   // 128). 128 on one shard, where larger blocks precondition better at the same step time; a
   // checkpoint then continues only on layouts with the same block size (give
   // --shampoo-block-size to move between them). Options given win; SOAP takes the same blocks.
-  const bool block_given = std::any_of(o.shampoo.begin(), o.shampoo.end(), [](const std::string& pair) {
-    return pair.rfind("block_size=", 0) == 0;
-  });
-  if (!block_given && (o.optimizer == "shampoo" || o.optimizer == "soap") && o.weight_shards >= 1) {
+  const bool block_given = std::any_of(o.shampoo.begin(), o.shampoo.end(),
+                                       [](const std::string& pair) { return pair.rfind("block_size=", 0) == 0; });
+  if (!block_given && (o.optimizer == OptimizerKind::shampoo || o.optimizer == OptimizerKind::soap) &&
+      o.weight_shards >= 1) {
     // In 64 bits: the options are not validated yet (validate() bounds them), and 128 times a
     // large shard count does not fit an int.
     int block = 128;
@@ -272,24 +343,48 @@ void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
   }
 }
 
-double default_transformer_learning_rate(const std::string& optimizer) {
-  (void)default_learning_rate(optimizer);  // the same names
-  if (optimizer == "shampoo") return 3e-3;
-  if (optimizer == "muon") return 2e-2;
-  if (optimizer == "sgd") return 0.1;
-  if (optimizer == "adagrad") return 3e-2;
-  return 3e-3;
+double default_transformer_learning_rate(OptimizerKind optimizer) {
+  switch (optimizer) {
+    case OptimizerKind::muon:
+      return 2e-2;
+    case OptimizerKind::sgd:
+      return 0.1;
+    case OptimizerKind::adagrad:
+      return 3e-2;
+    default:
+      return 3e-3;  // shampoo, soap, adam, adamw
+  }
 }
+
+namespace {
+/// An option whose names map onto an enum: checked against the names, and parsed once, here.
+template <class Enum>
+CLI::Option* add_choice(CLI::App& app, const std::string& flag, Enum& target,
+                        const std::vector<std::pair<std::string, Enum>>& names, const std::string& help) {
+  std::vector<std::string> allowed;
+  for (const auto& entry : names) allowed.push_back(entry.first);
+  auto* option = app.add_option_function<std::string>(
+      flag,
+      [&target, &names](const std::string& value) {
+        for (const auto& [name, v] : names)
+          if (name == value) target = v;
+      },
+      help);
+  option->check(CLI::IsMember(allowed));
+  option->type_name("TEXT");
+  for (const auto& [name, v] : names)
+    if (v == target) option->default_str(name);
+  return option;
+}
+}  // namespace
 
 void add_options(CLI::App& app, TrainOptions& o) {
   app.set_config("--config", "", "Read options from a TOML/INI file (keys are the long option names)");
   // A misspelt key is an error naming it, not a default silently kept (CLI11 ignores extras).
   app.allow_config_extras(CLI::config_extras_mode::error);
-  app.add_option("--model", o.model,
-                 "mlp: a multilayer perceptron on Fashion-MNIST (--data); transformer: a character-level GPT-style "
-                 "decoder on a text (--text), attention heads split over --weight-shards")
-      ->check(CLI::IsMember({"mlp", "transformer"}))
-      ->capture_default_str();
+  add_choice(app, "--model", o.model, model_names(),
+             "mlp: a multilayer perceptron on Fashion-MNIST (--data); transformer: a character-level GPT-style "
+             "decoder on a text (--text), attention heads split over --weight-shards");
   app.add_option("--text", o.text,
                  "transformer: a directory with train.txt and validation.txt (scripts/fetch-shakespeare writes "
                  "one) or any UTF-8 file (its last 10% validates)")
@@ -319,9 +414,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--batch-size", o.batch_size,
                  "Global batch: samples per optimizer step over all replicas, whatever the rank count")
       ->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "shampoo, soap, muon, adam, adamw, adagrad or sgd")
-      ->check(CLI::IsMember({"shampoo", "soap", "muon", "adam", "adamw", "adagrad", "sgd"}))
-      ->capture_default_str();
+  add_choice(app, "--optimizer", o.optimizer, optimizer_names(), "shampoo, soap, muon, adam, adamw, adagrad or sgd");
   app.add_option("--lr", o.lr,
                  "Learning rate (peak of the schedule); default per optimizer: shampoo 6e-3, soap 1e-3, muon 1e-2, "
                  "adam/adamw 2e-3, adagrad 3e-2, sgd 5e-2 (transformer: see docs/reference/driver.md)");
@@ -339,16 +432,14 @@ void add_options(CLI::App& app, TrainOptions& o) {
                  "Split hidden layers column/row-parallel across this many ranks of each replica (must divide the "
                  "rank count and the hidden sizes)")
       ->capture_default_str();
-  app.add_option("--reduce", o.reduce, "Gradient reduction over replicas: mean, adasum or adasum-approx")
-      ->check(CLI::IsMember({"mean", "adasum", "adasum-approx"}))
-      ->capture_default_str();
+  add_choice(app, "--reduce", o.reduce, reduction_names(),
+             "Gradient reduction over replicas: mean, adasum or adasum-approx");
   app.add_option("--accumulate", o.accumulate,
                  "Micro-batches per step: each replica's share of the global batch is processed in this many "
                  "pieces, gradients accumulated, one reduction per step")
       ->capture_default_str();
-  app.add_option("--wire-precision", o.wire_precision, "Gradient reduction on the wire: native, bf16 or fp16")
-      ->check(CLI::IsMember({"native", "bf16", "fp16"}))
-      ->capture_default_str();
+  add_choice(app, "--wire-precision", o.wire_precision, wire_precision_names(),
+             "Gradient reduction on the wire: native, bf16 or fp16");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of the HDF5 checkpoints");
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "Write a checkpoint every N steps (and at the end, and on SIGTERM); 0: only at the end and on SIGTERM")
@@ -358,8 +449,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
   app.add_flag("--resume", o.resume, "Continue from the latest complete checkpoint in --checkpoint-dir (if any)");
   app.add_option("--metrics", o.metrics,
                  "Write JSON lines (epoch, step, loss, seconds, ...; test_accuracy at epoch ends) to this file");
-  app.add_option("--log-every", o.log_every, "Progress line every N steps (0: epoch ends only)")
-      ->capture_default_str();
+  app.add_option("--log-every", o.log_every, "Progress line every N steps (0: epoch ends only)")->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "Also evaluate on the test set every N steps (0: at epoch ends)")
       ->capture_default_str();
   app.add_option("--target-accuracy", o.target_accuracy, "Stop once the test accuracy reaches this (0: never)")

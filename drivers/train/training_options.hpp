@@ -3,6 +3,8 @@
 // config files map onto it. The defaults are the acceptance run: `mpiexec -n 2 lather-train`
 // trains 784-512-256-10 on Fashion-MNIST with Shampoo for 3 epochs.
 
+#include <lather/comm/reduce.hpp>
+#include <lather/comm/wire_precision.hpp>
 #include <lather/optim/first_order.hpp>
 #include <lather/optim/muon.hpp>
 #include <lather/optim/shampoo_options.hpp>
@@ -10,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 // CLI11 is header-only and costs about 10 s of compilation in every file that includes it (g++
@@ -20,12 +23,35 @@ class App;
 
 namespace lather::train {
 
+/// --model: what lather-train trains.
+enum class ModelKind {
+  mlp,          ///< a multilayer perceptron on Fashion-MNIST (--data)
+  transformer,  ///< a character-level GPT-style decoder on a text (--text)
+};
+/// --optimizer.
+enum class OptimizerKind { shampoo, soap, muon, adam, adamw, adagrad, sgd };
+
+/// The names the command line and config files use, in the order --help lists them.
+const std::vector<std::pair<std::string, ModelKind>>& model_names();
+const std::vector<std::pair<std::string, OptimizerKind>>& optimizer_names();
+/// --reduce: mean (comm::ReduceOp::weighted_mean: each replica weighted by its samples or tokens),
+/// adasum, adasum-approx.
+const std::vector<std::pair<std::string, comm::ReduceOp>>& reduction_names();
+/// --wire-precision: native, bf16, fp16.
+const std::vector<std::pair<std::string, comm::WirePrecision>>& wire_precision_names();
+/// The command-line name of a value (throws lather::Error for a value without one).
+std::string to_string(ModelKind model);
+std::string to_string(OptimizerKind optimizer);
+std::string reduction_name(comm::ReduceOp reduce);
+/// The value of a command-line name: throws lather::Error naming the option and the names it takes.
+OptimizerKind parse_optimizer(const std::string& name);
+
 struct TrainOptions {
-  std::string model = "mlp";  ///< mlp (Fashion-MNIST) or transformer (characters of --text)
+  ModelKind model = ModelKind::mlp;
   std::string data = "/usr/share/datasets/fashion-mnist";
   int epochs = 3;
   int batch_size = 128;  ///< global: samples per optimizer step over all replicas
-  std::string optimizer = "shampoo";
+  OptimizerKind optimizer = OptimizerKind::shampoo;
   double lr = -1;  ///< < 0: the optimizer's default (default_learning_rate)
   std::string schedule = "cosine";
   long warmup_steps = 100;
@@ -33,7 +59,7 @@ struct TrainOptions {
   std::uint64_t seed = 0;
   std::vector<int> hidden = {512, 256};
   int weight_shards = 1;
-  std::string reduce = "mean";
+  comm::ReduceOp reduce = comm::ReduceOp::weighted_mean;
   int accumulate = 1;
   std::string checkpoint_dir;
   long checkpoint_every = 0;
@@ -41,14 +67,14 @@ struct TrainOptions {
   bool resume = false;
   std::string metrics;
   long log_every = 50;
-  long eval_every = 0;           ///< also evaluate on the test set every N steps (0: per epoch only)
-  double target_accuracy = 0;    ///< stop as soon as the test accuracy reaches this (0: never)
-  long max_steps = 0;            ///< stop after this many steps in all (0: no limit)
-  long train_samples = 0;        ///< use only the first N training samples (0: all)
-  long test_samples = 0;         ///< evaluate on the first N test samples (0: all)
-  std::string wire_precision = "native";
-  double momentum = 0.9;         ///< SGD
-  bool quiet = false;            ///< no progress lines (metrics file only)
+  long eval_every = 0;         ///< also evaluate on the test set every N steps (0: per epoch only)
+  double target_accuracy = 0;  ///< stop as soon as the test accuracy reaches this (0: never)
+  long max_steps = 0;          ///< stop after this many steps in all (0: no limit)
+  long train_samples = 0;      ///< use only the first N training samples (0: all)
+  long test_samples = 0;       ///< evaluate on the first N test samples (0: all)
+  comm::WirePrecision wire_precision = comm::WirePrecision::native;
+  double momentum = 0.9;             ///< SGD
+  bool quiet = false;                ///< no progress lines (metrics file only)
   std::vector<std::string> shampoo;  ///< name=value pairs, the reference's option names
 
   // --model transformer (the defaults are those of `mpiexec -n 2 lather-train --model transformer`,
@@ -56,12 +82,12 @@ struct TrainOptions {
   std::string text = "/usr/share/datasets/shakespeare";  ///< directory with train.txt/validation.txt, or one file
   int n_layer = 4, n_head = 4, d_model = 128, block_size = 64;
   double z_loss = 0;
-  long eval_windows = 128;     ///< validation windows per evaluation (the same ones every time)
-  long sample = 0;             ///< characters to generate after training
+  long eval_windows = 128;  ///< validation windows per evaluation (the same ones every time)
+  long sample = 0;          ///< characters to generate after training
   std::string prompt = "\n";
   double temperature = 0.8;
-  double target_loss = 0;      ///< stop as soon as the validation loss (nats/char) is at or below this (0: never)
-  long schedule_steps = 0;     ///< steps the learning-rate schedule spans (0: from --epochs / --max-steps of the MLP)
+  double target_loss = 0;   ///< stop as soon as the validation loss (nats/char) is at or below this (0: never)
+  long schedule_steps = 0;  ///< steps the learning-rate schedule spans (0: from --epochs / --max-steps of the MLP)
 
   /// The learning rate a run uses: --lr, or the optimizer's tuned default.
   double learning_rate() const;
@@ -78,10 +104,10 @@ struct TrainOptions {
 };
 
 /// The learning rates found by the sweep documented in docs/reference/driver.md.
-double default_learning_rate(const std::string& optimizer);
+double default_learning_rate(OptimizerKind optimizer);
 
-/// The transformer's learning rates (docs/training-a-transformer.md).
-double default_transformer_learning_rate(const std::string& optimizer);
+/// The transformer's learning rates (docs/transformer.md).
+double default_transformer_learning_rate(OptimizerKind optimizer);
 
 /// The transformer's own defaults for what the user did not set on `app` (batch, steps, learning
 /// rate, evaluation interval): the MLP's make no sense for it. Call after parsing.

@@ -3,9 +3,9 @@
 namespace lather::train {
 
 std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o,
-                                                                   const std::vector<ParameterSpec>& parameters) {
+                                                                  const std::vector<ParameterSpec>& parameters) {
   comm::ReduceOptions options;
-  options.wire_precision = comm::parse_wire_precision(o.wire_precision);
+  options.wire_precision = o.wire_precision;
   // One read of the gradients per step, folded into the layout agreement the reducer makes
   // anyway: a diverging run stops with the rank and parameter named instead of spreading NaN.
   options.check_finite = true;
@@ -24,7 +24,7 @@ void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientRe
   if (local_weight == 0) Kokkos::deep_copy(space, parameters.gradient_buffer(), 0.0f);
   // Gradients are sums over this replica's samples (or tokens): their weighted mean is the mean
   // over the global batch, whatever the rank count.
-  if (o.reduce == "mean") {
+  if (o.reduce == comm::ReduceOp::weighted_mean) {
     reducer.weighted_mean(space, grads, local_weight);
   } else {
     // Adasum combines per-replica gradients: the mean over this replica's samples.
@@ -33,7 +33,7 @@ void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientRe
     Kokkos::parallel_for(
         "lather-train::scale", Kokkos::RangePolicy<Space>(space, 0, all.extent(0)),
         KOKKOS_LAMBDA(std::int64_t k) { all(k) *= scale; });
-    if (o.reduce == "adasum")
+    if (o.reduce == comm::ReduceOp::adasum)
       reducer.adasum(space, grads);
     else
       reducer.adasum_approx(space, grads);
@@ -50,8 +50,8 @@ StepSums training_step(const Space& space, const TrainOptions& o, const data::La
   for (int k = 0; k < o.accumulate; ++k) {
     const auto [m0, m1] = share(mine_end - mine_begin, o.accumulate, k);
     if (m1 == m0) continue;
-    const auto [x, y] = parts.staging.load(space, train_set, order.data(), begin + mine_begin + m0,
-                                           begin + mine_begin + m1);
+    const auto [x, y] =
+        parts.staging.load(space, train_set, order.data(), begin + mine_begin + m0, begin + mine_begin + m1);
     const auto r = parts.model.train_batch(space, x, y, sums.samples > 0);
     sums.loss += r.loss_sum;
     sums.correct += double(r.correct);

@@ -2,6 +2,7 @@
 #include <lather/checkpoint/page_aligned.hpp>
 
 #include "directory.hpp"
+#include "attributes.hpp"
 #include "file_format.hpp"
 #include "hdf5_handles.hpp"
 #include "placed_reads.hpp"
@@ -11,8 +12,8 @@
 #include "stored_checksums.hpp"
 
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
-#include <lather/core/impl/hash.hpp>
+#include <lather/core/fault_injection.hpp>
+#include <lather/core/hash.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -28,7 +29,8 @@ using namespace Impl;
 
 std::int64_t ArraySlice::elements() const {
   switch (selection) {
-    case Selection::whole: return element_count(shape);
+    case Selection::whole:
+      return element_count(shape);
     case Selection::rows: {
       std::int64_t row = 1;
       for (std::size_t d = 1; d < shape.size(); ++d) row *= shape[d];
@@ -155,7 +157,7 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
           contiguous.rows.clear();
         }
         const std::size_t bytes_per_row = row_bytes(a);
-        const std::int64_t row = std::int64_t(bytes_per_row / optim::size_of(a.dtype));
+        const std::int64_t row = std::int64_t(bytes_per_row / ::lather::size_of(a.dtype));
         // In pieces of about 1 MiB: each piece's checksum terms are added while the disk writes it
         // (from page-aligned memory, on the writer's helper thread), or right after its staged
         // write has read it into cache.
@@ -190,12 +192,12 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
         start.assign(a.offset.begin(), a.offset.end());
         count.assign(a.count.begin(), a.count.end());
       }
-      std::size_t block_row_bytes = optim::size_of(a.dtype);
+      std::size_t block_row_bytes = ::lather::size_of(a.dtype);
       for (std::size_t d = 1; d < count.size(); ++d) block_row_bytes *= std::size_t(count[d]);
       start[0] += hsize_t(first);
       count[0] = hsize_t(rows);
       writer.write_box(static_cast<const char*>(source) + std::size_t(first) * block_row_bytes, dims, start, count,
-                       optim::size_of(a.dtype), offsets[k], where);
+                       ::lather::size_of(a.dtype), offsets[k], where);
       checks.add_selection(k, source);
       if (source != a.data) writer.wait();
     }
@@ -213,8 +215,7 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
     PropertyList lcpl(check(H5Pcreate(H5P_LINK_CREATE), "creating a link list"));
     check(H5Pset_create_intermediate_group(lcpl.get(), 1), "enabling intermediate groups");
     for (std::size_t k = 0; k < arrays.size(); ++k)
-      if (checks.has_grid(k))
-        write_checksums(file.get(), lcpl.get(), arrays[k], checks.grid(k), checks.saved_sums(k));
+      if (checks.has_grid(k)) write_checksums(file.get(), lcpl.get(), arrays[k], checks.grid(k), checks.saved_sums(k));
     write_integer_attribute(file.get(), "complete", 1);
     check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flushing checkpoint '" + temporary + "'");
   });
@@ -334,10 +335,8 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
   // arrays every rank loads whole (replicated parameters): each rank reads only the share of
   // their rows it checks, and one allgatherv per array hands every rank the others' shares, so
   // that the disk reads each byte once and no rank copies the array out of the page cache.
-  // Where ranks shared a node, every rank used to read the whole array through the cache:
-  // lather-bench checkpoint's cold 256 MiB loads ran at 2.57-2.92 GB/s on 4 ranks of the
-  // development machine against 2.80-3.45 now (seven alternations), and at 3.31-3.34 against
-  // 3.55-3.80 on 2 ranks (three; benchmarks.md).
+  // Every rank of a node reading the whole array through the cache makes cold loads measurably
+  // slower (benchmarks.md).
   std::vector<char> split_whole(arrays.size(), 0);
   for (std::size_t k = 0; k < arrays.size(); ++k)
     split_whole[k] = m_group.size() > 1 && arrays[k].selection == ArraySlice::Selection::whole &&
@@ -346,8 +345,8 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
   m_group.run_agreed("", [&] {
     // Every rank opens the file on its own (HDF5's default POSIX driver), not through MPI-IO: a
     // load only reads, each rank its own rows, and MPI_File_open and MPI_File_close are
-    // collectives of their own (about 20 on MPICH), whose busy waits cost 170 ms at 4 ranks on the
-    // development machine's 2 cores. Lather's own collectives below yield the CPU there.
+    // collectives of their own (about 20 on MPICH), whose busy waits cost a hundred milliseconds or
+    // more where ranks outnumber cores. Lather's own collectives below yield the CPU there.
     File f(check(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "opening checkpoint '" + file + "'"));
     std::string error;
     PropertyList dxpl(check(H5Pcreate(H5P_DATASET_XFER), "creating a transfer list"));
@@ -364,7 +363,7 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
     // array, collective, so every rank makes each exactly once, inside the reads below as soon as
     // its own shares are in, or after them where a failure cut them short (its bytes are then
     // never used: the load throws below).
-    std::size_t gathered = 0;  // arrays [0, gathered) done or failed (never tried twice)
+    std::size_t gathered = 0;  // arrays [0, gathered) done or failed (each at most once)
     auto gather_whole_shares = [&] {
       while (gathered < arrays.size()) {
         const std::size_t k = gathered++;
@@ -393,12 +392,9 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       const auto version = stored_root.integers.find("format_version");
       const bool checksummed = version != stored_root.integers.end() && version->second >= 2;
       // In the order of the datasets in the file, so that each rank's reads move forward through
-      // it as one stream. Whole arrays used to be read first, then the rows: lather-bench
-      // checkpoint, whose replicated parameters lie after the statistics, read 256 MiB on 1 rank
-      // at 0.86-0.91 of the raw bandwidth in file order against 0.81-0.86, and 1 GiB on 2 ranks at
-      // 0.84-0.88 against 0.77-0.79 (three alternations; 4 ranks mixed, benchmarks.md). That was
-      // every rank reading whole arrays through the cache; the shares of them that ranks now
-      // read straight from the disk go first (below), a few MiB a rank.
+      // it as one stream: closer to the raw bandwidth than reading whole arrays ahead of the rows
+      // where they lie after them in the file (benchmarks.md). Only the shares of the whole
+      // arrays that ranks read straight from the disk go first (below), a few MiB a rank.
       // The datasets stay open for the reads; one that does not open is opened again below, so
       // that the error names it.
       std::vector<Dataset> datasets(arrays.size());
@@ -430,7 +426,7 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       // Each piece's checksum terms, taken while its bytes are in cache.
       auto check_piece = [&](std::size_t k) {
         const auto& a = arrays[k];
-        const std::int64_t row = std::int64_t(row_bytes(a) / optim::size_of(a.dtype));
+        const std::int64_t row = std::int64_t(row_bytes(a) / ::lather::size_of(a.dtype));
         return [&verification, &a, k, row](std::int64_t first, std::int64_t rows, const char* bytes) {
           if (a.selection == ArraySlice::Selection::rows)
             verification.add_elements(k, first * row, rows * row, bytes);
@@ -445,16 +441,18 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
         const auto& a = arrays[k];
         if (checksummed) {
           try {
-            verification.set_stored(k, read_checksums(f.get(), a.path, stored_dims(a.shape), optim::size_of(a.dtype)));
+            verification.set_stored(k,
+                                    read_checksums(f.get(), a.path, stored_dims(a.shape), ::lather::size_of(a.dtype)));
           } catch (const Error& e) {
             LATHER_FAIL("checkpoint '", file, "': ", e.message());
           }
         }
-        if (!datasets[k].valid()) datasets[k] = Dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where_of(k)));
+        if (!datasets[k].valid())
+          datasets[k] = Dataset(check(H5Dopen2(f.get(), a.path.c_str(), H5P_DEFAULT), where_of(k)));
       }
       // The whole arrays read through the cache (below) asked of the disk next, so that copying
-      // them out of the cache overlaps the disk's reading of the queued ranges: on 4 ranks,
-      // 0.86-0.90 of the raw bandwidth against 0.83-0.88 asked after (benchmarks.md).
+      // them out of the cache overlaps the disk's reading of the queued ranges: closer to the raw
+      // bandwidth than asking for them after (benchmarks.md).
       if (!whole_direct)
         for (const auto& in_file : order) {
           const std::size_t k = in_file.second;
@@ -465,9 +463,8 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       // Then the ranges read straight from the disk queued: the disk reads them on a helper
       // thread while this thread reads the rest through HDF5 below. The shares of the arrays
       // loaded whole go first, so that handing them to the other ranks overlaps the disk's
-      // reading of the rows. lather-bench checkpoint's cold 256 MiB loads on 4 ranks spent 5-6 ms
-      // of their 80 in that allgatherv when it came after the last read; ten alternations with it
-      // overlapped: 0.82-0.97 of the raw bandwidth (mean 0.93) against 0.84-0.94 (mean 0.89).
+      // reading of the rows: after the last read, the allgatherv would add several per cent to a
+      // cold load.
       auto direct_order = order;  // the shares first, each part in file order
       std::stable_partition(direct_order.begin(), direct_order.end(),
                             [&](const auto& in_file) { return split_whole[in_file.second] != 0; });
@@ -482,8 +479,8 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
           continue;
         const RowsToRead rows = rows_to_read(k);
         if (rows.count > 0)
-          queued[k] = placed.add(datasets[k].get(), native_type(a.dtype), rows.first, rows.count, row_bytes(a), rows.into,
-                                 where_of(k));
+          queued[k] = placed.add(datasets[k].get(), native_type(a.dtype), rows.first, rows.count, row_bytes(a),
+                                 rows.into, where_of(k));
       }
       // What is not queued, through HDF5 and the cache.
       for (const auto& in_file : order) {

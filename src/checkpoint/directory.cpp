@@ -1,7 +1,7 @@
 #include "directory.hpp"
 
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -135,8 +135,7 @@ void check_writable(const std::string& directory, const std::string& prefix) {
   // this process die between the two calls.
   const std::string probe = temporary_name(directory, prefix, 0) + "-probe";
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0)
-    LATHER_FAIL("cannot create files in checkpoint directory '", directory, "': ", std::strerror(errno));
+  if (fd < 0) LATHER_FAIL("cannot create files in checkpoint directory '", directory, "': ", std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
 }

@@ -1,5 +1,7 @@
 #include "file_format.hpp"
 
+#include "attributes.hpp"
+
 #include "selection.hpp"
 #include "stored_checksums.hpp"
 
@@ -9,79 +11,6 @@
 #include <cstring>
 
 namespace lather::checkpoint::Impl {
-
-namespace {
-
-template <class T>
-void write_number_attribute(hid_t object, const std::string& name, hid_t type, T value) {
-  Dataspace space(check(H5Screate(H5S_SCALAR), "creating a scalar dataspace"));
-  Attribute attribute(check(H5Acreate2(object, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                            "creating attribute " + name));
-  check(H5Awrite(attribute.get(), type, &value), "writing attribute " + name);
-}
-
-herr_t read_attribute(hid_t object, const char* name, const H5A_info_t*, void* data) {
-  auto* out = static_cast<Attributes*>(data);
-  Attribute attribute(H5Aopen(object, name, H5P_DEFAULT));
-  if (!attribute.valid()) return -1;
-  Datatype type(H5Aget_type(attribute.get()));
-  Dataspace space(H5Aget_space(attribute.get()));
-  if (!type.valid() || !space.valid() || H5Sget_simple_extent_npoints(space.get()) != 1) return 0;
-  switch (H5Tget_class(type.get())) {
-    case H5T_INTEGER: {
-      std::int64_t v = 0;
-      if (H5Aread(attribute.get(), H5T_NATIVE_INT64, &v) >= 0) out->integers[name] = v;
-      break;
-    }
-    case H5T_FLOAT: {
-      double v = 0;
-      if (H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, &v) >= 0) out->reals[name] = v;
-      break;
-    }
-    case H5T_STRING: {
-      if (H5Tis_variable_str(type.get()) > 0) break;
-      const std::size_t size = H5Tget_size(type.get());
-      if (size > (1u << 20)) break;  // not ours: refuse to size a buffer from it
-      std::string v(size, '\0');
-      if (H5Aread(attribute.get(), type.get(), v.data()) >= 0) {
-        v.resize(std::strlen(v.c_str()));
-        out->strings[name] = v;
-      }
-      break;
-    }
-    default: break;
-  }
-  return 0;
-}
-
-}  // namespace
-
-void write_string_attribute(hid_t object, const std::string& name, const std::string& value) {
-  Datatype type(check(H5Tcopy(H5T_C_S1), "copying the string type"));
-  check(H5Tset_size(type.get(), std::max<std::size_t>(1, value.size())), "sizing a string attribute");
-  check(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), "padding a string attribute");
-  Dataspace space(check(H5Screate(H5S_SCALAR), "creating a scalar dataspace"));
-  Attribute attribute(check(H5Acreate2(object, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                            "creating attribute " + name));
-  const std::string padded = value.empty() ? std::string(1, '\0') : value;
-  check(H5Awrite(attribute.get(), type.get(), padded.data()), "writing attribute " + name);
-}
-
-void write_integer_attribute(hid_t object, const std::string& name, std::int64_t value) {
-  write_number_attribute<std::int64_t>(object, name, H5T_NATIVE_INT64, value);
-}
-
-void write_real_attribute(hid_t object, const std::string& name, double value) {
-  write_number_attribute<double>(object, name, H5T_NATIVE_DOUBLE, value);
-}
-
-Attributes read_root_attributes(hid_t file) {
-  Attributes attributes;
-  hsize_t index = 0;
-  check(H5Aiterate2(file, H5_INDEX_NAME, H5_ITER_NATIVE, &index, read_attribute, &attributes),
-        "reading the root attributes");
-  return attributes;
-}
 
 Attributes inspect(const std::string& file, const std::vector<ArraySlice>& arrays) {
   File f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
@@ -112,7 +41,7 @@ Attributes inspect(const std::string& file, const std::vector<ArraySlice>& array
     Datatype type(check(H5Dget_type(d.get()), "checkpoint '" + file + "' dataset '" + a.path + "'"));
     DType stored;
     if (!dtype_of_stored(type.get(), stored) || stored != a.dtype)
-      LATHER_FAIL("checkpoint '", file, "' dataset '", a.path, "' does not hold ", optim::to_string(a.dtype));
+      LATHER_FAIL("checkpoint '", file, "' dataset '", a.path, "' does not hold ", ::lather::to_string(a.dtype));
     Dataspace space(check(H5Dget_space(d.get()), "checkpoint '" + file + "' dataset '" + a.path + "'"));
     const int rank = H5Sget_simple_extent_ndims(space.get());
     const auto want = stored_dims(a.shape);
@@ -123,8 +52,8 @@ Attributes inspect(const std::string& file, const std::vector<ArraySlice>& array
     H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
     if (dims != want) {
       TensorShape got(dims.begin(), dims.end());
-      LATHER_FAIL("checkpoint '", file, "' dataset '", a.path, "' has shape ", lather::to_string(got),
-                  ", expected ", lather::to_string(a.shape));
+      LATHER_FAIL("checkpoint '", file, "' dataset '", a.path, "' has shape ", lather::to_string(got), ", expected ",
+                  lather::to_string(a.shape));
     }
   }
   return attributes;
@@ -132,8 +61,9 @@ Attributes inspect(const std::string& file, const std::vector<ArraySlice>& array
 
 namespace {
 
-/// Calls `body(root, path)` for every array of an open file (the checksum datasets left out) in name order, until it returns an
-/// error ("" to go on). Returns that error, or what kept HDF5 from listing the objects.
+/// Calls `body(root, path)` for every array of an open file (the checksum datasets left out) in
+/// name order, until it returns an error ("" to go on). Returns that error, or what kept HDF5 from
+/// listing the objects.
 std::string for_each_dataset(hid_t file, const std::function<std::string(hid_t, const char*)>& body) {
   struct Walk {
     const std::function<std::string(hid_t, const char*)>& body;
@@ -149,7 +79,8 @@ std::string for_each_dataset(hid_t file, const std::function<std::string(hid_t, 
   };
   const herr_t status = H5Ovisit(file, H5_INDEX_NAME, H5_ITER_INC, visit, &walk
 #if H5_VERSION_GE(1, 12, 0)
-                                 , H5O_INFO_BASIC
+                                 ,
+                                 H5O_INFO_BASIC
 #endif
   );
   if (!walk.error.empty()) return walk.error;
@@ -199,7 +130,8 @@ std::string verify_dataset(hid_t root, const char* name, std::vector<unsigned ch
   for (hsize_t first = 0; first < dims[0]; first += rows_per_piece) {
     const hsize_t rows = std::min(rows_per_piece, dims[0] - first);
     piece.resize(std::size_t(rows * row));
-    if (!read_rows(dataset.get(), native.get(), H5P_DEFAULT, dims, std::int64_t(first), std::int64_t(rows), piece.data()))
+    if (!read_rows(dataset.get(), native.get(), H5P_DEFAULT, dims, std::int64_t(first), std::int64_t(rows),
+                   piece.data()))
       return where + " fails its checksum or cannot be read (rows " + std::to_string(first) + " to " +
              std::to_string(first + rows) + "): " + hdf5_error_reason();
   }
@@ -215,7 +147,7 @@ std::string verify_checksummed_dataset(hid_t root, const char* name, std::vector
   if (!dataset.valid()) return where + " cannot be opened: " + hdf5_error_reason();
   Datatype stored_type(H5Dget_type(dataset.get()));
   Dataspace space(H5Dget_space(dataset.get()));
-  optim::DType dtype;
+  ::lather::DType dtype;
   if (!stored_type.valid() || !space.valid() || !dtype_of_stored(stored_type.get(), dtype))
     return where + " does not hold a type Lather writes";
   const int rank = H5Sget_simple_extent_ndims(space.get());
@@ -223,12 +155,13 @@ std::string verify_checksummed_dataset(hid_t root, const char* name, std::vector
   std::vector<hsize_t> dims(std::size_t(rank), 0);
   H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   if (H5Sget_simple_extent_npoints(space.get()) == 0) return {};
-  const std::string claim = claims_more_than_the_file(where, space.get(), optim::size_of(dtype), file_bytes);
+  const std::string claim = claims_more_than_the_file(where, space.get(), ::lather::size_of(dtype), file_bytes);
   if (!claim.empty()) return claim;
   try {
-    const StoredChecksums stored = read_checksums(root, name, dims, optim::size_of(dtype));
+    const StoredChecksums stored = read_checksums(root, name, dims, ::lather::size_of(dtype));
     const std::int64_t chunk_bytes = stored.grid.chunk_elements() * std::int64_t(stored.grid.element_bytes);
-    const std::int64_t per_piece = std::max<std::int64_t>(1, (std::int64_t(8) << 20) / std::max<std::int64_t>(chunk_bytes, 1));
+    const std::int64_t per_piece =
+        std::max<std::int64_t>(1, (std::int64_t(8) << 20) / std::max<std::int64_t>(chunk_bytes, 1));
     for (std::int64_t c = 0; c < stored.grid.chunks(); c += per_piece) {
       const std::string error = read_and_check_rows(dataset.get(), native_type(dtype), H5P_DEFAULT, name, stored, c,
                                                     std::min(per_piece, stored.grid.chunks() - c), piece);
@@ -248,8 +181,8 @@ void summarise_dataset(hid_t root, const char* name, std::vector<DatasetSummary>
   summary.path = name;
   Datatype type(H5Dget_type(dataset.get()));
   Dataspace space(H5Dget_space(dataset.get()));
-  optim::DType dtype;
-  summary.type = type.valid() && dtype_of_stored(type.get(), dtype) ? optim::to_string(dtype) : "other";
+  ::lather::DType dtype;
+  summary.type = type.valid() && dtype_of_stored(type.get(), dtype) ? ::lather::to_string(dtype) : "other";
   const int rank = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
   if (rank >= 0 && rank <= 32) {
     std::vector<hsize_t> dims(std::size_t(rank), 0);

@@ -1,7 +1,7 @@
 #pragma once
 // What makes an HDF5 file a Lather checkpoint: the root attributes that identify it (format name,
-// format version, "complete" written last), how attributes are written and read back, and rank
-// 0's serial vetting of a file before every rank opens it.
+// format version, "complete" written last), and rank 0's serial vetting of a file before every
+// rank opens it.
 
 #include "hdf5_handles.hpp"
 
@@ -15,11 +15,6 @@ namespace lather::checkpoint::Impl {
 /// The value of the root attribute `format` in every Lather checkpoint.
 inline constexpr const char* format_name = "lather-checkpoint";
 
-void write_string_attribute(hid_t object, const std::string& name, const std::string& value);
-void write_integer_attribute(hid_t object, const std::string& name, std::int64_t value);
-void write_real_attribute(hid_t object, const std::string& name, double value);
-/// Every scalar attribute of the root group (strings longer than 1 MiB are not read).
-Attributes read_root_attributes(hid_t file);
 /// Rank 0's serial look at a file before every rank opens it: is it a Lather checkpoint of a
 /// format we read, complete, and does every requested array exist with the expected type and
 /// shape? Nothing is allocated from what the file claims. Returns the root attributes.

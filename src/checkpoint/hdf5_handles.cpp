@@ -30,34 +30,52 @@ QuietHdf5::QuietHdf5() {
 }
 QuietHdf5::~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, m_function, m_data); }
 
-hid_t native_type(optim::DType dtype) {
+hid_t native_type(::lather::DType dtype) {
   switch (dtype) {
-    case optim::DType::float32: return H5T_NATIVE_FLOAT;
-    case optim::DType::float64: return H5T_NATIVE_DOUBLE;
-    case optim::DType::int8: return H5T_NATIVE_INT8;
-    case optim::DType::int16: return H5T_NATIVE_INT16;
-    case optim::DType::int32: return H5T_NATIVE_INT32;
-    case optim::DType::int64: return H5T_NATIVE_INT64;
+    case ::lather::DType::float32:
+      return H5T_NATIVE_FLOAT;
+    case ::lather::DType::float64:
+      return H5T_NATIVE_DOUBLE;
+    case ::lather::DType::int8:
+      return H5T_NATIVE_INT8;
+    case ::lather::DType::int16:
+      return H5T_NATIVE_INT16;
+    case ::lather::DType::int32:
+      return H5T_NATIVE_INT32;
+    case ::lather::DType::int64:
+      return H5T_NATIVE_INT64;
   }
   return H5T_NATIVE_FLOAT;
 }
 
-bool dtype_of_stored(hid_t type, optim::DType& dtype) {
+bool dtype_of_stored(hid_t type, ::lather::DType& dtype) {
   const H5T_class_t kind = H5Tget_class(type);
   const std::size_t size = H5Tget_size(type);
   if (kind == H5T_FLOAT) {
-    if (size == 4) dtype = optim::DType::float32;
-    else if (size == 8) dtype = optim::DType::float64;
-    else return false;
+    if (size == 4)
+      dtype = ::lather::DType::float32;
+    else if (size == 8)
+      dtype = ::lather::DType::float64;
+    else
+      return false;
     return true;
   }
   if (kind == H5T_INTEGER && H5Tget_sign(type) == H5T_SGN_2) {
     switch (size) {
-      case 1: dtype = optim::DType::int8; return true;
-      case 2: dtype = optim::DType::int16; return true;
-      case 4: dtype = optim::DType::int32; return true;
-      case 8: dtype = optim::DType::int64; return true;
-      default: return false;
+      case 1:
+        dtype = ::lather::DType::int8;
+        return true;
+      case 2:
+        dtype = ::lather::DType::int16;
+        return true;
+      case 4:
+        dtype = ::lather::DType::int32;
+        return true;
+      case 8:
+        dtype = ::lather::DType::int64;
+        return true;
+      default:
+        return false;
     }
   }
   return false;

@@ -3,7 +3,7 @@
 // whatever path leaves the scope, and a failed call throws with HDF5's own innermost reason.
 
 #include <lather/core/error.hpp>
-#include <lather/optim/optimizer.hpp>
+#include <lather/core/state_array.hpp>
 
 #include <hdf5.h>
 
@@ -67,8 +67,8 @@ inline hid_t check(hid_t id, const std::string& what) {
 }
 
 /// The HDF5 native type of a Lather dtype.
-hid_t native_type(optim::DType dtype);
+hid_t native_type(::lather::DType dtype);
 /// The Lather dtype a stored HDF5 type reads as, if it is one of ours exactly.
-bool dtype_of_stored(hid_t type, optim::DType& dtype);
+bool dtype_of_stored(hid_t type, ::lather::DType& dtype);
 
 }  // namespace lather::checkpoint::Impl

@@ -5,7 +5,7 @@
 
 #include <lather/checkpoint/page_aligned.hpp>
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -21,10 +21,10 @@ namespace lather::checkpoint::Impl {
 
 namespace {
 
-// The helper thread's requests, and the pieces handed to `piece`. On the development machine's
-// disk, O_DIRECT reads in requests of 4 to 64 MiB all ran within 5% of one read of the whole
-// range, and loads with 8, 16 or 32 MiB requests did not differ beyond the noise (benchmarks.md);
-// the smaller the request, the sooner the first piece is checked.
+// The helper thread's requests, and the pieces handed to `piece`. O_DIRECT reads in requests of
+// 4 to 64 MiB all come within a few per cent of one read of the whole range, and loads with 8, 16
+// or 32 MiB requests do not differ beyond the noise (benchmarks.md); the smaller the request, the
+// sooner the first piece is checked.
 constexpr std::int64_t request_bytes = std::int64_t(8) << 20;
 
 /// Whether the dataset's bytes lie in its file as they are to be read: stored as `type`, in a

@@ -4,9 +4,9 @@
 // the caller's buffers, in 8 MiB requests, one range after the other, while the calling thread
 // goes on: it reads what is not queued through HDF5, then checks each queued piece as soon as its
 // bytes are in. The bytes make no stop in the page cache, so a load neither copies them out of it
-// nor has the kernel allocate cache pages for them: on the development machine (a VM whose unused
-// memory goes back to the host) a first load through the cache read at 0.6 GB/s, where O_DIRECT
-// into the caller's memory read at 3.5-4 GB/s (docs/reference/benchmarks.md).
+// nor has the kernel allocate cache pages for them: on a VM whose unused memory goes back to the
+// host, a first load through the cache reads several times slower than O_DIRECT into the
+// caller's memory (docs/reference/benchmarks.md).
 //
 // HDF5 reads, through the cache, what this does not take: small or unaligned ranges, stored types
 // that need converting, files in a layout other than plain bytes, ranges the cache holds already

@@ -1,12 +1,13 @@
 #include "placed_writes.hpp"
 
+#include "attributes.hpp"
 #include "file_format.hpp"
 #include "file_pages.hpp"
 #include "selection.hpp"
 
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 
 #include <cerrno>
 #include <cstdint>
@@ -37,14 +38,14 @@ std::vector<std::int64_t> lay_out(const std::string& file, const std::vector<Arr
     const auto dims = stored_dims(a.shape);
     Dataspace space(check(H5Screate_simple(int(dims.size()), dims.data(), nullptr), where));
     PropertyList dcpl(check(H5Pcreate(H5P_DATASET_CREATE), where));
-    // Contiguous and unfiltered, allocated now (its offset is where the ranks write) and never
-    // filled, since every byte is written.
+    // Contiguous and unfiltered, allocated at creation (its offset is where the ranks write) and
+    // never filled, since every byte is written.
     check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), where + ": layout");
     check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), where + ": allocation time");
     check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), where + ": fill time");
-    Dataset dataset(check(H5Dcreate2(f.get(), a.path.c_str(), native_type(a.dtype), space.get(), lcpl.get(),
-                                     dcpl.get(), H5P_DEFAULT),
-                          where + ": create"));
+    Dataset dataset(check(
+        H5Dcreate2(f.get(), a.path.c_str(), native_type(a.dtype), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+        where + ": create"));
     if (a.shape.empty()) write_integer_attribute(dataset.get(), "scalar", 1);
     if (element_count(a.shape) == 0) continue;
     const haddr_t at = H5Dget_offset(dataset.get());
@@ -65,9 +66,9 @@ std::vector<std::int64_t> lay_out(const std::string& file, const std::vector<Arr
   check(H5Fflush(f.get(), H5F_SCOPE_GLOBAL), "flushing checkpoint '" + file + "'");
   f.reset();
 #ifdef __linux__
-  // The datasets' bytes are holes until the ranks write them. Allocating them now, in one call,
+  // The datasets' bytes are holes until the ranks write them. Allocating them here, in one call,
   // spares the file system allocating blocks for several writers of one file at once (which
-  // slowed ext4's write-back); where the file system cannot (EOPNOTSUPP), they stay holes.
+  // slows ext4's write-back); where the file system cannot (EOPNOTSUPP), they stay holes.
   const int fd = ::open(file.c_str(), O_WRONLY);
   if (fd >= 0) {
     const off_t size = ::lseek(fd, 0, SEEK_END);
@@ -145,7 +146,7 @@ void PlacedWriter::write_cached(const char* data, std::size_t bytes, std::int64_
   m_first = m_first < 0 ? offset : std::min(m_first, offset);
   m_last = std::max(m_last, offset + std::int64_t(bytes));
 #ifdef __linux__
-  // Start the write-back now, without waiting: the disk works while this rank goes on.
+  // Start the write-back at once, without waiting: the disk works while this rank goes on.
   if (m_durable) ::sync_file_range(m_fd, off_t(offset), off_t(bytes), SYNC_FILE_RANGE_WRITE);
 #endif
 }
@@ -271,7 +272,8 @@ void PlacedWriter::write_box(const void* data, const std::vector<hsize_t>& dims,
   const char* from = static_cast<const char*>(data);
   for (;;) {
     std::int64_t element = 0;  // the run's first element, row-major in the array
-    for (std::size_t d = 0; d <= q; ++d) element = element * std::int64_t(dims[d]) + std::int64_t(start[d] + (d < q ? index[d] : 0));
+    for (std::size_t d = 0; d <= q; ++d)
+      element = element * std::int64_t(dims[d]) + std::int64_t(start[d] + (d < q ? index[d] : 0));
     element *= inner;
     write(from, run_bytes, base + element * std::int64_t(element_bytes), where);
     from += run_bytes;

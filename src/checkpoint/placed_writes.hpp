@@ -4,7 +4,7 @@
 // closes it and tells every rank where each dataset's bytes begin; then each rank writes its own
 // bytes there with plain POSIX writes, in parallel and with no MPI call between them; last, rank 0
 // adds the checksums and "complete". HDF5 never sees the data, so the file is exactly what a
-// collective HDF5 write makes of the same arrays (h5py and h5dump read it as before), but none of
+// collective HDF5 write makes of the same arrays (h5py and h5dump read it the same way), but none of
 // parallel HDF5's collective calls (about 20 per dataset and file on MPICH, each a busy wait of
 // milliseconds where ranks outnumber cores) is made, and no MPI-IO layer sits between the ranks
 // and the disk.
@@ -93,7 +93,7 @@ class PlacedWriter {
   std::string m_file, m_error;
   int m_fd = -1, m_direct_fd = -1;
   bool m_durable = false;
-  bool m_direct_taken = false;  // a direct write from aligned memory succeeded: the file takes O_DIRECT
+  bool m_direct_taken = false;             // a direct write from aligned memory succeeded: the file takes O_DIRECT
   std::int64_t m_first = -1, m_last = -1;  // the span written through the cache, for the write-back
   std::int64_t m_direct_bytes = 0;
   std::unique_ptr<char, void (*)(void*)> m_bounce{nullptr, free_page_aligned};  // for unaligned sources

@@ -52,21 +52,21 @@ void select(hid_t space, const ArraySlice& a) {
 }
 
 void check_slice(const ArraySlice& a) {
-  LATHER_REQUIRE(!a.path.empty() && a.path.front() != '/', "checkpoint array path must be relative, got '",
-                 a.path, "'");
+  LATHER_REQUIRE(!a.path.empty() && a.path.front() != '/', "checkpoint array path must be relative, got '", a.path,
+                 "'");
   if (a.selection == ArraySlice::Selection::rows) {
     LATHER_REQUIRE(!a.shape.empty(), "checkpoint array '", a.path, "': rows selected from a 0-D array");
     for (auto r : a.rows)
-      LATHER_REQUIRE(r >= 0 && r < a.shape[0], "checkpoint array '", a.path, "': row ", r, " outside [0, ",
-                     a.shape[0], ")");
+      LATHER_REQUIRE(r >= 0 && r < a.shape[0], "checkpoint array '", a.path, "': row ", r, " outside [0, ", a.shape[0],
+                     ")");
     auto sorted = a.rows;
     std::sort(sorted.begin(), sorted.end());
     LATHER_REQUIRE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), "checkpoint array '", a.path,
                    "': a row is listed twice");
   }
   if (a.selection == ArraySlice::Selection::block) {
-    LATHER_REQUIRE(a.offset.size() == a.shape.size() && a.count.size() == a.shape.size(),
-                   "checkpoint array '", a.path, "': block offset/count must have one entry per dimension");
+    LATHER_REQUIRE(a.offset.size() == a.shape.size() && a.count.size() == a.shape.size(), "checkpoint array '", a.path,
+                   "': block offset/count must have one entry per dimension");
     for (std::size_t d = 0; d < a.shape.size(); ++d)
       LATHER_REQUIRE(a.offset[d] >= 0 && a.count[d] >= 0 && a.offset[d] + a.count[d] <= a.shape[d],
                      "checkpoint array '", a.path, "': block [", a.offset[d], ", ", a.offset[d] + a.count[d],
@@ -78,7 +78,9 @@ void check_slice(const ArraySlice& a) {
 hid_t memory_space_for(const ArraySlice& a, hssize_t selected) {
   std::vector<hsize_t> dims;
   switch (a.selection) {
-    case ArraySlice::Selection::whole: dims = stored_dims(a.shape); break;
+    case ArraySlice::Selection::whole:
+      dims = stored_dims(a.shape);
+      break;
     case ArraySlice::Selection::rows:
       dims = stored_dims(a.shape);
       dims[0] = hsize_t(a.rows.size());
@@ -90,7 +92,8 @@ hid_t memory_space_for(const ArraySlice& a, hssize_t selected) {
         dims.assign(a.count.begin(), a.count.end());
       break;
   }
-  if (selected <= 0 || hsize_t(selected) != std::accumulate(dims.begin(), dims.end(), hsize_t(1), std::multiplies<>())) {
+  if (selected <= 0 ||
+      hsize_t(selected) != std::accumulate(dims.begin(), dims.end(), hsize_t(1), std::multiplies<>())) {
     const hsize_t count = hsize_t(std::max<hssize_t>(selected, 1));
     return H5Screate_simple(1, &count, nullptr);
   }
@@ -166,7 +169,7 @@ void read_rows_in_pieces(hid_t dataset, hid_t type, hid_t dxpl, const std::vecto
   // Overlapped: a second thread checks piece k while piece k + 1 is read, and the checksums cost
   // no read time where a core is free. Without a free core that thread only competes with the
   // ranks (and two ranks' 8 MiB pieces in flight crowd a shared L3): 1 MiB pieces summed in line
-  // read about 20% faster on 2 ranks of 2 cores (docs/reference/benchmarks.md). One piece at a time
+  // read faster where the ranks fill the cores (docs/reference/benchmarks.md). One piece at a time
   // is handed over, so `piece` is never called concurrently with itself; it makes no HDF5 call.
   const std::size_t piece_bytes = std::size_t(overlap ? 8 : 1) << 20;
   const std::int64_t per_piece =
@@ -188,7 +191,7 @@ void read_rows_in_pieces(hid_t dataset, hid_t type, hid_t dxpl, const std::vecto
 }
 
 std::size_t row_bytes(const ArraySlice& a) {
-  std::size_t bytes = optim::size_of(a.dtype);
+  std::size_t bytes = ::lather::size_of(a.dtype);
   for (std::size_t d = 1; d < a.shape.size(); ++d) bytes *= std::size_t(a.shape[d]);
   return bytes;
 }

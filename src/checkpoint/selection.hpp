@@ -37,7 +37,7 @@ bool read_rows(hid_t dataset, hid_t type, hid_t dxpl, const std::vector<hsize_t>
 /// Asks the kernel to read rows [first, first + count) of a contiguous dataset ahead, all at once
 /// (posix_fadvise WILLNEED on the file's descriptor): the pieces read later then find their bytes
 /// arriving, instead of each piece's read waiting for its own 1 MiB with the default read-ahead
-/// window (cold reads from the disk 1.3-2.0 GB/s against raw reads' 2.6-3.3, benchmarks.md).
+/// window (with which cold reads from the disk reach about half the raw bandwidth, benchmarks.md).
 /// Chunked or filtered datasets, or other drivers, are left alone.
 void read_ahead(hid_t dataset, std::int64_t first, std::int64_t count, std::size_t row_bytes);
 /// Reads rows [first, first + count) of an open dataset (dimensions `dims`) into `into` in pieces,

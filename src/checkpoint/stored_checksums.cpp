@@ -1,6 +1,6 @@
 #include "stored_checksums.hpp"
 
-#include "file_format.hpp"
+#include "attributes.hpp"
 #include "selection.hpp"
 
 #include <algorithm>
@@ -28,7 +28,7 @@ constexpr std::int64_t kind_block = 1, kind_rows = 2, kind_whole = 3;
 }  // namespace
 
 ChunkGrid grid_of(const ArraySlice& a, std::size_t chunk_bytes) {
-  return ChunkGrid::of(as_int64(stored_dims(a.shape)), optim::size_of(a.dtype), chunk_bytes);
+  return ChunkGrid::of(as_int64(stored_dims(a.shape)), ::lather::size_of(a.dtype), chunk_bytes);
 }
 
 void add_block_rows(const ChunkGrid& grid, const ArraySlice& a, const void* data, std::int64_t first_row,
@@ -144,8 +144,9 @@ std::string read_and_check_rows(hid_t dataset, hid_t type, hid_t dxpl, const std
            "): " + hdf5_error_reason();
   for (std::int64_t c = first_chunk; c < first_chunk + chunks; ++c) {
     const std::int64_t row = grid.first_row(c), rows = grid.first_row(c + 1) - row;
-    const ChunkSum sum = sum_elements(buffer.data() + std::size_t((row - first) * grid.row_elements) * grid.element_bytes,
-                                      grid.element_bytes, row * grid.row_elements, rows * grid.row_elements);
+    const ChunkSum sum =
+        sum_elements(buffer.data() + std::size_t((row - first) * grid.row_elements) * grid.element_bytes,
+                     grid.element_bytes, row * grid.row_elements, rows * grid.row_elements);
     if (sum != stored.sums[std::size_t(c)]) return checksum_failure(path, grid, c);
   }
   return {};
@@ -215,7 +216,8 @@ SelectionChecksums::SelectionChecksums(const comm::Group& group, const std::vect
       if (std::find(m_blocks[k].begin(), m_blocks[k].end(), other) == m_blocks[k].end()) m_blocks[k].push_back(other);
     }
     if (same.empty()) continue;
-    const std::int64_t member = std::find(same.begin(), same.end(), me) - same.begin(), members = std::int64_t(same.size());
+    const std::int64_t member = std::find(same.begin(), same.end(), me) - same.begin(),
+                       members = std::int64_t(same.size());
     m_share[k] = row_share(own[rank], member, members);
     bool whole_everywhere = int(same.size()) == size;
     for (int r = 0; r < size; ++r)
@@ -280,7 +282,8 @@ void SelectionChecksums::add_whole_rows(std::size_t k, std::int64_t first_row, s
   const std::int64_t to = std::min(first_row + rows, m_share[k].first + m_share[k].second);
   if (to <= from) return;
   add_to_chunk_sums(grid, from * grid.row_elements, (to - from) * grid.row_elements,
-                    static_cast<const unsigned char*>(data) + std::size_t((from - first_row) * grid.row_elements) * grid.element_bytes,
+                    static_cast<const unsigned char*>(data) +
+                        std::size_t((from - first_row) * grid.row_elements) * grid.element_bytes,
                     m_sums[k]);
 }
 
@@ -317,7 +320,8 @@ const std::vector<ChunkSum>& SelectionChecksums::saved_sums(std::size_t k) const
   for (std::size_t c = 0; c < m_coverage[k].size(); ++c)
     LATHER_REQUIRE(m_coverage[k][c] == 1, "checkpoint array '", a.path, "': the ranks' blocks ",
                    m_coverage[k][c] == 0 ? "leave rows unwritten" : "overlap without being equal", " (rows ",
-                   m_stored[k].grid.first_row(std::int64_t(c)), " to ", m_stored[k].grid.first_row(std::int64_t(c) + 1), ")");
+                   m_stored[k].grid.first_row(std::int64_t(c)), " to ", m_stored[k].grid.first_row(std::int64_t(c) + 1),
+                   ")");
   return m_sums[k];
 }
 

@@ -94,7 +94,8 @@ std::unique_ptr<Staged> stage_state(const ExecutionSpace& space, const optim::St
       s->write_host.resize(keep.size() * row_bytes);
       for (std::size_t j = 0; j < keep.size(); ++j) {
         s->write.rows.push_back(a.rows[keep[j]]);
-        if (copy_out) std::memcpy(s->write_host.data() + j * row_bytes, s->host.data() + keep[j] * row_bytes, row_bytes);
+        if (copy_out)
+          std::memcpy(s->write_host.data() + j * row_bytes, s->host.data() + keep[j] * row_bytes, row_bytes);
       }
     }
   }
@@ -109,8 +110,8 @@ std::vector<std::unique_ptr<Staged>> stage_all(const ExecutionSpace& space,
                                                const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
                                                const WriterRoles& roles, bool copy_out) {
   const auto& specs = optimizer.parameters();
-  LATHER_REQUIRE(params.size() == specs.size(), "checkpoint: ", params.size(), " parameter tensors for an optimizer of ",
-                 specs.size(), " parameters");
+  LATHER_REQUIRE(params.size() == specs.size(), "checkpoint: ", params.size(),
+                 " parameter tensors for an optimizer of ", specs.size(), " parameters");
   std::vector<std::unique_ptr<Staged>> staged;
   for (std::size_t p = 0; p < specs.size(); ++p) {
     auto s = std::make_unique<Staged>();
@@ -127,8 +128,7 @@ std::vector<std::unique_ptr<Staged>> stage_all(const ExecutionSpace& space,
     s->to_device = [space, device, host] { Kokkos::deep_copy(space, device, host); };
     staged.push_back(std::move(s));
   }
-  for (const auto& a : optimizer.state_arrays(space))
-    staged.push_back(stage_state(space, a, specs, roles, copy_out));
+  for (const auto& a : optimizer.state_arrays(space)) staged.push_back(stage_state(space, a, specs, roles, copy_out));
   for (auto& s : staged) {
     s->slice.data = s->host.data();
     s->write.data = s->write_host.data();
@@ -155,7 +155,7 @@ std::string Checkpointer::save(const ExecutionSpace& space, optim::Optimizer<Exe
   std::vector<std::uint64_t> rng = state.rng;
   ArraySlice rng_slice;
   rng_slice.path = "training/rng";
-  rng_slice.dtype = optim::DType::int64;
+  rng_slice.dtype = ::lather::DType::int64;
   rng_slice.shape = {std::int64_t(rng.size())};
   rng_slice.writer = roles.world_root;
   rng_slice.data = rng.data();
@@ -192,10 +192,10 @@ TrainingState Checkpointer::restore(const ExecutionSpace& space, const std::stri
     return it->second;
   };
   const auto optimizer_name = root.strings.find("optimizer");
-  LATHER_REQUIRE(optimizer_name != root.strings.end() && optimizer_name->second == optimizer.name(),
-                 "checkpoint '", file, "' holds the state of optimizer '",
-                 optimizer_name == root.strings.end() ? std::string("?") : optimizer_name->second,
-                 "', not of '", optimizer.name(), "'");
+  LATHER_REQUIRE(optimizer_name != root.strings.end() && optimizer_name->second == optimizer.name(), "checkpoint '",
+                 file, "' holds the state of optimizer '",
+                 optimizer_name == root.strings.end() ? std::string("?") : optimizer_name->second, "', not of '",
+                 optimizer.name(), "'");
   const std::int64_t words = integer("rng_words");
   LATHER_REQUIRE(words >= 0 && words <= 4096, "checkpoint '", file, "': implausible rng_words ", words);
 
@@ -212,7 +212,7 @@ TrainingState Checkpointer::restore(const ExecutionSpace& space, const std::stri
   if (words > 0) {
     ArraySlice rng;
     rng.path = "training/rng";
-    rng.dtype = optim::DType::int64;
+    rng.dtype = ::lather::DType::int64;
     rng.shape = {words};
     rng.data = state.rng.data();
     arrays.push_back(rng);
@@ -231,12 +231,12 @@ TrainingState Checkpointer::restore(const ExecutionSpace& space, const std::stri
   return state;
 }
 
-#define LATHER_INSTANTIATE_TRAINING_STATE(SPACE, SCALAR)                                                          \
-  template std::string Checkpointer::save<SPACE, SCALAR>(const SPACE&, optim::Optimizer<SPACE, SCALAR>&,           \
-                                                         const TensorList<SCALAR, SPACE::memory_space>&,            \
-                                                         const TrainingState&, const WriterRoles&);                 \
-  template TrainingState Checkpointer::restore<SPACE, SCALAR>(const SPACE&, const std::string&,                    \
-                                                              optim::Optimizer<SPACE, SCALAR>&,                     \
+#define LATHER_INSTANTIATE_TRAINING_STATE(SPACE, SCALAR)                                                 \
+  template std::string Checkpointer::save<SPACE, SCALAR>(const SPACE&, optim::Optimizer<SPACE, SCALAR>&, \
+                                                         const TensorList<SCALAR, SPACE::memory_space>&, \
+                                                         const TrainingState&, const WriterRoles&);      \
+  template TrainingState Checkpointer::restore<SPACE, SCALAR>(const SPACE&, const std::string&,          \
+                                                              optim::Optimizer<SPACE, SCALAR>&,          \
                                                               const TensorList<SCALAR, SPACE::memory_space>&) const;
 LATHER_INSTANTIATE_TRAINING_STATE(DefaultExecutionSpace, float)
 LATHER_INSTANTIATE_TRAINING_STATE(DefaultExecutionSpace, double)

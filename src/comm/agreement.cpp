@@ -1,4 +1,4 @@
-#include <lather/comm/impl/agreement.hpp>
+#include <lather/comm/agreement.hpp>
 
 #if LATHER_ENABLE_MPI
 #include "mpi_check.hpp"
@@ -9,7 +9,12 @@
 #include <cstring>
 #include <limits>
 
-namespace lather::comm::Impl {
+namespace lather::comm {
+
+#if LATHER_ENABLE_MPI
+using Impl::check_mpi;
+using Impl::complete;
+#endif
 
 namespace {
 
@@ -30,8 +35,7 @@ void agreement_op(void* in_raw, void* inout_raw, int* length, MPI_Datatype* type
     inout[2] = std::min(inout[2], in[2]);
     for (std::int64_t f = 0; f < fields; ++f) {
       inout[header_words + f] = std::min(inout[header_words + f], in[header_words + f]);
-      inout[header_words + fields + f] =
-          std::max(inout[header_words + fields + f], in[header_words + fields + f]);
+      inout[header_words + fields + f] = std::max(inout[header_words + fields + f], in[header_words + fields + f]);
     }
     for (std::int64_t s = 0; s < sums; ++s) {
       double a = 0, b = 0;
@@ -124,11 +128,11 @@ std::string Agreement::disagreement(std::size_t f) const {
   const auto& field = m_fields[f];
   if (field.has_required && !(same(f) && m_min[f] == field.required))
     return ::lather::Impl::concat(m_context, ": ", field.name, " must be ", field.required,
-                                  " on every rank of the group of ", m_size, ", got min ", m_min[f],
-                                  ", max ", m_max[f], " (this rank: ", field.value, ")");
+                                  " on every rank of the group of ", m_size, ", got min ", m_min[f], ", max ", m_max[f],
+                                  " (this rank: ", field.value, ")");
   return ::lather::Impl::concat(m_context, ": ", field.name, " differs across the ", m_size,
-                                " ranks of the group: min ", m_min[f], ", max ", m_max[f],
-                                " (this rank: ", field.value, ")");
+                                " ranks of the group: min ", m_min[f], ", max ", m_max[f], " (this rank: ", field.value,
+                                ")");
 }
 
 void Agreement::require_agreement() const {
@@ -138,4 +142,15 @@ void Agreement::require_agreement() const {
   }
 }
 
-}  // namespace lather::comm::Impl
+void agree_on_call(const Group& group, bool verify, const std::string& context, std::int64_t batch,
+                   const std::string& local_error, std::vector<AgreementField> extra) {
+  if (!verify) {
+    LATHER_REQUIRE(local_error.empty(), context, ": ", local_error);
+    return;
+  }
+  std::vector<AgreementField> fields = {{"batch size", batch}};
+  for (auto& f : extra) fields.push_back(std::move(f));
+  Agreement(group, context, std::move(fields), {}, local_error).require_agreement();
+}
+
+}  // namespace lather::comm

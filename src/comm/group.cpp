@@ -24,8 +24,8 @@ struct Group::State {
 #endif
   int size = 1, rank = 0;
   bool local = true;
-  // Counted once per communicator (MPI_Comm_split_type and an allgather: about 0.1 s at 4 ranks
-  // on the development machine's 2 cores), by the first to ask.
+  // Counted once per communicator (MPI_Comm_split_type and an allgather: up to a tenth of a second
+  // where ranks outnumber cores), by the first to ask.
   mutable std::optional<NodeOccupancy> occupancy;
 
   State() = default;
@@ -46,21 +46,51 @@ namespace {
 #if LATHER_ENABLE_MPI
 template <class T>
 MPI_Datatype datatype();
-template <> MPI_Datatype datatype<char>() { return MPI_BYTE; }
-template <> MPI_Datatype datatype<std::int8_t>() { return MPI_INT8_T; }
-template <> MPI_Datatype datatype<int>() { return MPI_INT; }
-template <> MPI_Datatype datatype<std::int64_t>() { return MPI_INT64_T; }
-template <> MPI_Datatype datatype<std::uint16_t>() { return MPI_UINT16_T; }
-template <> MPI_Datatype datatype<std::uint32_t>() { return MPI_UINT32_T; }
-template <> MPI_Datatype datatype<std::uint64_t>() { return MPI_UINT64_T; }
-template <> MPI_Datatype datatype<float>() { return MPI_FLOAT; }
-template <> MPI_Datatype datatype<double>() { return MPI_DOUBLE; }
+template <>
+MPI_Datatype datatype<char>() {
+  return MPI_BYTE;
+}
+template <>
+MPI_Datatype datatype<std::int8_t>() {
+  return MPI_INT8_T;
+}
+template <>
+MPI_Datatype datatype<int>() {
+  return MPI_INT;
+}
+template <>
+MPI_Datatype datatype<std::int64_t>() {
+  return MPI_INT64_T;
+}
+template <>
+MPI_Datatype datatype<std::uint16_t>() {
+  return MPI_UINT16_T;
+}
+template <>
+MPI_Datatype datatype<std::uint32_t>() {
+  return MPI_UINT32_T;
+}
+template <>
+MPI_Datatype datatype<std::uint64_t>() {
+  return MPI_UINT64_T;
+}
+template <>
+MPI_Datatype datatype<float>() {
+  return MPI_FLOAT;
+}
+template <>
+MPI_Datatype datatype<double>() {
+  return MPI_DOUBLE;
+}
 
 MPI_Op operation(Combine op) {
   switch (op) {
-    case Combine::sum: return MPI_SUM;
-    case Combine::min: return MPI_MIN;
-    case Combine::max: return MPI_MAX;
+    case Combine::sum:
+      return MPI_SUM;
+    case Combine::min:
+      return MPI_MIN;
+    case Combine::max:
+      return MPI_MAX;
   }
   return MPI_SUM;
 }
@@ -181,9 +211,8 @@ std::vector<int> Group::ranks_in(const Group& other) const {
   const int status = MPI_Comm_group(ot.comm, &theirs);
   std::vector<int> ranks(st.size), out(st.size, MPI_UNDEFINED);
   for (int r = 0; r < st.size; ++r) ranks[r] = r;
-  const int translated = status == MPI_SUCCESS
-                             ? MPI_Group_translate_ranks(mine, st.size, ranks.data(), theirs, out.data())
-                             : status;
+  const int translated =
+      status == MPI_SUCCESS ? MPI_Group_translate_ranks(mine, st.size, ranks.data(), theirs, out.data()) : status;
   MPI_Group_free(&mine);
   if (theirs != MPI_GROUP_NULL) MPI_Group_free(&theirs);
   Impl::check_mpi(translated, "MPI_Group_translate_ranks");
@@ -323,17 +352,17 @@ void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>
     const bool in_place = send == receive + displacement[st.rank];
     if (st.size == 2) {
       // Two ranks: each part crosses once, straight into its place on the other rank (one
-      // MPI_Sendrecv). MPICH's MPI_Allgatherv took 1.6-1.9x as long for 1 MB parts on the
-      // development machine (docs/reference/collectives.md). The tag is the allgather's own,
+      // MPI_Sendrecv). MPICH's MPI_Allgatherv takes up to about twice as long for parts of a MB
+      // (docs/reference/collectives.md). The tag is the allgather's own,
       // and both ranks make their collectives in the same order, so no other message matches.
       constexpr int allgather_tag = 0x1c00;
       const int partner = 1 - st.rank;
       if (!in_place && count[st.rank] > 0)
         std::memmove(receive + displacement[st.rank], send, std::size_t(count[st.rank]) * sizeof(T));
-      Impl::check_mpi(sendrecv(receive + displacement[st.rank], count[st.rank], datatype<T>(),
-                               receive + displacement[partner], count[partner], datatype<T>(), partner,
-                               allgather_tag, st.comm),
-                      "MPI_Sendrecv (allgatherv of two ranks)");
+      Impl::check_mpi(
+          sendrecv(receive + displacement[st.rank], count[st.rank], datatype<T>(), receive + displacement[partner],
+                   count[partner], datatype<T>(), partner, allgather_tag, st.comm),
+          "MPI_Sendrecv (allgatherv of two ranks)");
       return;
     }
     const void* from = in_place ? MPI_IN_PLACE : send;
@@ -367,12 +396,12 @@ void Group::allgatherv(const T* send, T* receive, const std::vector<std::size_t>
     Impl::complete(
         "MPI_Allgatherv",
         [&] {
-          return MPI_Allgatherv(from, count[st.rank], datatype<T>(), staging.data(), count.data(),
-                                displacement.data(), datatype<T>(), st.comm);
+          return MPI_Allgatherv(from, count[st.rank], datatype<T>(), staging.data(), count.data(), displacement.data(),
+                                datatype<T>(), st.comm);
         },
         [&](MPI_Request* r) {
-          return MPI_Iallgatherv(from, count[st.rank], datatype<T>(), staging.data(), count.data(),
-                                 displacement.data(), datatype<T>(), st.comm, r);
+          return MPI_Iallgatherv(from, count[st.rank], datatype<T>(), staging.data(), count.data(), displacement.data(),
+                                 datatype<T>(), st.comm, r);
         });
     for (int r = 0; r < st.size; ++r)
       std::copy_n(staging.data() + displacement[r], piece[r], receive + offset[r] + done);
@@ -420,8 +449,8 @@ void Group::alltoallv(const void* send, const std::vector<std::size_t>& send_cou
                              unit.get(), st.comm);
       },
       [&](MPI_Request* r) {
-        return MPI_Ialltoallv(send, out_count.data(), out_at.data(), unit.get(), receive, in_count.data(),
-                              in_at.data(), unit.get(), st.comm, r);
+        return MPI_Ialltoallv(send, out_count.data(), out_at.data(), unit.get(), receive, in_count.data(), in_at.data(),
+                              unit.get(), st.comm, r);
       });
 #endif
 }
@@ -429,8 +458,8 @@ void Group::alltoallv(const void* send, const std::vector<std::size_t>& send_cou
 template <class T>
 void Group::send(const T* values, std::size_t count, int destination, int tag) const {
   const auto& st = state();
-  LATHER_REQUIRE(!st.local && destination >= 0 && destination < st.size && destination != st.rank,
-                 "Group::send: rank ", destination, " is not another rank of the group of ", st.size);
+  LATHER_REQUIRE(!st.local && destination >= 0 && destination < st.size && destination != st.rank, "Group::send: rank ",
+                 destination, " is not another rank of the group of ", st.size);
 #if LATHER_ENABLE_MPI
   for (std::size_t done = 0; done < count || done == 0; done += max_count) {
     const int n = int(std::min(max_count, count - done));
@@ -453,8 +482,7 @@ void Group::receive(T* values, std::size_t count, int source, int tag) const {
   for (std::size_t done = 0; done < count || done == 0; done += max_count) {
     const int n = int(std::min(max_count, count - done));
     Impl::complete(
-        "MPI_Recv",
-        [&] { return MPI_Recv(values + done, n, datatype<T>(), source, tag, st.comm, MPI_STATUS_IGNORE); },
+        "MPI_Recv", [&] { return MPI_Recv(values + done, n, datatype<T>(), source, tag, st.comm, MPI_STATUS_IGNORE); },
         [&](MPI_Request* r) { return MPI_Irecv(values + done, n, datatype<T>(), source, tag, st.comm, r); });
     if (count == 0) break;
   }
@@ -491,21 +519,21 @@ void Group::agree_on_failure(const std::string& context, const std::string& loca
   broadcast(message, failing);
   std::string where;
   if (st.size > 1)
-    where = ::lather::Impl::concat(" (on group rank ", failing, " of ", st.size, failing == st.rank ? ", this rank" : "",
-                                   ")");
+    where = ::lather::Impl::concat(" (on group rank ", failing, " of ", st.size,
+                                   failing == st.rank ? ", this rank" : "", ")");
   // The message already names the object and where it failed.
   throw Error((context.empty() ? std::string() : context + ": ") + message + where, nullptr, 0);
 }
 
-#define LATHER_COMM_GROUP_INSTANTIATE(T)                                                                  \
-  template void Group::allreduce<T>(T*, std::size_t, Combine) const;                                     \
-  template void Group::allreduce<T>(const T*, T*, std::size_t, Combine) const;                           \
-  template void Group::broadcast<T>(T*, std::size_t, int) const;                                         \
-  template void Group::allgather<T>(const T*, std::size_t, T*) const;                                    \
-  template void Group::allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const;               \
-  template void Group::alltoall<T>(const T*, std::size_t, T*) const;                                     \
-  template void Group::send<T>(const T*, std::size_t, int, int) const;                                   \
-  template void Group::receive<T>(T*, std::size_t, int, int) const;                                      \
+#define LATHER_COMM_GROUP_INSTANTIATE(T)                                                   \
+  template void Group::allreduce<T>(T*, std::size_t, Combine) const;                       \
+  template void Group::allreduce<T>(const T*, T*, std::size_t, Combine) const;             \
+  template void Group::broadcast<T>(T*, std::size_t, int) const;                           \
+  template void Group::allgather<T>(const T*, std::size_t, T*) const;                      \
+  template void Group::allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const; \
+  template void Group::alltoall<T>(const T*, std::size_t, T*) const;                       \
+  template void Group::send<T>(const T*, std::size_t, int, int) const;                     \
+  template void Group::receive<T>(T*, std::size_t, int, int) const;                        \
   template void Group::exchange<T>(const T*, std::size_t, T*, std::size_t, int, int) const;
 
 LATHER_COMM_GROUP_INSTANTIATE(char)

@@ -1,4 +1,4 @@
-#include <lather/comm/impl/node_window.hpp>
+#include <lather/comm/node_window.hpp>
 
 #include <lather/core/error.hpp>
 
@@ -11,7 +11,11 @@
 #include <algorithm>
 #include <vector>
 
-namespace lather::comm::Impl {
+namespace lather::comm {
+
+#if LATHER_ENABLE_MPI
+using Impl::check_mpi;
+#endif
 
 struct NodeWindow::State {
 #if LATHER_ENABLE_MPI
@@ -119,4 +123,4 @@ void NodeWindow::synchronize() const {
 #endif
 }
 
-}  // namespace lather::comm::Impl
+}  // namespace lather::comm

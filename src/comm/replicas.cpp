@@ -1,6 +1,6 @@
 #include <lather/comm/impl/support.hpp>
 #include <lather/comm/replicas.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 
 #include <zlib.h>
 
@@ -13,15 +13,12 @@ namespace lather::comm {
 std::uint64_t agree_seed(const Group& group, std::uint64_t seed, int root) {
   // Every rank checks the root against the same size: the same error everywhere, or none.
   const int size = group.size();
-  LATHER_REQUIRE(root >= 0 && root < size, "agree_seed: root ", root, " is not a rank of the group of ",
-                 size);
+  LATHER_REQUIRE(root >= 0 && root < size, "agree_seed: root ", root, " is not a rank of the group of ", size);
   group.broadcast(&seed, 1, root);
   return seed;
 }
 
-std::uint64_t agree_seed(const Mesh& mesh, std::uint64_t seed) {
-  return agree_seed(mesh.data_parallel(), seed, 0);
-}
+std::uint64_t agree_seed(const Mesh& mesh, std::uint64_t seed) { return agree_seed(mesh.data_parallel(), seed, 0); }
 
 namespace {
 
@@ -34,9 +31,9 @@ std::uint32_t crc_bytes(std::uint32_t crc, const unsigned char* bytes, std::size
 }
 
 template <class ExecutionSpace, class Scalar>
-std::vector<std::uint32_t> tensor_checksums(
-    const ExecutionSpace& space, const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,
-    std::uint32_t& whole) {
+std::vector<std::uint32_t> tensor_checksums(const ExecutionSpace& space,
+                                            const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,
+                                            std::uint32_t& whole) {
   std::vector<std::uint32_t> out;
   whole = std::uint32_t(::crc32(0L, Z_NULL, 0));
   for (const auto& tensor : tensors) {
@@ -77,12 +74,12 @@ std::uint32_t checksum(const ExecutionSpace& space,
 std::string ReplicaReport::describe() const {
   if (consistent())
     return lather::Impl::concat("replicas consistent (", group_size, " ranks, crc32 ",
-                        hex(checksums.empty() ? 0 : checksums[reference_rank]), ")");
-  std::string out = lather::Impl::concat("replicas diverge: world ranks ", join(divergent_world_ranks),
-                                 " differ from the state held by the majority (crc32 ",
-                                 hex(checksums[reference_rank]), ", world rank ",
-                                 world_ranks[reference_rank], ", ", tensor_counts[reference_rank],
-                                 " tensors, ", element_counts[reference_rank], " elements)");
+                                hex(checksums.empty() ? 0 : checksums[reference_rank]), ")");
+  std::string out =
+      lather::Impl::concat("replicas diverge: world ranks ", join(divergent_world_ranks),
+                           " differ from the state held by the majority (crc32 ", hex(checksums[reference_rank]),
+                           ", world rank ", world_ranks[reference_rank], ", ", tensor_counts[reference_rank],
+                           " tensors, ", element_counts[reference_rank], " elements)");
   for (std::size_t i = 0; i < divergent_group_ranks.size() && i < 8; ++i) {
     const int r = divergent_group_ranks[i];
     out += lather::Impl::concat("; world rank ", world_ranks[r], ": crc32 ", hex(checksums[r]));
@@ -107,8 +104,8 @@ ReplicaReport check_replicas(const ExecutionSpace& space, const Group& group,
   // every rank learns it and throws it instead of waiting for the rank that failed.
   std::uint32_t whole = 0;
   std::vector<std::uint32_t> per_tensor;
-  const std::string local_error = ::lather::Impl::local_failure(
-      "replicas.check", [&] { per_tensor = tensor_checksums(space, tensors, whole); });
+  const std::string local_error =
+      ::lather::Impl::local_failure("replicas.check", [&] { per_tensor = tensor_checksums(space, tensors, whole); });
   Impl::Fnv1a size_hash;
   size_hash.add(tensors.size());
   std::int64_t elements = 0;
@@ -128,11 +125,13 @@ ReplicaReport check_replicas(const ExecutionSpace& space, const Group& group,
 
   // The reference is the (layout, checksum) most ranks hold; ties go to the lowest rank.
   std::map<std::vector<std::uint64_t>, int> votes;
-  for (int r = 0; r < size; ++r) ++votes[std::vector<std::uint64_t>(all.begin() + words * r, all.begin() + words * r + 4)];
+  for (int r = 0; r < size; ++r)
+    ++votes[std::vector<std::uint64_t>(all.begin() + words * r, all.begin() + words * r + 4)];
   int best = -1;
   for (int r = 0; r < size; ++r) {
     const int count = votes[std::vector<std::uint64_t>(all.begin() + words * r, all.begin() + words * r + 4)];
-    if (best < 0 || count > votes[std::vector<std::uint64_t>(all.begin() + words * best, all.begin() + words * best + 4)])
+    if (best < 0 ||
+        count > votes[std::vector<std::uint64_t>(all.begin() + words * best, all.begin() + words * best + 4)])
       best = r;
   }
   report.reference_rank = best;
@@ -170,12 +169,11 @@ void require_consistent_replicas(const ExecutionSpace& space, const Group& group
   LATHER_REQUIRE(report.consistent(), report.describe());
 }
 
-#define LATHER_COMM_REPLICAS_INSTANTIATE(SPACE, SCALAR)                                              \
-  template std::uint32_t checksum<SPACE, SCALAR>(const SPACE&,                                       \
-                                                 const TensorList<SCALAR, SPACE::memory_space>&);    \
-  template ReplicaReport check_replicas<SPACE, SCALAR>(                                              \
-      const SPACE&, const Group&, const TensorList<SCALAR, SPACE::memory_space>&, const Group*);      \
-  template void require_consistent_replicas<SPACE, SCALAR>(                                          \
+#define LATHER_COMM_REPLICAS_INSTANTIATE(SPACE, SCALAR)                                                               \
+  template std::uint32_t checksum<SPACE, SCALAR>(const SPACE&, const TensorList<SCALAR, SPACE::memory_space>&);       \
+  template ReplicaReport check_replicas<SPACE, SCALAR>(const SPACE&, const Group&,                                    \
+                                                       const TensorList<SCALAR, SPACE::memory_space>&, const Group*); \
+  template void require_consistent_replicas<SPACE, SCALAR>(                                                           \
       const SPACE&, const Group&, const TensorList<SCALAR, SPACE::memory_space>&, const Group*);
 
 LATHER_COMM_REPLICAS_INSTANTIATE(DefaultExecutionSpace, float)

@@ -3,11 +3,10 @@
 // messages arrive. With no more ranks on a node than its CPUs that is the fastest wait there is,
 // but on an oversubscribed node (more ranks than CPUs: a laptop, a CI runner, `mpiexec -n 4` on
 // two cores) a spinning rank holds its CPU until the scheduler preempts it, while the rank it
-// waits for cannot run: on the two-core development machine an MPI_Barrier of 3 or 4 ranks took
-// 8 ms, of 8 ranks 26 ms, against 0.04 and 0.17 ms when every wait yields the CPU between tests
-// (docs/reference/collectives.md). So where the node is oversubscribed, Lather's collectives
-// start their nonblocking form and test it, yielding the CPU after every test; elsewhere they make
-// the blocking call as before.
+// waits for cannot run: an MPI_Barrier there takes milliseconds, about a hundred times as long as
+// when every wait yields the CPU between tests (docs/reference/collectives.md). So where the node
+// is oversubscribed, Lather's collectives start their nonblocking form and test it, yielding the
+// CPU after every test; elsewhere they make the blocking call.
 //
 // LATHER_COLLECTIVE_WAIT=spin or =yield forces one way; unset or `auto`, the Group constructors
 // decide (each one counts the ranks on its node against the CPUs they may run on, and one
@@ -15,7 +14,7 @@
 
 #include "mpi_check.hpp"
 
-#include <lather/comm/group.hpp>
+#include <lather/comm/node_occupancy.hpp>
 
 #include <mpi.h>
 

@@ -1,4 +1,4 @@
-#include <lather/core/impl/gemm.hpp>
+#include <lather/core/gemm.hpp>
 
 #include <algorithm>
 
@@ -8,11 +8,10 @@ extern "C" {
 void ssyrk_(const char* uplo, const char* trans, const int* n, const int* k, const float* alpha, const float* a,
             const int* lda, const float* beta, float* c, const int* ldc, std::size_t uplo_len, std::size_t trans_len);
 void dsyrk_(const char* uplo, const char* trans, const int* n, const int* k, const double* alpha, const double* a,
-            const int* lda, const double* beta, double* c, const int* ldc, std::size_t uplo_len,
-            std::size_t trans_len);
+            const int* lda, const double* beta, double* c, const int* ldc, std::size_t uplo_len, std::size_t trans_len);
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
-            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
-            const int* ldc, std::size_t transa_len, std::size_t transb_len);
+            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c, const int* ldc,
+            std::size_t transa_len, std::size_t transb_len);
 void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const double* alpha,
             const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
             const int* ldc, std::size_t transa_len, std::size_t transb_len);
@@ -39,7 +38,8 @@ void product(Gemm gemm, char ta, char tb, int m, int n, int k, T alpha, const T*
   if (m == 0 || n == 0) return;
   if (k == 0) {  // no BLAS sees a zero dimension: C = beta C
     for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) c[std::size_t(i) * ldc + j] = beta == T(0) ? T(0) : beta * c[std::size_t(i) * ldc + j];
+      for (int j = 0; j < n; ++j)
+        c[std::size_t(i) * ldc + j] = beta == T(0) ? T(0) : beta * c[std::size_t(i) * ldc + j];
     return;
   }
   gemm(&tb, &ta, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc, 1, 1);
@@ -61,8 +61,8 @@ void host_gemm(char ta, char tb, int m, int n, int k, float alpha, const float* 
   product(sgemm_, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void host_gemm(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
-               int ldb, double beta, double* c, int ldc) {
+void host_gemm(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
+               double beta, double* c, int ldc) {
   product(dgemm_, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

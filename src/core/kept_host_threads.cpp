@@ -1,4 +1,4 @@
-#include <lather/core/impl/kept_host_threads.hpp>
+#include <lather/core/kept_host_threads.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -33,7 +33,7 @@ class KeptThreads {
       try {
         while (int(m_threads.size()) < helpers) {
           const int index = int(m_threads.size()) + 1;
-          // The generation as it stands before this call's: a thread started now takes its part.
+          // The generation as it stands before this call's: a thread started here takes its part.
           m_threads.emplace_back([this, index, seen = m_generation] { serve(index, seen); });
         }
       } catch (const std::system_error&) {

@@ -10,7 +10,7 @@
 #include <KokkosBatched_Gemm_Serial_Impl.hpp>
 #include <KokkosBatched_Gemm_Team_Impl.hpp>
 #include <lather/core/error.hpp>
-#include <lather/core/impl/gemm.hpp>
+#include <lather/core/gemm.hpp>
 
 #include <cstdint>
 #include <limits>
@@ -32,13 +32,12 @@ constexpr bool batched_gemm_is_cublas() {
 }
 
 /// Matrices up to this size use the batched path unless the caller chose otherwise.
-/// Host: never -- OpenBLAS per matrix was as fast at n = 4 and 2-5x faster from n = 8 to 48
-/// (`lather-bench root --n 4,8,16,32,48 --batch 256 --batched-gemm-max-size 0|64`, one core).
-/// CUDA with cuBLAS: every size, as cuBLAS's strided-batched GEMM. On an H200 the team kernel
-/// ran the Newton roots of 16 matrices of n = 128 at 727 roots/s (134 GFLOP/s), and in batches
-/// of 64 one cuBLAS GEMM per matrix ran 1,650-2,200 roots/s where the strided-batched calls run
-/// 14,100-16,800 (docs/reference/linalg.md). Other devices: the team kernel up to 128, where a
-/// team holds a matrix product comfortably; the option overrides both.
+/// Host: never -- OpenBLAS per matrix is as fast at n = 4 and up to several times faster from
+/// n = 8 to 48 (`lather-bench root --n 4,8,16,32,48 --batch 256 --batched-gemm-max-size 0|64`,
+/// one core). CUDA with cuBLAS: every size, as cuBLAS's strided-batched GEMM, which runs Newton
+/// roots several times as fast as the team kernel or one cuBLAS GEMM per matrix
+/// (docs/reference/linalg.md). Other devices: the team kernel up to 128, where a team holds a
+/// matrix product comfortably; the option overrides both.
 template <class ExecutionSpace>
 int default_batched_gemm_max_size() {
   if (host_accessible<typename ExecutionSpace::memory_space>) return 0;
@@ -77,16 +76,16 @@ inline std::vector<std::pair<int, int>> consecutive_runs(const std::vector<int>&
 template <class ExecutionSpace, class C, class MemorySpace>
 void gemm_slots(const ExecutionSpace& space, const std::vector<int>& slots_host,
                 const Array1<const int, MemorySpace>& slots, const Stack3<const C, MemorySpace>& a,
-                const Stack3<const C, MemorySpace>& b, const Stack3<C, MemorySpace>& c, int n,
-                int batched_max_size, GemmCount& count) {
+                const Stack3<const C, MemorySpace>& b, const Stack3<C, MemorySpace>& c, int n, int batched_max_size,
+                GemmCount& count) {
   const int total = int(slots_host.size());
   if (total == 0) return;
   count.add(n, total);
   if (n <= batched_max_size) {
     if constexpr (batched_gemm_is_cublas<ExecutionSpace>()) {
       // The stacks are [slots, n, n]: a run of consecutive slots is one strided-batched call.
-      LATHER_REQUIRE(int(a.extent(1)) == n && int(a.extent(2)) == n && int(b.extent(1)) == n &&
-                         int(b.extent(2)) == n && int(c.extent(1)) == n && int(c.extent(2)) == n,
+      LATHER_REQUIRE(int(a.extent(1)) == n && int(a.extent(2)) == n && int(b.extent(1)) == n && int(b.extent(2)) == n &&
+                         int(c.extent(1)) == n && int(c.extent(2)) == n,
                      "gemm_slots: the stacks must be [slots, ", n, ", ", n, "]");
       const std::int64_t stride = std::int64_t(n) * n;
       for (const auto& [first, length] : consecutive_runs(slots_host)) {
@@ -100,32 +99,36 @@ void gemm_slots(const ExecutionSpace& space, const std::vector<int>& slots_host,
           "Lather::linalg::batched_small_gemm", Kokkos::RangePolicy<ExecutionSpace>(space, 0, total),
           KOKKOS_LAMBDA(int k) {
             const int s = slots(k);
-            KokkosBatched::SerialGemm<KokkosBatched::Trans::NoTranspose,
-                                      KokkosBatched::Trans::NoTranspose,
-                                      KokkosBatched::Algo::Gemm::Unblocked>::
-                invoke(C(1), Kokkos::subview(a, s, Kokkos::ALL, Kokkos::ALL),
-                       Kokkos::subview(b, s, Kokkos::ALL, Kokkos::ALL), C(0),
-                       Kokkos::subview(c, s, Kokkos::ALL, Kokkos::ALL));
+            KokkosBatched::SerialGemm<KokkosBatched::Trans::NoTranspose, KokkosBatched::Trans::NoTranspose,
+                                      KokkosBatched::Algo::Gemm::Unblocked>::invoke(C(1),
+                                                                                    Kokkos::subview(a, s, Kokkos::ALL,
+                                                                                                    Kokkos::ALL),
+                                                                                    Kokkos::subview(b, s, Kokkos::ALL,
+                                                                                                    Kokkos::ALL),
+                                                                                    C(0),
+                                                                                    Kokkos::subview(c, s, Kokkos::ALL,
+                                                                                                    Kokkos::ALL));
           });
     } else {
       using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
       Kokkos::parallel_for(
-          "Lather::linalg::batched_team_gemm", per_slot_policy(space, total),
-          KOKKOS_LAMBDA(const member_type& member) {
+          "Lather::linalg::batched_team_gemm", per_slot_policy(space, total), KOKKOS_LAMBDA(const member_type& member) {
             const int s = slots(member.league_rank());
-            KokkosBatched::TeamGemm<member_type, KokkosBatched::Trans::NoTranspose,
-                                    KokkosBatched::Trans::NoTranspose,
-                                    KokkosBatched::Algo::Gemm::Unblocked>::
-                invoke(member, C(1), Kokkos::subview(a, s, Kokkos::ALL, Kokkos::ALL),
-                       Kokkos::subview(b, s, Kokkos::ALL, Kokkos::ALL), C(0),
-                       Kokkos::subview(c, s, Kokkos::ALL, Kokkos::ALL));
+            KokkosBatched::TeamGemm<member_type, KokkosBatched::Trans::NoTranspose, KokkosBatched::Trans::NoTranspose,
+                                    KokkosBatched::Algo::Gemm::Unblocked>::invoke(member, C(1),
+                                                                                  Kokkos::subview(a, s, Kokkos::ALL,
+                                                                                                  Kokkos::ALL),
+                                                                                  Kokkos::subview(b, s, Kokkos::ALL,
+                                                                                                  Kokkos::ALL),
+                                                                                  C(0),
+                                                                                  Kokkos::subview(c, s, Kokkos::ALL,
+                                                                                                  Kokkos::ALL));
           });
     }
     return;
   }
   for (int s : slots_host) {
-    gemm(space, Kokkos::subview(a, s, Kokkos::ALL, Kokkos::ALL),
-         Kokkos::subview(b, s, Kokkos::ALL, Kokkos::ALL),
+    gemm(space, Kokkos::subview(a, s, Kokkos::ALL, Kokkos::ALL), Kokkos::subview(b, s, Kokkos::ALL, Kokkos::ALL),
          Kokkos::subview(c, s, Kokkos::ALL, Kokkos::ALL));
   }
 }

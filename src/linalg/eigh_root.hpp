@@ -3,7 +3,7 @@
 // A = V diag(lambda) V^T, (A + ridge I)^(-1/p) = V diag((lambda + ridge)^(-1/p)) V^T.
 // Reports the same error measure as Newton, max |H^p (A + ridge I) - I|, from an explicit residual.
 
-#include <lather/linalg/inverse_root.hpp>
+#include <lather/linalg/inverse_root_options.hpp>
 
 #include "batched_gemm.hpp"
 
@@ -32,11 +32,9 @@ template <class C>
 EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const InverseRootOptions& options,
                               std::vector<C>& root, GemmCount& count, EighWorkspace<C>& workspace);
 
-extern template EighOutcome eigh_inverse_root<float>(std::vector<float>&, int, int,
-                                                     const InverseRootOptions&, std::vector<float>&,
-                                                     GemmCount&, EighWorkspace<float>&);
-extern template EighOutcome eigh_inverse_root<double>(std::vector<double>&, int, int,
-                                                      const InverseRootOptions&, std::vector<double>&,
-                                                      GemmCount&, EighWorkspace<double>&);
+extern template EighOutcome eigh_inverse_root<float>(std::vector<float>&, int, int, const InverseRootOptions&,
+                                                     std::vector<float>&, GemmCount&, EighWorkspace<float>&);
+extern template EighOutcome eigh_inverse_root<double>(std::vector<double>&, int, int, const InverseRootOptions&,
+                                                      std::vector<double>&, GemmCount&, EighWorkspace<double>&);
 
 }  // namespace lather::linalg::Impl

@@ -1,7 +1,7 @@
 #include <lather/linalg/inverse_root.hpp>
 
 #include <lather/core/host_blas_threads.hpp>
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/host_threads.hpp>
 
 #include "coupled_newton.hpp"
 #include "eigh_root.hpp"
@@ -16,59 +16,8 @@
 
 namespace lather::linalg {
 
-std::string to_string(RootMethod method) { return method == RootMethod::newton ? "newton" : "eigh"; }
-
-std::string to_string(Precision precision) {
-  return precision == Precision::float32 ? "float32" : "float64";
-}
-
-RootMethod parse_root_method(const std::string& name) {
-  if (name == "newton") return RootMethod::newton;
-  if (name == "eigh") return RootMethod::eigh;
-  LATHER_FAIL("unknown inverse-root method '", name, "' (expected newton or eigh)");
-}
-
-Precision parse_precision(const std::string& name) {
-  if (name == "float32" || name == "float") return Precision::float32;
-  if (name == "float64" || name == "double") return Precision::float64;
-  LATHER_FAIL("unknown precision '", name, "' (expected float32 or float64)");
-}
-
-std::string to_string(RootStatus status) {
-  switch (status) {
-    case RootStatus::converged: return "converged";
-    case RootStatus::max_iterations: return "max_iterations";
-    case RootStatus::diverged: return "diverged";
-    case RootStatus::non_finite: return "non_finite";
-  }
-  return "unknown";
-}
-
-void InverseRootOptions::validate() const {
-  LATHER_REQUIRE(std::isfinite(ridge_epsilon) && ridge_epsilon >= 0,
-                 "InverseRootOptions::ridge_epsilon must be finite and >= 0, got ", ridge_epsilon);
-  LATHER_REQUIRE(power_iteration_max_iterations >= 1,
-                 "InverseRootOptions::power_iteration_max_iterations must be >= 1, got ",
-                 power_iteration_max_iterations);
-  LATHER_REQUIRE(power_iteration_tolerance >= 0,
-                 "InverseRootOptions::power_iteration_tolerance must be >= 0, got ",
-                 power_iteration_tolerance);
-  LATHER_REQUIRE(max_iterations >= 0, "InverseRootOptions::max_iterations must be >= 0, got ",
-                 max_iterations);
-  LATHER_REQUIRE(tolerance >= 0, "InverseRootOptions::tolerance must be >= 0, got ", tolerance);
-  LATHER_REQUIRE(max_error_ratio > 1, "InverseRootOptions::max_error_ratio must be > 1, got ",
-                 max_error_ratio);
-  LATHER_REQUIRE(workspace_bytes > 0, "InverseRootOptions::workspace_bytes must be > 0");
-  LATHER_REQUIRE(batched_gemm_max_size >= -1,
-                 "InverseRootOptions::batched_gemm_max_size must be >= -1, got ",
-                 batched_gemm_max_size);
-  LATHER_REQUIRE(host_threads >= 0 && host_threads <= 1024,
-                 "InverseRootOptions::host_threads must be in [0, 1024], got ", host_threads);
-}
-
 bool InverseRootResult::accepted(std::size_t task, double failure_threshold) const {
-  return status[task] != RootStatus::non_finite && std::isfinite(error[task]) &&
-         error[task] < failure_threshold;
+  return status[task] != RootStatus::non_finite && std::isfinite(error[task]) && error[task] < failure_threshold;
 }
 
 void InverseRootResult::resize(std::size_t n) {
@@ -101,8 +50,8 @@ template <class ExecutionSpace, class S, class C>
 void solve_newton(const ExecutionSpace& space,
                   const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
                   const MatrixStack<S, typename ExecutionSpace::memory_space>& roots,
-                  const std::vector<RootTask>& tasks, const InverseRootOptions& options,
-                  InverseRootResult& result, GemmCount& count) {
+                  const std::vector<RootTask>& tasks, const InverseRootOptions& options, InverseRootResult& result,
+                  GemmCount& count) {
   using memory_space = typename ExecutionSpace::memory_space;
   std::vector<int> scalars;
   std::map<std::pair<int, int>, std::vector<int>> groups;  // (n, p) -> task positions
@@ -128,9 +77,9 @@ void solve_newton(const ExecutionSpace& space,
     Array1<C, memory_space> lambda("Lather::inverse_pth_root::scalar_lambda", count_scalars);
     Array1<C, memory_space> ridge("Lather::inverse_pth_root::scalar_ridge", count_scalars);
     Array1<int, memory_space> ok("Lather::inverse_pth_root::scalar_ok", count_scalars);
-    scalar_roots<ExecutionSpace, S, C, memory_space>(space, matrices, roots, matrix_of, exponent,
-                                                     count_scalars, C(options.ridge_epsilon),
-                                                     options.relative_ridge, lambda, ridge, ok);
+    scalar_roots<ExecutionSpace, S, C, memory_space>(space, matrices, roots, matrix_of, exponent, count_scalars,
+                                                     C(options.ridge_epsilon), options.relative_ridge, lambda, ridge,
+                                                     ok);
     auto lambda_host = Kokkos::create_mirror_view(lambda);
     auto ridge_host = Kokkos::create_mirror_view(ridge);
     auto ok_host = Kokkos::create_mirror_view(ok);
@@ -152,10 +101,9 @@ void solve_newton(const ExecutionSpace& space,
     const auto [n, p] = key;
     // On the host one matrix at a time keeps its working set in cache; lockstep chunks only pay
     // off where one kernel launch serves many matrices.
-    const std::size_t fit =
-        host_accessible<memory_space>
-            ? 1
-            : options.workspace_bytes / CoupledNewton<ExecutionSpace, C>::bytes_per_matrix(n);
+    const std::size_t fit = host_accessible<memory_space>
+                                ? 1
+                                : options.workspace_bytes / CoupledNewton<ExecutionSpace, C>::bytes_per_matrix(n);
     const int capacity = int(std::max<std::size_t>(1, std::min<std::size_t>(fit, positions.size())));
     CoupledNewton<ExecutionSpace, C> newton(space, capacity, n, options);
     for (std::size_t begin = 0; begin < positions.size(); begin += capacity) {
@@ -200,11 +148,10 @@ void eigh_on_host_threads(const ExecutionSpace& space, const In& in, const Out& 
   };
   std::vector<Scratch> scratch(static_cast<std::size_t>(threads));
   // Every LAPACK call on one BLAS thread, however many threads take the roots: a threaded BLAS
-  // under each would start more threads than the CPUs the pool was sized to (on 1 rank of the
-  // 2-core development machine, OpenBLAS's 2 threads under each of 2 root threads trained Shampoo
-  // at 7,300-7,500 samples/s, against 8,500-10,700 with one; benchmarks.md), and OpenBLAS on 2
-  // threads rounds some of dsyevd's products differently from 1, so the roots' bits would depend
-  // on the pool's size (test_shampoo's RootHostThreadsDoNotChangeTheTrajectory).
+  // under each would start more threads than the CPUs the pool is sized to (OpenBLAS's threads
+  // under each root thread make Shampoo train measurably slower than one; benchmarks.md), and
+  // OpenBLAS on 2 threads rounds some of dsyevd's products differently from 1, so the roots' bits
+  // would depend on the pool's size (test_shampoo's RootHostThreadsDoNotChangeTheTrajectory).
   const ScopedHostBlasThreads one_blas_thread(1);
   ::lather::Impl::for_each_on_host_threads(space, threads, tasks.size(), [&](int thread, std::size_t t) {
     Scratch& own = scratch[std::size_t(thread)];
@@ -229,10 +176,10 @@ void eigh_on_host_threads(const ExecutionSpace& space, const In& in, const Out& 
 }
 
 template <class ExecutionSpace, class S, class C>
-void solve_eigh(const ExecutionSpace& space, const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
-                const MatrixStack<S, typename ExecutionSpace::memory_space>& roots,
-                const std::vector<RootTask>& tasks, const InverseRootOptions& options,
-                InverseRootResult& result, GemmCount& count) {
+void solve_eigh(const ExecutionSpace& space,
+                const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
+                const MatrixStack<S, typename ExecutionSpace::memory_space>& roots, const std::vector<RootTask>& tasks,
+                const InverseRootOptions& options, InverseRootResult& result, GemmCount& count) {
   using memory_space = typename ExecutionSpace::memory_space;
   if constexpr (::lather::Impl::host_accessible<memory_space>) {
     // The host reads the stack and writes the roots where they are: no staging copies (on the
@@ -278,21 +225,19 @@ InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve(
   ScopedRegion region("Lather::linalg::inverse_pth_root");
   options.validate();
   const long count = long(matrices.extent(0)), padded = long(matrices.extent(1));
-  LATHER_REQUIRE(long(matrices.extent(2)) == padded,
-                 "inverse_pth_root: matrices must be square, got a stack of ", count, " matrices ",
-                 padded, " x ", matrices.extent(2));
+  LATHER_REQUIRE(long(matrices.extent(2)) == padded, "inverse_pth_root: matrices must be square, got a stack of ",
+                 count, " matrices ", padded, " x ", matrices.extent(2));
   LATHER_REQUIRE(roots.extent(0) == matrices.extent(0) && roots.extent(1) == matrices.extent(1) &&
                      roots.extent(2) == matrices.extent(2),
-                 "inverse_pth_root: roots [", roots.extent(0), ", ", roots.extent(1), ", ",
-                 roots.extent(2), "] must have the shape of matrices [", count, ", ", padded, ", ",
-                 padded, "]");
+                 "inverse_pth_root: roots [", roots.extent(0), ", ", roots.extent(1), ", ", roots.extent(2),
+                 "] must have the shape of matrices [", count, ", ", padded, ", ", padded, "]");
   std::set<int> seen;
   for (std::size_t t = 0; t < tasks.size(); ++t) {
     const auto& task = tasks[t];
-    LATHER_REQUIRE(task.index >= 0 && task.index < count, "inverse_pth_root: task ", t,
-                   " names matrix ", task.index, " of a stack of ", count);
-    LATHER_REQUIRE(task.size >= 1 && task.size <= padded, "inverse_pth_root: task ", t, " has size ",
-                   task.size, ", expected 1..", padded);
+    LATHER_REQUIRE(task.index >= 0 && task.index < count, "inverse_pth_root: task ", t, " names matrix ", task.index,
+                   " of a stack of ", count);
+    LATHER_REQUIRE(task.size >= 1 && task.size <= padded, "inverse_pth_root: task ", t, " has size ", task.size,
+                   ", expected 1..", padded);
     LATHER_REQUIRE(task.exponent >= 1, "inverse_pth_root: task ", t, " has exponent ", task.exponent,
                    ", expected >= 1");
     LATHER_REQUIRE(seen.insert(task.index).second, "inverse_pth_root: matrix ", task.index,

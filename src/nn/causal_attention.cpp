@@ -4,7 +4,7 @@
 #include "lane_reductions.hpp"
 
 #include <lather/core/error.hpp>
-#include <lather/core/impl/gemm.hpp>
+#include <lather/core/gemm.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <cmath>
@@ -31,24 +31,122 @@ namespace Impl {
 /// that the head_dim-long copies vectorise; on a device a thread per element, the threads of a
 /// warp reading a row together.
 template <class ExecutionSpace, class F>
-void for_each_packed(const char* label, const ExecutionSpace& space, int batch, int time, int heads, int head_dim,
-                     const F& f) {
-  constexpr bool per_row = ::lather::Impl::runs_on_host<ExecutionSpace>;
+void for_each_packed(::lather::Impl::HostBody, const char* label, const ExecutionSpace& space, int batch, int time,
+                     int heads, int head_dim, const F& f) {
+  const std::int64_t rows = std::int64_t(batch) * time;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(space, 0, rows),
+      KOKKOS_LAMBDA(std::int64_t row) {
+        const std::int64_t s = row / time, t = row % time;
+        for (int h = 0; h < heads; ++h) {
+          const std::int64_t at = ((s * heads + h) * time + t) * head_dim, column = std::int64_t(h) * head_dim;
+          for (int e = 0; e < head_dim; ++e) f(row, column + e, at + e);
+        }
+      });
+}
+template <class ExecutionSpace, class F>
+void for_each_packed(::lather::Impl::DeviceBody, const char* label, const ExecutionSpace& space, int batch, int time,
+                     int heads, int head_dim, const F& f) {
   const std::int64_t columns = std::int64_t(heads) * head_dim, rows = std::int64_t(batch) * time;
   Kokkos::parallel_for(
-      label,
-      Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(space, 0, per_row ? rows : rows * columns),
+      label, Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(space, 0, rows * columns),
       KOKKOS_LAMBDA(std::int64_t i) {
-        const std::int64_t row = per_row ? i : i / columns, s = row / time, t = row % time;
-        if (per_row) {
-          for (int h = 0; h < heads; ++h) {
-            const std::int64_t at = ((s * heads + h) * time + t) * head_dim, column = std::int64_t(h) * head_dim;
-            for (int e = 0; e < head_dim; ++e) f(row, column + e, at + e);
-          }
-        } else {
-          const std::int64_t column = i % columns, h = column / head_dim, e = column % head_dim;
-          f(row, column, ((s * heads + h) * time + t) * head_dim + e);
-        }
+        const std::int64_t row = i / columns, s = row / time, t = row % time;
+        const std::int64_t column = i % columns, h = column / head_dim, e = column % head_dim;
+        f(row, column, ((s * heads + h) * time + t) * head_dim + e);
+      });
+}
+template <class ExecutionSpace, class F>
+void for_each_packed(const char* label, const ExecutionSpace& space, int batch, int time, int heads, int head_dim,
+                     const F& f) {
+  for_each_packed(::lather::Impl::BodyFor<ExecutionSpace>{}, label, space, batch, time, heads, head_dim, f);
+}
+
+// The row kernels, a body per backend family (kokkos_compat.hpp's BodyFor): on the host a thread
+// per row with plain loops (Serial's team reductions cost more than the row's arithmetic); on a
+// device a team per row, its threads reading the row together.
+
+/// Rows of scores in `p` -> causal softmax probabilities, in place (row r is position r % time).
+template <class ExecutionSpace, class Buffer>
+void causal_softmax(::lather::Impl::HostBody, const ExecutionSpace& space, const Buffer& p, int rows, int time) {
+  using Scalar = typename Buffer::non_const_value_type;
+  Kokkos::parallel_for(
+      "Lather::nn::CausalAttention::softmax", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows),
+      KOKKOS_LAMBDA(int r) {
+        Scalar* const row = p.data() + std::int64_t(r) * time;
+        const int visible = r % time + 1;  // position t sees s <= t
+        const Scalar top = Impl::lanes_max(row, visible);
+        // The exponentials in a loop of their own, which vectorises; then their sum.
+        for (int s = 0; s < visible; ++s) row[s] = Impl::exp_nonpositive(row[s] - top);
+        const Scalar inverse = Scalar(1.0 / Impl::lanes_sum(visible, [&](int s) { return double(row[s]); }));
+        for (int s = 0; s < visible; ++s) row[s] *= inverse;
+        for (int s = visible; s < time; ++s) row[s] = Scalar(0);
+      });
+}
+template <class ExecutionSpace, class Buffer>
+void causal_softmax(::lather::Impl::DeviceBody, const ExecutionSpace& space, const Buffer& p, int rows, int time) {
+  using Scalar = typename Buffer::non_const_value_type;
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Kokkos::parallel_for(
+      "Lather::nn::CausalAttention::softmax", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const std::int64_t r = member.league_rank(), row = r * time;
+        const int visible = int(r % time) + 1;
+        Scalar top = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, visible),
+            [&](int s, Scalar& largest) { largest = p(row + s) > largest ? p(row + s) : largest; },
+            Kokkos::Max<Scalar>(top));
+        double sum = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, visible),
+            [&](int s, double& partial) {
+              const Scalar e = kmath::exp(p(row + s) - top);
+              p(row + s) = e;
+              partial += double(e);
+            },
+            sum);
+        member.team_barrier();
+        const Scalar inverse = Scalar(1.0 / sum);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, time),
+                             [&](int s) { p(row + s) = s < visible ? p(row + s) * inverse : Scalar(0); });
+      });
+}
+
+/// The gradient of the scores from that of the probabilities `d` (in place), times `scale`.
+template <class ExecutionSpace, class Buffer, class Scalar>
+void causal_softmax_backward(::lather::Impl::HostBody, const ExecutionSpace& space, const Buffer& p, const Buffer& d,
+                             int rows, int time, Scalar scale) {
+  Kokkos::parallel_for(
+      "Lather::nn::CausalAttention::softmax_backward", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows),
+      KOKKOS_LAMBDA(int r) {
+        const Scalar* const probability = p.data() + std::int64_t(r) * time;
+        Scalar* const gradient = d.data() + std::int64_t(r) * time;
+        const int visible = r % time + 1;
+        const Scalar shift =
+            Scalar(Impl::lanes_sum(visible, [&](int s) { return double(gradient[s]) * double(probability[s]); }));
+        for (int s = 0; s < visible; ++s) gradient[s] = probability[s] * (gradient[s] - shift) * scale;
+        for (int s = visible; s < time; ++s) gradient[s] = Scalar(0);
+      });
+}
+template <class ExecutionSpace, class Buffer, class Scalar>
+void causal_softmax_backward(::lather::Impl::DeviceBody, const ExecutionSpace& space, const Buffer& p, const Buffer& d,
+                             int rows, int time, Scalar scale) {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Kokkos::parallel_for(
+      "Lather::nn::CausalAttention::softmax_backward", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const std::int64_t r = member.league_rank(), row = r * time;
+        const int visible = int(r % time) + 1;
+        double dot = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, visible),
+            [&](int s, double& partial) { partial += double(d(row + s)) * double(p(row + s)); }, dot);
+        member.team_barrier();
+        const Scalar shift = Scalar(dot);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, time), [&](int s) {
+          d(row + s) = s < visible ? p(row + s) * (d(row + s) - shift) * scale : Scalar(0);
+        });
       });
 }
 }  // namespace Impl
@@ -130,91 +228,17 @@ void CausalAttention<ExecutionSpace, Scalar>::unpack(const ExecutionSpace& space
       });
 }
 
-// The row kernels: on the host a thread per row with plain loops (Serial's team reductions cost
-// more than the row's arithmetic); on a device a team per row, its threads reading the row
-// together. Both branches compile for every space; the constant condition drops one.
-
 template <class ExecutionSpace, class Scalar>
 void CausalAttention<ExecutionSpace, Scalar>::softmax(const ExecutionSpace& space, int rows, int time) {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  const buffer p = m_probabilities;
-  if (::lather::Impl::runs_on_host<ExecutionSpace>) {
-    Kokkos::parallel_for(
-        "Lather::nn::CausalAttention::softmax", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows),
-        KOKKOS_LAMBDA(int r) {
-          Scalar* const row = p.data() + std::int64_t(r) * time;
-          const int visible = r % time + 1;  // position t sees s <= t
-          const Scalar top = Impl::lanes_max(row, visible);
-          // The exponentials in a loop of their own, which vectorises; then their sum.
-          for (int s = 0; s < visible; ++s) row[s] = Impl::exp_nonpositive(row[s] - top);
-          const Scalar inverse =
-              Scalar(1.0 / Impl::lanes_sum(visible, [&](int s) { return double(row[s]); }));
-          for (int s = 0; s < visible; ++s) row[s] *= inverse;
-          for (int s = visible; s < time; ++s) row[s] = Scalar(0);
-        });
-    return;
-  }
-  Kokkos::parallel_for(
-      "Lather::nn::CausalAttention::softmax", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const std::int64_t r = member.league_rank(), row = r * time;
-        const int visible = int(r % time) + 1;
-        Scalar top = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, visible),
-            [&](int s, Scalar& largest) { largest = p(row + s) > largest ? p(row + s) : largest; },
-            Kokkos::Max<Scalar>(top));
-        double sum = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, visible),
-            [&](int s, double& partial) {
-              const Scalar e = kmath::exp(p(row + s) - top);
-              p(row + s) = e;
-              partial += double(e);
-            },
-            sum);
-        member.team_barrier();
-        const Scalar inverse = Scalar(1.0 / sum);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, time),
-                             [&](int s) { p(row + s) = s < visible ? p(row + s) * inverse : Scalar(0); });
-      });
+  Impl::causal_softmax(::lather::Impl::BodyFor<ExecutionSpace>{}, space, m_probabilities, rows, time);
 }
 
 template <class ExecutionSpace, class Scalar>
 void CausalAttention<ExecutionSpace, Scalar>::softmax_backward(const ExecutionSpace& space, int rows, int time) {
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  const buffer p = m_probabilities, d = m_scores;
   // The scale of the scores comes in here, so that dQ and dK are plain products of dS.
   const Scalar scale = Scalar(1.0 / std::sqrt(double(m_head_dim)));
-  if (::lather::Impl::runs_on_host<ExecutionSpace>) {
-    Kokkos::parallel_for(
-        "Lather::nn::CausalAttention::softmax_backward", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows),
-        KOKKOS_LAMBDA(int r) {
-          const Scalar* const probability = p.data() + std::int64_t(r) * time;
-          Scalar* const gradient = d.data() + std::int64_t(r) * time;
-          const int visible = r % time + 1;
-          const Scalar shift = Scalar(Impl::lanes_sum(
-              visible, [&](int s) { return double(gradient[s]) * double(probability[s]); }));
-          for (int s = 0; s < visible; ++s) gradient[s] = probability[s] * (gradient[s] - shift) * scale;
-          for (int s = visible; s < time; ++s) gradient[s] = Scalar(0);
-        });
-    return;
-  }
-  Kokkos::parallel_for(
-      "Lather::nn::CausalAttention::softmax_backward", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const std::int64_t r = member.league_rank(), row = r * time;
-        const int visible = int(r % time) + 1;
-        double dot = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, visible),
-            [&](int s, double& partial) { partial += double(d(row + s)) * double(p(row + s)); }, dot);
-        member.team_barrier();
-        const Scalar shift = Scalar(dot);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, time), [&](int s) {
-          d(row + s) = s < visible ? p(row + s) * (d(row + s) - shift) * scale : Scalar(0);
-        });
-      });
+  Impl::causal_softmax_backward(::lather::Impl::BodyFor<ExecutionSpace>{}, space, m_probabilities, m_scores, rows, time,
+                                scale);
 }
 
 template <class ExecutionSpace, class Scalar>

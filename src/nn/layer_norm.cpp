@@ -14,48 +14,51 @@ namespace kmath = ::lather::Impl::kmath;
 constexpr int layer_norm_strip = 32;
 }  // namespace
 
-// On a device one team per row: the row's sums are team reductions, so that a GPU reads each row
-// with coalesced loads. On the host a thread per row with plain loops (Serial's team reductions
-// cost more than the row's arithmetic: 0.31 ms a forward of 2048 x 128 values).
+// The row kernels, a body per backend family (kokkos_compat.hpp's BodyFor). On a device one team
+// per row: the row's sums are team reductions, so that a GPU reads each row with coalesced loads.
+// On the host a thread per row with plain loops (Serial's team reductions cost more than the
+// row's arithmetic). Not in the unnamed namespace: CUDA cannot launch extended lambdas from
+// functions in one.
+namespace Impl {
 
+/// y = (x - mean) rstd gamma + beta per row, with the row's mean and rstd.
 template <class ExecutionSpace, class Scalar>
-void layer_norm_forward(const ExecutionSpace& space,
-                        const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
-                        const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& gamma,
-                        const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& beta,
-                        const Matrix<Scalar, typename ExecutionSpace::memory_space>& y,
-                        const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& mean,
-                        const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& rstd, double epsilon) {
+void normalize_rows(::lather::Impl::HostBody, const ExecutionSpace& space,
+                    const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
+                    const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& gamma,
+                    const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& beta,
+                    const Matrix<Scalar, typename ExecutionSpace::memory_space>& y,
+                    const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& mean,
+                    const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& rstd, double epsilon,
+                    double inverse_features) {
   const int rows = int(x.extent(0)), features = int(x.extent(1));
-  LATHER_REQUIRE(gamma.extent(0) == x.extent(1) && beta.extent(0) == x.extent(1), "layer_norm_forward: x has ",
-                 features, " features, gamma ", gamma.extent(0), ", beta ", beta.extent(0));
-  LATHER_REQUIRE(y.extent(0) == x.extent(0) && y.extent(1) == x.extent(1), "layer_norm_forward: x is [", rows, ", ",
-                 features, "], y [", y.extent(0), ", ", y.extent(1), "]");
-  LATHER_REQUIRE(mean.extent(0) == x.extent(0) && rstd.extent(0) == x.extent(0), "layer_norm_forward: x has ", rows,
-                 " rows, mean ", mean.extent(0), ", rstd ", rstd.extent(0));
-  LATHER_REQUIRE(epsilon >= 0, "layer_norm_forward: epsilon must be >= 0, got ", epsilon);
-  if (rows == 0) return;
-  LATHER_REQUIRE(features >= 1, "layer_norm_forward: rows of ", features, " features have no mean");
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  const double inverse_features = 1.0 / double(features);
-  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-    Kokkos::parallel_for(
-        "Lather::nn::layer_norm_forward", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows), KOKKOS_LAMBDA(int i) {
-          const Scalar* const row = &x(i, 0);
-          const double row_mean = Impl::lanes_sum(features, [&](int j) { return double(row[j]); }) * inverse_features;
-          const double squares = Impl::lanes_sum(features, [&](int j) {
-            const double centred = double(row[j]) - row_mean;
-            return centred * centred;
-          });
-          const Scalar m = Scalar(row_mean);
-          const Scalar r = Scalar(1.0 / kmath::sqrt(squares * inverse_features + epsilon));
-          Scalar* const out = &y(i, 0);
-          for (int j = 0; j < features; ++j) out[j] = (row[j] - m) * r * gamma(j) + beta(j);
-          mean(i) = m;
-          rstd(i) = r;
+  Kokkos::parallel_for(
+      "Lather::nn::layer_norm_forward", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows), KOKKOS_LAMBDA(int i) {
+        const Scalar* const row = &x(i, 0);
+        const double row_mean = Impl::lanes_sum(features, [&](int j) { return double(row[j]); }) * inverse_features;
+        const double squares = Impl::lanes_sum(features, [&](int j) {
+          const double centred = double(row[j]) - row_mean;
+          return centred * centred;
         });
-    return;
-  }
+        const Scalar m = Scalar(row_mean);
+        const Scalar r = Scalar(1.0 / kmath::sqrt(squares * inverse_features + epsilon));
+        Scalar* const out = &y(i, 0);
+        for (int j = 0; j < features; ++j) out[j] = (row[j] - m) * r * gamma(j) + beta(j);
+        mean(i) = m;
+        rstd(i) = r;
+      });
+}
+template <class ExecutionSpace, class Scalar>
+void normalize_rows(::lather::Impl::DeviceBody, const ExecutionSpace& space,
+                    const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
+                    const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& gamma,
+                    const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& beta,
+                    const Matrix<Scalar, typename ExecutionSpace::memory_space>& y,
+                    const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& mean,
+                    const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& rstd, double epsilon,
+                    double inverse_features) {
+  const int rows = int(x.extent(0)), features = int(x.extent(1));
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   Kokkos::parallel_for(
       "Lather::nn::layer_norm_forward", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
       KOKKOS_LAMBDA(const member_type& member) {
@@ -85,6 +88,95 @@ void layer_norm_forward(const ExecutionSpace& space,
       });
 }
 
+/// dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)) per row, g = dy gamma (added to dx when
+/// `add_to_dx`; dx may be dy).
+template <class ExecutionSpace, class Scalar>
+void input_gradient_rows(::lather::Impl::HostBody, const ExecutionSpace& space,
+                         const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
+                         const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& gamma,
+                         const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& mean,
+                         const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& rstd,
+                         const Matrix<const Scalar, typename ExecutionSpace::memory_space>& dy,
+                         const Matrix<Scalar, typename ExecutionSpace::memory_space>& dx, bool add_to_dx,
+                         double inverse_features) {
+  const int rows = int(x.extent(0)), features = int(x.extent(1));
+  Kokkos::parallel_for(
+      "Lather::nn::layer_norm_backward::input", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows),
+      KOKKOS_LAMBDA(int i) {
+        const Scalar m = mean(i), r = rstd(i);
+        const Scalar* const input = &x(i, 0);
+        const Scalar* const gradient = &dy(i, 0);
+        const double g_sum = Impl::lanes_sum(features, [&](int j) { return double(gradient[j] * gamma(j)); });
+        const double g_xhat_sum = Impl::lanes_sum(
+            features, [&](int j) { return double(gradient[j] * gamma(j)) * double((input[j] - m) * r); });
+        const Scalar g_mean = Scalar(g_sum * inverse_features), g_xhat_mean = Scalar(g_xhat_sum * inverse_features);
+        // dx may be dy: each element is read before it is written.
+        Scalar* const out = &dx(i, 0);
+        for (int j = 0; j < features; ++j) {
+          const Scalar xhat = (input[j] - m) * r;
+          const Scalar value = r * (gradient[j] * gamma(j) - g_mean - xhat * g_xhat_mean);
+          out[j] = add_to_dx ? out[j] + value : value;
+        }
+      });
+}
+template <class ExecutionSpace, class Scalar>
+void input_gradient_rows(::lather::Impl::DeviceBody, const ExecutionSpace& space,
+                         const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
+                         const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& gamma,
+                         const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& mean,
+                         const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& rstd,
+                         const Matrix<const Scalar, typename ExecutionSpace::memory_space>& dy,
+                         const Matrix<Scalar, typename ExecutionSpace::memory_space>& dx, bool add_to_dx,
+                         double inverse_features) {
+  const int rows = int(x.extent(0)), features = int(x.extent(1));
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Kokkos::parallel_for(
+      "Lather::nn::layer_norm_backward::input", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int i = member.league_rank();
+        const Scalar m = mean(i), r = rstd(i);
+        double g_sum = 0, g_xhat_sum = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, features),
+            [&](int j, double& partial) { partial += double(dy(i, j) * gamma(j)); }, g_sum);
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(member, features),
+            [&](int j, double& partial) { partial += double(dy(i, j) * gamma(j)) * double((x(i, j) - m) * r); },
+            g_xhat_sum);
+        const Scalar g_mean = Scalar(g_sum * inverse_features), g_xhat_mean = Scalar(g_xhat_sum * inverse_features);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, features), [&](int j) {
+          const Scalar xhat = (x(i, j) - m) * r;
+          const Scalar value = r * (dy(i, j) * gamma(j) - g_mean - xhat * g_xhat_mean);
+          dx(i, j) = add_to_dx ? dx(i, j) + value : value;
+        });
+      });
+}
+
+}  // namespace Impl
+
+template <class ExecutionSpace, class Scalar>
+void layer_norm_forward(const ExecutionSpace& space,
+                        const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
+                        const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& gamma,
+                        const Kokkos::View<const Scalar*, typename ExecutionSpace::memory_space>& beta,
+                        const Matrix<Scalar, typename ExecutionSpace::memory_space>& y,
+                        const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& mean,
+                        const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& rstd, double epsilon) {
+  const int rows = int(x.extent(0)), features = int(x.extent(1));
+  LATHER_REQUIRE(gamma.extent(0) == x.extent(1) && beta.extent(0) == x.extent(1), "layer_norm_forward: x has ",
+                 features, " features, gamma ", gamma.extent(0), ", beta ", beta.extent(0));
+  LATHER_REQUIRE(y.extent(0) == x.extent(0) && y.extent(1) == x.extent(1), "layer_norm_forward: x is [", rows, ", ",
+                 features, "], y [", y.extent(0), ", ", y.extent(1), "]");
+  LATHER_REQUIRE(mean.extent(0) == x.extent(0) && rstd.extent(0) == x.extent(0), "layer_norm_forward: x has ", rows,
+                 " rows, mean ", mean.extent(0), ", rstd ", rstd.extent(0));
+  LATHER_REQUIRE(epsilon >= 0, "layer_norm_forward: epsilon must be >= 0, got ", epsilon);
+  if (rows == 0) return;
+  LATHER_REQUIRE(features >= 1, "layer_norm_forward: rows of ", features, " features have no mean");
+  const double inverse_features = 1.0 / double(features);
+  Impl::normalize_rows(::lather::Impl::BodyFor<ExecutionSpace>{}, space, x, gamma, beta, y, mean, rstd, epsilon,
+                       inverse_features);
+}
+
 template <class ExecutionSpace, class Scalar>
 void layer_norm_backward(const ExecutionSpace& space,
                          const Matrix<const Scalar, typename ExecutionSpace::memory_space>& x,
@@ -109,7 +201,7 @@ void layer_norm_backward(const ExecutionSpace& space,
   // same sum every run, whatever the backend). First, so that dx may overwrite dy afterwards. On a
   // device a thread per column; on the host a thread per strip of columns, whose sums advance
   // together along each row, so that the loads are contiguous and the loop vectorises (a column
-  // at a time read one value per row, 0.4 ms for 2048 x 128 values), as comm's column_sums does.
+  // at a time read one value per row, 0.4 ms for 2048 x 128 values), as column_sums does (parallel_linear_kernels.hpp).
   constexpr int strip = ::lather::Impl::runs_on_host<ExecutionSpace> ? layer_norm_strip : 1;
   Kokkos::parallel_for(
       "Lather::nn::layer_norm_backward::parameters",
@@ -132,51 +224,10 @@ void layer_norm_backward(const ExecutionSpace& space,
         }
       });
   if (rows == 0 || features == 0) return;
-  // dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)) with g = dy gamma: y depends on x through
-  // xhat directly and through the row's mean and rstd.
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  // dx: y depends on x through xhat directly and through the row's mean and rstd.
   const double inverse_features = 1.0 / double(features);
-  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-    Kokkos::parallel_for(
-        "Lather::nn::layer_norm_backward::input", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows),
-        KOKKOS_LAMBDA(int i) {
-          const Scalar m = mean(i), r = rstd(i);
-          const Scalar* const input = &x(i, 0);
-          const Scalar* const gradient = &dy(i, 0);
-          const double g_sum = Impl::lanes_sum(features, [&](int j) { return double(gradient[j] * gamma(j)); });
-          const double g_xhat_sum = Impl::lanes_sum(
-              features, [&](int j) { return double(gradient[j] * gamma(j)) * double((input[j] - m) * r); });
-          const Scalar g_mean = Scalar(g_sum * inverse_features), g_xhat_mean = Scalar(g_xhat_sum * inverse_features);
-          // dx may be dy: each element is read before it is written.
-          Scalar* const out = &dx(i, 0);
-          for (int j = 0; j < features; ++j) {
-            const Scalar xhat = (input[j] - m) * r;
-            const Scalar value = r * (gradient[j] * gamma(j) - g_mean - xhat * g_xhat_mean);
-            out[j] = add_to_dx ? out[j] + value : value;
-          }
-        });
-    return;
-  }
-  Kokkos::parallel_for(
-      "Lather::nn::layer_norm_backward::input", Kokkos::TeamPolicy<ExecutionSpace>(space, rows, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
-        const int i = member.league_rank();
-        const Scalar m = mean(i), r = rstd(i);
-        double g_sum = 0, g_xhat_sum = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, features),
-            [&](int j, double& partial) { partial += double(dy(i, j) * gamma(j)); }, g_sum);
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(member, features),
-            [&](int j, double& partial) { partial += double(dy(i, j) * gamma(j)) * double((x(i, j) - m) * r); },
-            g_xhat_sum);
-        const Scalar g_mean = Scalar(g_sum * inverse_features), g_xhat_mean = Scalar(g_xhat_sum * inverse_features);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, features), [&](int j) {
-          const Scalar xhat = (x(i, j) - m) * r;
-          const Scalar value = r * (dy(i, j) * gamma(j) - g_mean - xhat * g_xhat_mean);
-          dx(i, j) = add_to_dx ? dx(i, j) + value : value;
-        });
-      });
+  Impl::input_gradient_rows(::lather::Impl::BodyFor<ExecutionSpace>{}, space, x, gamma, mean, rstd, dy, dx, add_to_dx,
+                            inverse_features);
 }
 
 #define LATHER_NN_LAYER_NORM_INSTANTIATE(SPACE, SCALAR)                                                              \

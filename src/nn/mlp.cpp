@@ -3,7 +3,7 @@
 #include "for_each_element.hpp"
 
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <cmath>
@@ -62,20 +62,21 @@ Mlp<ExecutionSpace>::Mlp(const ExecutionSpace& space, std::vector<int> sizes, st
       w_spec.split_axis = 1, w_spec.split_offset = col0, w_spec.global_shape = {layer.in, layer.out};
       b_spec.split_axis = 0, b_spec.split_offset = col0, b_spec.global_shape = {layer.out};
     } else if (layer.split == Split::row) {
-      w_spec.split_axis = 0, w_spec.split_offset = m_shard * layer.local_in, w_spec.global_shape = {layer.in, layer.out};
+      w_spec.split_axis = 0, w_spec.split_offset = m_shard * layer.local_in,
+      w_spec.global_shape = {layer.in, layer.out};
     }
     specs.push_back(w_spec);
     specs.push_back(b_spec);
 
     if (layer.split == Split::row) {
       m_rows.push_back(
-          std::make_unique<comm::RowParallelLinear<ExecutionSpace, float>>(shards, layer.in, layer.out, trusted));
+          std::make_unique<nn::RowParallelLinear<ExecutionSpace, float>>(shards, layer.in, layer.out, trusted));
       m_columns.emplace_back();
     } else {
       // The output layer is whole on every shard: a column-parallel layer over this process alone.
       const comm::Group& over = layer.split == Split::column ? shards : comm::Group();
       m_columns.push_back(
-          std::make_unique<comm::ColumnParallelLinear<ExecutionSpace, float>>(over, layer.in, layer.out, trusted));
+          std::make_unique<nn::ColumnParallelLinear<ExecutionSpace, float>>(over, layer.in, layer.out, trusted));
       m_rows.emplace_back();
     }
   }
@@ -148,12 +149,14 @@ void Mlp<ExecutionSpace>::allocate_buffers(const ExecutionSpace& space, int rows
     const int width = layer.split == Split::column ? layer.local_out : layer.out;
     m_z[l] = alloc("z", width);
     if (l + 1 < n) m_a[l + 1] = alloc("a", width);
-    const bool gathers = m_shards > 1 && layer.split == Split::column && l + 1 < n && m_layers[l + 1].split != Split::row;
+    const bool gathers =
+        m_shards > 1 && layer.split == Split::column && l + 1 < n && m_layers[l + 1].split != Split::row;
     if (gathers) m_gathered[l] = alloc("gathered", layer.out);
     widest = std::max({widest, layer.in, layer.out});
   }
   const auto scratch = std::size_t(rows) * std::size_t(widest);
-  m_delta = Kokkos::View<float*, memory_space>(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Mlp::delta"), scratch);
+  m_delta = Kokkos::View<float*, memory_space>(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Mlp::delta"), scratch);
   m_delta_previous = Kokkos::View<float*, memory_space>(
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Mlp::delta_previous"), scratch);
   m_row_loss = Kokkos::View<double*, memory_space>(Kokkos::view_alloc(space, "Lather::Mlp::row_loss"), rows);
@@ -238,9 +241,9 @@ void Mlp<ExecutionSpace>::backward(const ExecutionSpace& space, const Matrix& in
     const auto& layer = m_layers[l];
     const int width = layer.split == Split::column ? layer.local_out : layer.out;
     const Contiguous dz(delta, rows, width);
-    const Matrix input = l == 0 ? Matrix(Kokkos::subview(inputs, r, Kokkos::ALL))
-                                : Matrix(Kokkos::subview(m_gathered[l - 1].data() ? m_gathered[l - 1] : m_a[l], r,
-                                                         Kokkos::ALL));
+    const Matrix input =
+        l == 0 ? Matrix(Kokkos::subview(inputs, r, Kokkos::ALL))
+               : Matrix(Kokkos::subview(m_gathered[l - 1].data() ? m_gathered[l - 1] : m_a[l], r, Kokkos::ALL));
     const Contiguous dw(m_parameters.gradient(2 * l).data(), layer.local_in, layer.local_out);
     const auto db = m_parameters.gradient(2 * l + 1);
     // The input's gradient, except for the first layer's (the data's).

@@ -3,7 +3,7 @@
 #include "transformer_state.hpp"
 
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <cmath>
@@ -21,8 +21,7 @@ void TransformerConfig::validate(int shards) const {
   LATHER_REQUIRE(shards >= 1 && n_head % shards == 0, "the ", shards, " weight shards must divide n_head ", n_head,
                  " (each shard holds whole attention heads)");
   LATHER_REQUIRE(z_loss >= 0 && std::isfinite(z_loss), "TransformerConfig::z_loss must be >= 0, got ", z_loss);
-  LATHER_REQUIRE(layer_norm_epsilon > 0, "TransformerConfig::layer_norm_epsilon must be > 0, got ",
-                 layer_norm_epsilon);
+  LATHER_REQUIRE(layer_norm_epsilon > 0, "TransformerConfig::layer_norm_epsilon must be > 0, got ", layer_norm_epsilon);
 }
 
 std::int64_t TransformerConfig::parameter_count() const {
@@ -185,9 +184,9 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
     block.attention = std::make_unique<CausalAttention<ExecutionSpace, Scalar>>(st.heads, config.head_dim());
   }
   st.head = std::make_unique<typename State::Column>(st.shards, D, V, trusted);
-  st.criterion = std::make_unique<comm::VocabParallelCrossEntropy<ExecutionSpace, Scalar>>(st.shards, V, trusted);
-  st.transport = comm::Impl::Transport<ExecutionSpace, Scalar>(st.shards, std::size_t(1) << 22,
-                                                               "Lather::Transformer::transport");
+  st.criterion = std::make_unique<nn::VocabParallelCrossEntropy<ExecutionSpace, Scalar>>(st.shards, V, trusted);
+  st.transport =
+      comm::Transport<ExecutionSpace, Scalar>(st.shards, std::size_t(1) << 22, "Lather::Transformer::transport");
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -212,11 +211,12 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::evaluate(const ExecutionS
 
 template <class ExecutionSpace, class Scalar>
 std::vector<double> Transformer<ExecutionSpace, Scalar>::next_token_logits(const ExecutionSpace& space,
-                                                                          const std::vector<std::int32_t>& context) {
+                                                                           const std::vector<std::int32_t>& context) {
   LATHER_REQUIRE(!context.empty(), "Transformer::next_token_logits: the context is empty");
   auto& st = *m_state;
   // The model sees at most block_size tokens: the latest ones.
-  const std::size_t first = context.size() > std::size_t(m_config.block_size) ? context.size() - m_config.block_size : 0;
+  const std::size_t first =
+      context.size() > std::size_t(m_config.block_size) ? context.size() - m_config.block_size : 0;
   const int time = int(context.size() - first);
   Tokens tokens(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Transformer::context"), time);
   const Kokkos::View<const std::int32_t*, Kokkos::HostSpace> host(context.data() + first, std::size_t(time));
@@ -224,9 +224,8 @@ std::vector<double> Transformer<ExecutionSpace, Scalar>::next_token_logits(const
   forward(space, 1, time, tokens);
   const int local = st.vocab_range.count;
   Kokkos::View<Scalar*, Kokkos::HostSpace> last("Lather::Transformer::last_logits", std::size_t(local));
-  if (local > 0)
-    Kokkos::deep_copy(space, last, Kokkos::subview(st.logits, time - 1, std::make_pair(0, local)));
-  Impl::fence(space, "Lather::Transformer::next_token_logits: logits on the host");
+  if (local > 0) Kokkos::deep_copy(space, last, Kokkos::subview(st.logits, time - 1, std::make_pair(0, local)));
+  ::lather::Impl::fence(space, "Lather::Transformer::next_token_logits: logits on the host");
   std::vector<double> mine(last.data(), last.data() + local), all(std::size_t(m_config.vocab_size));
   std::vector<std::size_t> counts;
   for (int d = 0; d < st.shard_count; ++d)
@@ -248,13 +247,13 @@ ModelMemory Transformer<ExecutionSpace, Scalar>::memory() const {
     for (const auto* view : {&b.mean1, &b.rstd1, &b.mean2, &b.rstd2}) add(*view);
     activations += std::int64_t(b.attention->scratch_bytes());
   }
-  for (const auto* view : {&st.x_final, &st.f, &st.logits, &st.dlogits, &st.positions, &st.dx, &st.dtmp, &st.dq,
-                           &st.dk, &st.dv, &st.dy, &st.dg})
+  for (const auto* view : {&st.x_final, &st.f, &st.logits, &st.dlogits, &st.positions, &st.dx, &st.dtmp, &st.dq, &st.dk,
+                           &st.dv, &st.dy, &st.dg})
     add(*view);
   for (const auto* view : {&st.mean_f, &st.rstd_f, &st.row_loss}) add(*view);
   m.activations = activations;
   // Host staging of the model's own all-reduces where MPI cannot read the device's memory.
-  m.communication = comm::Impl::Transport<ExecutionSpace, Scalar>::direct
+  m.communication = comm::Transport<ExecutionSpace, Scalar>::direct
                         ? 0
                         : std::int64_t(std::size_t(1) << 22) * std::int64_t(sizeof(Scalar));
   return m;

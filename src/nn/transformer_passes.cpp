@@ -3,8 +3,8 @@
 #include "transformer_state.hpp"
 
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
-#include <lather/core/impl/gemm.hpp>
+#include <lather/core/fault_injection.hpp>
+#include <lather/core/gemm.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/nn/embedding.hpp>
 #include <lather/nn/gelu.hpp>
@@ -90,7 +90,7 @@ void Transformer<ExecutionSpace, Scalar>::embed(const ExecutionSpace& space, int
 template <class ExecutionSpace, class Scalar>
 void Transformer<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, int batch, int time,
                                                   const Tokens& inputs) {
-  Impl::ScopedRegion region("Lather::Transformer::forward");
+  ::lather::Impl::ScopedRegion region("Lather::Transformer::forward");
   LATHER_REQUIRE(batch >= 1 && time >= 1 && time <= m_config.block_size, "Transformer: ", batch, " windows of ", time,
                  " tokens; the context holds 1 to ", m_config.block_size);
   LATHER_REQUIRE(inputs.extent(0) >= std::size_t(batch) * std::size_t(time), "Transformer: ", inputs.extent(0),
@@ -141,11 +141,11 @@ void Transformer<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, i
 
 template <class ExecutionSpace, class Scalar>
 LanguageModelSums Transformer<ExecutionSpace, Scalar>::loss(const ExecutionSpace& space, int rows,
-                                                           const Tokens& targets, bool backward) {
+                                                            const Tokens& targets, bool backward) {
   auto& st = *m_state;
   LATHER_REQUIRE(targets.extent(0) >= std::size_t(rows), "Transformer: ", targets.extent(0), " targets for ", rows,
                  " tokens");
-  comm::CrossEntropyTerms terms;
+  nn::CrossEntropyTerms terms;
   terms.gradient_scale = backward ? 1.0 : 0.0;  // the summed loss's gradient
   terms.z_loss = m_config.z_loss;
   const auto sums = st.criterion->forward_backward(
@@ -162,7 +162,7 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::loss(const ExecutionSpace
 template <class ExecutionSpace, class Scalar>
 void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, int batch, int time,
                                                    const Tokens& inputs, bool accumulate) {
-  Impl::ScopedRegion region("Lather::Transformer::backward");
+  ::lather::Impl::ScopedRegion region("Lather::Transformer::backward");
   auto& st = *m_state;
   const int rows = batch * time;
   const typename State::ParameterViews views{m_parameters};
@@ -213,8 +213,7 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
     ::lather::Impl::gemm(space, "N", "T", Scalar(1), dk, kernel(p.key_kernel), Scalar(1), dtmp);
     ::lather::Impl::gemm(space, "N", "T", Scalar(1), dv, kernel(p.value_kernel), Scalar(1), dtmp);
     if (st.shard_count > 1)
-      st.transport.allreduce(space, Kokkos::View<Scalar*, memory_space>(dtmp.data(), dtmp.span()),
-                             comm::Combine::sum);
+      st.transport.allreduce(space, Kokkos::View<Scalar*, memory_space>(dtmp.data(), dtmp.span()), comm::Combine::sum);
     layer_norm_backward<ExecutionSpace, Scalar>(space, x, value(p.ln1_scale), State::rows_of(b.mean1, rows),
                                                 State::rows_of(b.rstd1, rows), dtmp, dx, true, gradient(p.ln1_scale),
                                                 gradient(p.ln1_offset), accumulate);
@@ -246,11 +245,11 @@ void Transformer<ExecutionSpace, Scalar>::embed_backward(const ExecutionSpace& s
       Matrix(m_parameters.gradient(st.position_table).data(), m_config.block_size, columns), accumulate);
 }
 
-#define LATHER_NN_TRANSFORMER_PASSES(SPACE, SCALAR)                                                               \
-  template void Transformer<SPACE, SCALAR>::embed(const SPACE&, int, int, const Tokens&);                        \
-  template void Transformer<SPACE, SCALAR>::forward(const SPACE&, int, int, const Tokens&);                      \
-  template LanguageModelSums Transformer<SPACE, SCALAR>::loss(const SPACE&, int, const Tokens&, bool);           \
-  template void Transformer<SPACE, SCALAR>::backward(const SPACE&, int, int, const Tokens&, bool);               \
+#define LATHER_NN_TRANSFORMER_PASSES(SPACE, SCALAR)                                                    \
+  template void Transformer<SPACE, SCALAR>::embed(const SPACE&, int, int, const Tokens&);              \
+  template void Transformer<SPACE, SCALAR>::forward(const SPACE&, int, int, const Tokens&);            \
+  template LanguageModelSums Transformer<SPACE, SCALAR>::loss(const SPACE&, int, const Tokens&, bool); \
+  template void Transformer<SPACE, SCALAR>::backward(const SPACE&, int, int, const Tokens&, bool);     \
   template void Transformer<SPACE, SCALAR>::embed_backward(const SPACE&, int, int, const Tokens&, bool);
 
 LATHER_NN_TRANSFORMER_PASSES(DefaultExecutionSpace, float)

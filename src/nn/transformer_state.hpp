@@ -3,8 +3,10 @@
 // kept for backward and the gradient scratch. Shared by transformer.cpp (construction, sampling,
 // memory) and transformer_passes.cpp (forward and backward).
 
-#include <lather/comm/impl/transport.hpp>
+#include <lather/comm/transport.hpp>
 #include <lather/nn/causal_attention.hpp>
+#include <lather/nn/parallel_linear.hpp>
+#include <lather/nn/vocab_parallel_cross_entropy.hpp>
 #include <lather/nn/transformer.hpp>
 
 #include <memory>
@@ -15,14 +17,14 @@ namespace lather::nn {
 template <class ExecutionSpace, class Scalar>
 struct Transformer<ExecutionSpace, Scalar>::State {
   using Matrix = typename Transformer::Matrix;
-  using Column = comm::ColumnParallelLinear<ExecutionSpace, Scalar>;
-  using Row = comm::RowParallelLinear<ExecutionSpace, Scalar>;
+  using Column = nn::ColumnParallelLinear<ExecutionSpace, Scalar>;
+  using Row = nn::RowParallelLinear<ExecutionSpace, Scalar>;
   using Vector = Kokkos::View<Scalar*, memory_space>;
 
   /// Positions in the parameter list of one block's tensors.
   struct BlockParameters {
-    int ln1_scale, ln1_offset, query_kernel, query_bias, key_kernel, key_bias, value_kernel, value_bias,
-        output_kernel, output_bias, ln2_scale, ln2_offset, mlp_in_kernel, mlp_in_bias, mlp_out_kernel, mlp_out_bias;
+    int ln1_scale, ln1_offset, query_kernel, query_bias, key_kernel, key_bias, value_kernel, value_bias, output_kernel,
+        output_bias, ln2_scale, ln2_offset, mlp_in_kernel, mlp_in_bias, mlp_out_kernel, mlp_out_bias;
   };
   struct Block {
     BlockParameters p;
@@ -46,9 +48,9 @@ struct Transformer<ExecutionSpace, Scalar>::State {
 
   std::vector<Block> blocks;
   std::unique_ptr<Column> head;
-  std::unique_ptr<comm::VocabParallelCrossEntropy<ExecutionSpace, Scalar>> criterion;
+  std::unique_ptr<nn::VocabParallelCrossEntropy<ExecutionSpace, Scalar>> criterion;
   /// The all-reduces the model makes itself: the embedding sum and the attention input's gradient.
-  comm::Impl::Transport<ExecutionSpace, Scalar> transport;
+  comm::Transport<ExecutionSpace, Scalar> transport;
 
   int capacity = 0;  ///< rows (batch x time) the buffers hold
   Matrix x_final, f, logits, dlogits, positions;
@@ -65,9 +67,9 @@ struct Transformer<ExecutionSpace, Scalar>::State {
     Matrix x, a, q, k, v, y, x1, b, h, g;
   };
   static BlockRows rows_of(const Block& block, int rows) {
-    return {rows_of(block.x, rows),  rows_of(block.a, rows),  rows_of(block.q, rows), rows_of(block.k, rows),
-            rows_of(block.v, rows),  rows_of(block.y, rows),  rows_of(block.x1, rows), rows_of(block.b, rows),
-            rows_of(block.h, rows),  rows_of(block.g, rows)};
+    return {rows_of(block.x, rows), rows_of(block.a, rows), rows_of(block.q, rows),  rows_of(block.k, rows),
+            rows_of(block.v, rows), rows_of(block.y, rows), rows_of(block.x1, rows), rows_of(block.b, rows),
+            rows_of(block.h, rows), rows_of(block.g, rows)};
   }
 
   /// The parameter list's tensors by position: values, gradients, and kernels as matrices.

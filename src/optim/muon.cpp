@@ -60,17 +60,13 @@ std::vector<MuonParameterPlan> plan_muon(const std::vector<ParameterSpec>& param
   }
   LATHER_REQUIRE(forced.empty(), "MuonOptions::adamw_parameters names '", forced.empty() ? "" : *forced.begin(),
                  "', which is not a parameter");
-  // Greedy longest processing time: the costliest matrix first, to the least loaded rank.
-  std::vector<std::size_t> order(parameters.size());
-  std::iota(order.begin(), order.end(), std::size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return plan[a].cost() > plan[b].cost(); });
-  std::vector<double> load(std::size_t(ranks), 0.0);
-  for (std::size_t p : order) {
-    if (!plan[p].matrix) continue;
-    const auto least = std::min_element(load.begin(), load.end());
-    plan[p].owner = int(least - load.begin());
-    *least += plan[p].cost();
-  }
+  // The matrices by longest processing time on their cost (the distributed step's assignment).
+  std::vector<std::size_t> matrices;
+  std::vector<double> costs;
+  for (std::size_t p = 0; p < plan.size(); ++p)
+    if (plan[p].matrix) matrices.push_back(p), costs.push_back(plan[p].cost());
+  const std::vector<int> owners = longest_processing_time(costs, ranks);
+  for (std::size_t k = 0; k < matrices.size(); ++k) plan[matrices[k]].owner = owners[k];
   return plan;
 }
 

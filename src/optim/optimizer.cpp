@@ -11,48 +11,9 @@ namespace lather::optim {
 std::string StateMemoryReport::to_string() const {
   char line[256];
   const double mib = 1024.0 * 1024.0;
-  std::snprintf(line, sizeof line,
-                "optimizer state %.2f MiB (stacks %.2f, local %.2f, quantized %.2f, workspace %.2f)",
-                total() / mib, stack_bytes / mib, local_bytes / mib, quantized_bytes / mib,
-                workspace_bytes / mib);
+  std::snprintf(line, sizeof line, "optimizer state %.2f MiB (stacks %.2f, local %.2f, quantized %.2f, workspace %.2f)",
+                total() / mib, stack_bytes / mib, local_bytes / mib, quantized_bytes / mib, workspace_bytes / mib);
   return line;
-}
-
-std::string to_string(DType dtype) {
-  switch (dtype) {
-    case DType::float32: return "float32";
-    case DType::float64: return "float64";
-    case DType::int8: return "int8";
-    case DType::int16: return "int16";
-    case DType::int32: return "int32";
-    case DType::int64: return "int64";
-  }
-  return "unknown";
-}
-
-std::size_t size_of(DType dtype) {
-  switch (dtype) {
-    case DType::float32: return 4;
-    case DType::float64: return 8;
-    case DType::int8: return 1;
-    case DType::int16: return 2;
-    case DType::int32: return 4;
-    case DType::int64: return 8;
-  }
-  return 0;
-}
-
-template <class MemorySpace>
-std::int64_t StateArray<MemorySpace>::row_elements() const {
-  std::int64_t n = 1;
-  for (std::size_t d = 1; d < shape.size(); ++d) n *= shape[d];
-  return n;
-}
-
-template <class MemorySpace>
-std::int64_t StateArray<MemorySpace>::local_elements() const {
-  if (rows.empty()) return element_count(shape);
-  return std::int64_t(rows.size()) * row_elements();
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -80,21 +41,19 @@ void Optimizer<ExecutionSpace, Scalar>::check_arguments(const Tensors& params, c
                  " gradients, the optimizer was built for ", m_parameters.size());
   for (std::size_t p = 0; p < m_parameters.size(); ++p) {
     const auto expected = element_count(m_parameters[p].shape);
-    LATHER_REQUIRE(std::int64_t(params[p].size()) == expected, name(), "::step: parameter '",
-                   m_parameters[p].name, "' has ", params[p].size(), " elements, expected ", expected,
-                   " for shape ", lather::to_string(m_parameters[p].shape));
-    LATHER_REQUIRE(std::int64_t(grads[p].size()) == expected, name(), "::step: gradient of '",
-                   m_parameters[p].name, "' has ", grads[p].size(), " elements, expected ", expected);
-    LATHER_REQUIRE(params[p].data() != grads[p].data(), name(), "::step: parameter '",
-                   m_parameters[p].name, "' and its gradient share memory");
+    LATHER_REQUIRE(std::int64_t(params[p].size()) == expected, name(), "::step: parameter '", m_parameters[p].name,
+                   "' has ", params[p].size(), " elements, expected ", expected, " for shape ",
+                   lather::to_string(m_parameters[p].shape));
+    LATHER_REQUIRE(std::int64_t(grads[p].size()) == expected, name(), "::step: gradient of '", m_parameters[p].name,
+                   "' has ", grads[p].size(), " elements, expected ", expected);
+    LATHER_REQUIRE(params[p].data() != grads[p].data(), name(), "::step: parameter '", m_parameters[p].name,
+                   "' and its gradient share memory");
   }
 }
 
-template struct StateArray<DefaultExecutionSpace::memory_space>;
 template class Optimizer<DefaultExecutionSpace, float>;
 template class Optimizer<DefaultExecutionSpace, double>;
 #if LATHER_HOST_SPACE_DIFFERS
-template struct StateArray<DefaultHostExecutionSpace::memory_space>;
 template class Optimizer<DefaultHostExecutionSpace, float>;
 template class Optimizer<DefaultHostExecutionSpace, double>;
 #endif

@@ -1,6 +1,7 @@
 #include <lather/optim/partition.hpp>
 
 #include <lather/core/error.hpp>
+#include <lather/optim/distribution.hpp>
 
 #include <algorithm>
 #include <numeric>
@@ -8,8 +9,7 @@
 namespace lather::optim {
 
 TensorShape merge_small_dims(const TensorShape& shape, std::int64_t max_dim) {
-  if (!shape.empty() && std::all_of(shape.begin(), shape.end(), [](std::int64_t d) { return d == 1; }))
-    return {1};
+  if (!shape.empty() && std::all_of(shape.begin(), shape.end(), [](std::int64_t d) { return d == 1; })) return {1};
   TensorShape merged;
   std::int64_t product = 1;
   for (std::int64_t d : shape) {
@@ -42,8 +42,7 @@ BlockPartition::BlockPartition(const TensorShape& shape, const std::vector<std::
     const std::int64_t d = shape[axis], block_size = block_sizes[axis];
     std::vector<std::int64_t> sizes;
     if (block_size > 0 && block_size < d) {
-      for (std::int64_t start = 0; start < d; start += block_size)
-        sizes.push_back(std::min(block_size, d - start));
+      for (std::int64_t start = 0; start < d; start += block_size) sizes.push_back(std::min(block_size, d - start));
     } else {
       sizes.push_back(d);
     }
@@ -90,17 +89,10 @@ std::vector<int> assign_statistics(const std::vector<int>& sizes, int ranks, Roo
     for (int s = 0; s < n; ++s) owner[s] = per_rank > 0 ? s / per_rank : 0;
     return owner;
   }
-  std::vector<int> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  // Largest cost first; ties by index so every rank derives the same assignment.
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sizes[a] > sizes[b]; });
-  std::vector<double> load(ranks, 0.0);
-  for (int s : order) {
-    const int r = int(std::min_element(load.begin(), load.end()) - load.begin());
-    owner[s] = r;
-    load[r] += double(sizes[s]) * sizes[s] * sizes[s];
-  }
-  return owner;
+  // Balanced: longest processing time on the roots' cost, n^3.
+  std::vector<double> costs;
+  for (int size : sizes) costs.push_back(double(size) * size * size);
+  return longest_processing_time(costs, ranks);
 }
 
 double load_imbalance(const std::vector<int>& sizes, const std::vector<int>& owner, int ranks) {

@@ -41,9 +41,8 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
     pp.elements = element_count(pp.spec.shape);
     const auto& shape = pp.spec.global();
     // The reference's _skip_preconditioning looks at the original (global) shape.
-    const bool too_large = std::any_of(shape.begin(), shape.end(), [&](std::int64_t d) {
-      return d > options.skip_preconditioning_dim_size_gt;
-    });
+    const bool too_large = std::any_of(shape.begin(), shape.end(),
+                                       [&](std::int64_t d) { return d > options.skip_preconditioning_dim_size_gt; });
     pp.preconditioned = int(shape.size()) >= options.skip_preconditioning_rank_lt && !too_large;
     const auto [global, split] = interpret(shape, pp.spec.split_axis, options);
     pp.local_shape = interpret(pp.spec.shape, pp.spec.split_axis, options).first;
@@ -124,12 +123,12 @@ double unit_cost(const ParameterPlan& pp, const WorkUnit& unit, const ShampooOpt
 
 }  // namespace
 
-StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, int ranks, int rank,
-                        bool distributed) {
+StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, int ranks, int parts, int part,
+                        const UnitAssignment& assign) {
   StepPlan step;
-  step.distributed = distributed && ranks > 1;
-  step.parts = step.distributed ? ranks : 1;
-  step.part = step.distributed ? rank : 0;
+  step.distributed = parts > 1;
+  step.parts = parts;
+  step.part = part;
   for (std::size_t p = 0; p < plan.parameters.size(); ++p) {
     const auto& pp = plan.parameters[p];
     if (pp.preconditioned) {
@@ -142,21 +141,10 @@ StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, 
   }
   for (auto& unit : step.units) unit.cost = unit_cost(plan.parameters[unit.parameter], unit, options);
 
-  // Parts: longest processing time first on the cost, ties by position (the same on every rank).
+  // Parts: the distribution strategy's assignment by cost (the same on every rank).
   std::vector<double> costs;
   for (const auto& unit : step.units) costs.push_back(unit.cost);
-  step.owner.assign(step.units.size(), 0);
-  if (step.parts > 1) {
-    std::vector<std::size_t> by_cost(step.units.size());
-    std::iota(by_cost.begin(), by_cost.end(), 0);
-    std::stable_sort(by_cost.begin(), by_cost.end(), [&](std::size_t a, std::size_t b) { return costs[a] > costs[b]; });
-    std::vector<double> load(step.parts, 0.0);
-    for (auto u : by_cost) {
-      const int r = int(std::min_element(load.begin(), load.end()) - load.begin());
-      step.owner[u] = r;
-      load[r] += costs[u];
-    }
-  }
+  step.owner = assign(costs);
 
   // Packed order of every part: its preconditioned units grouped by block shape (groups in order
   // of first appearance), then its graft-path units.
@@ -176,7 +164,8 @@ StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, 
         graft_path.push_back(int(u));
         continue;
       }
-      auto it = std::find_if(groups.begin(), groups.end(), [&](const ShapeGroup& g) { return g.size == shape_of(int(u)); });
+      auto it =
+          std::find_if(groups.begin(), groups.end(), [&](const ShapeGroup& g) { return g.size == shape_of(int(u)); });
       if (it == groups.end())
         it = groups.insert(groups.end(),
                            ShapeGroup{shape_of(int(u)), plan.parameters[step.units[u].parameter].dims, {}, 0});
@@ -222,7 +211,8 @@ StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, 
     for (int s : plan.local_statistics) sizes.push_back(plan.statistic_size[s]);
     const auto owners =
         assign_statistics(sizes, ranks, options.balance_root_work ? RootAssignment::balanced : RootAssignment::even);
-    for (std::size_t k = 0; k < plan.local_statistics.size(); ++k) step.root_owner[plan.local_statistics[k]] = owners[k];
+    for (std::size_t k = 0; k < plan.local_statistics.size(); ++k)
+      step.root_owner[plan.local_statistics[k]] = owners[k];
   }
   return step;
 }

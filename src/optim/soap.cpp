@@ -1,7 +1,7 @@
 #include <lather/optim/impl/soap_impl.hpp>
 
 #include <lather/core/error.hpp>
-#include <lather/core/impl/gemm.hpp>
+#include <lather/core/gemm.hpp>
 
 #include "option_checks.hpp"
 
@@ -25,7 +25,8 @@ namespace lather::optim {
 namespace {
 using Impl::require_non_negative;
 using Impl::require_unit_interval;
-using HostMatrix = Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+using HostMatrix =
+    Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 }  // namespace
 
 void SoapOptions::validate() const {
@@ -90,7 +91,8 @@ void soap_power_qr(int n, const double* factor, double* basis, std::vector<int>&
     for (int j = 0; j < n; ++j) estimate[std::size_t(j)] += qv(i, j) * mv(i, j);
   order.resize(std::size_t(n));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return estimate[std::size_t(a)] > estimate[std::size_t(b)]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return estimate[std::size_t(a)] > estimate[std::size_t(b)]; });
   // Column-major F Q[:, order] = (F Q)[:, order] for LAPACK.
   std::vector<double> a(nn), tau(static_cast<std::size_t>(n));
   for (int j = 0; j < n; ++j)

@@ -5,7 +5,7 @@
 #include "integrity_support.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-
 
 namespace {
 
@@ -40,8 +39,9 @@ Fixture make_checkpoint(const std::string& tag) {
   options.directory = f.dir;
   options.chunk_bytes = 4096;
   checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
-  const std::vector<std::pair<std::string, TensorShape>> shapes = {
-      {"parameters/dense/kernel", {40, 30}}, {"parameters/dense/bias", {30}}, {"optimizer/global/statistics", {6, 8, 8}}};
+  const std::vector<std::pair<std::string, TensorShape>> shapes = {{"parameters/dense/kernel", {40, 30}},
+                                                                   {"parameters/dense/bias", {30}},
+                                                                   {"optimizer/global/statistics", {6, 8, 8}}};
   for (const auto& [path, shape] : shapes) {
     std::vector<double> values(element_count(shape));
     for (std::size_t k = 0; k < values.size(); ++k) values[k] = std::sin(double(k) + path.size());
@@ -85,8 +85,6 @@ std::pair<std::string, bool> try_load(const Fixture& f, const std::string& file)
   EXPECT_EQ(all, any) << "ranks disagree on loading " << file;
   return {error, buffers == f.data};
 }
-
-
 
 TEST(CheckpointIntegrity, IntactFileLoads) {
   const auto f = make_checkpoint("intact");
@@ -206,7 +204,8 @@ TEST(CheckpointIntegrity, FlipsAreFoundInRowsAndBlocksOnEveryRankCount) {
     checkpointer.load(damaged, {part});
     ADD_FAILURE() << "a flip in a chunk read in part was not found";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("dataset 'shared' fails its checksum in rows [0, 8)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dataset 'shared' fails its checksum in rows [0, 8)"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -219,7 +218,8 @@ TEST(CheckpointIntegrity, BitFlipsAnywhereNeverCorruptSilently) {
   for (int trial = 0; trial < 24; ++trial) {
     const std::uintmax_t offset = rng() % size;
     const int bit = int(rng() % 8);
-    const auto damaged = copy_with(f.file, "anywhere.h5", [&](std::vector<char>& bytes) { bytes[offset] ^= char(1 << bit); });
+    const auto damaged =
+        copy_with(f.file, "anywhere.h5", [&](std::vector<char>& bytes) { bytes[offset] ^= char(1 << bit); });
     const auto [error, same] = try_load(f, damaged);
     if (error.empty())
       EXPECT_TRUE(same) << "a flip at byte " << offset << " bit " << bit << " loaded different data silently";
@@ -285,7 +285,8 @@ TEST(CheckpointIntegrity, ResumeFallsBackPastABadChecksum) {
             std::ifstream in(f.file, std::ios::binary);
             std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
             bytes[offset] ^= 0x4;
-            std::ofstream(flipped, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+            std::ofstream(flipped, std::ios::binary | std::ios::trunc)
+                .write(bytes.data(), std::streamsize(bytes.size()));
           }
           const std::string why = checkpoint::verify_checkpoint(flipped);
           EXPECT_NE(why.find(a.path), std::string::npos) << "offset " << offset << ": '" << why << "'";

@@ -10,7 +10,7 @@
 
 #include <lather/checkpoint/checkpoint.hpp>
 #include <lather/checkpoint/page_aligned.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -83,7 +83,8 @@ class LargeRanges {
     evict_everywhere(path);
     auto rows_slice = stack;
     rows_slice.rows.clear();
-    for (std::int64_t r = 0; r < per_rank; ++r) rows_slice.rows.push_back(round_robin ? r * ranks + me : me * per_rank + r);
+    for (std::int64_t r = 0; r < per_rank; ++r)
+      rows_slice.rows.push_back(round_robin ? r * ranks + me : me * per_rank + r);
     checkpoint::PageAlignedVector<float> got_rows(std::size_t(per_rank * row), -1.0f);
     checkpoint::PageAlignedVector<float> got_shared(std::size_t(shared_elements), -1.0f);
     rows_slice.data = got_rows.data();
@@ -134,7 +135,8 @@ TEST(CheckpointLargeRanges, ReadFromTheDiskTheyComeBackExactAndFlipsInThemAreNam
   // A flip in the middle of the last rank's rows, and one in the last page of the parameters.
   std::vector<std::pair<haddr_t, hsize_t>> stack_chunks, shared_chunks;
   if (f.me == 0)
-    stack_chunks = test::chunk_locations(f.file, f.stack.path), shared_chunks = test::chunk_locations(f.file, f.shared.path);
+    stack_chunks = test::chunk_locations(f.file, f.stack.path),
+    shared_chunks = test::chunk_locations(f.file, f.shared.path);
   std::int64_t flips[2] = {0, 0};
   if (f.me == 0) {
     flips[0] = std::int64_t(stack_chunks.front().first) +
@@ -144,8 +146,8 @@ TEST(CheckpointLargeRanges, ReadFromTheDiskTheyComeBackExactAndFlipsInThemAreNam
   MPI_Bcast(flips, 2, MPI_INT64_T, 0, MPI_COMM_WORLD);
   for (int k = 0; k < 2; ++k) {
     const std::string& path = k == 0 ? f.stack.path : f.shared.path;
-    const auto damaged =
-        test::copy_with(f.file, "direct-flip.h5", [&](std::vector<char>& bytes) { bytes[std::size_t(flips[k])] ^= char(0x10); });
+    const auto damaged = test::copy_with(f.file, "direct-flip.h5",
+                                         [&](std::vector<char>& bytes) { bytes[std::size_t(flips[k])] ^= char(0x10); });
     for (bool round_robin : {false, true}) {
       const auto [error, same] = f.load(checkpointer, damaged, round_robin);
       EXPECT_NE(error.find("dataset '" + path + "' fails its checksum"), std::string::npos) << path << ": " << error;
@@ -154,7 +156,7 @@ TEST(CheckpointLargeRanges, ReadFromTheDiskTheyComeBackExactAndFlipsInThemAreNam
 }
 
 namespace {
-std::atomic<int> reads{0};                  // the disk reads asked for (rank 0's clean load)
+std::atomic<int> reads{0};                 // the disk reads asked for (rank 0's clean load)
 std::atomic<int> reads_before_failure{0};  // on the failing rank: reads that still succeed
 }  // namespace
 

@@ -9,7 +9,7 @@
 
 #include <lather/checkpoint/page_aligned.hpp>
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 
 #include <gtest/gtest.h>
 
@@ -65,7 +65,8 @@ struct Into {
   char* at;
   Into(std::int64_t offset, std::int64_t first, std::int64_t count, std::size_t shift = 0)
       : memory(std::size_t(count * row_bytes) + 2 * lather::checkpoint::page_bytes) {
-    at = memory.data() + std::size_t((offset + first * row_bytes) % std::int64_t(lather::checkpoint::page_bytes)) + shift;
+    at = memory.data() + std::size_t((offset + first * row_bytes) % std::int64_t(lather::checkpoint::page_bytes)) +
+         shift;
   }
 };
 

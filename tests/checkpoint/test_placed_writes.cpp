@@ -6,7 +6,7 @@
 #include "page_cache_support.hpp"
 
 #include <lather/checkpoint/page_aligned.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 
 #include <gtest/gtest.h>
 
@@ -39,10 +39,8 @@ std::vector<unsigned char> file_bytes(const std::string& path) {
 /// Covers a file of `size` bytes with pieces of many lengths (inside one page, across pages, past
 /// the 1 MiB staging buffer) in shuffled order, each from a source at a different alignment.
 std::int64_t write_pieces(const std::string& path, std::int64_t size, bool direct) {
-  {
-    std::ofstream create(path, std::ios::binary | std::ios::trunc);
-  }
-  std::filesystem::resize_file(path, std::uintmax_t(size));  // as lay_out leaves it: allocated, unwritten
+  { std::ofstream create(path, std::ios::binary | std::ios::trunc); }
+  std::filesystem::resize_file(path, std::uintmax_t(size));   // as lay_out leaves it: allocated, unwritten
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // offset, length
   const std::int64_t lengths[] = {1, 100, 4095, 4096, 4097, 12288, 65536 + 17, 3 << 20, 200000, 512, 7};
   std::int64_t at = 0;
@@ -96,9 +94,7 @@ TEST(PlacedWriter, DirectAndCachedWritesPutEveryByteInPlace) {
 /// second array's bytes in the first's place.
 void write_one_buffer_twice(const std::string& path) {
   const std::int64_t half = 24 << 20, piece = 1 << 20;
-  {
-    std::ofstream create(path, std::ios::binary | std::ios::trunc);
-  }
+  { std::ofstream create(path, std::ios::binary | std::ios::trunc); }
   std::filesystem::resize_file(path, std::uintmax_t(2 * half));
   PageAlignedVector<unsigned char> buffer((std::size_t(half)));
   std::int64_t direct_bytes = 0;
@@ -108,7 +104,8 @@ void write_one_buffer_twice(const std::string& path) {
     for (std::int64_t i = 0; i < 2 * half; ++i) image[std::size_t(i)] = expected_byte(i);
     for (std::int64_t base : {std::int64_t(0), half}) {
       std::memcpy(buffer.data(), image.data() + base, std::size_t(half));
-      for (std::int64_t at = 0; at < half; at += piece) writer.write(buffer.data() + at, std::size_t(piece), base + at, "test");
+      for (std::int64_t at = 0; at < half; at += piece)
+        writer.write(buffer.data() + at, std::size_t(piece), base + at, "test");
       writer.wait();
       EXPECT_EQ(writer.error(), "");
     }

@@ -3,6 +3,8 @@
 // so 3 and 8 ranks give uneven splits (10 output features over 8 shards: 2, 2, 1, 1, 1, 1, 1, 1).
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/tensor_parallel.hpp>
+#include <lather/nn/parallel_linear.hpp>
+#include <lather/nn/vocab_parallel_cross_entropy.hpp>
 
 #include "comm_test_utils.hpp"
 
@@ -13,11 +15,11 @@
 
 namespace {
 
-using lather::comm::ColumnParallelLinear;
 using lather::comm::Mesh;
-using lather::comm::RowParallelLinear;
 using lather::comm::ShardRange;
-using lather::comm::VocabParallelCrossEntropy;
+using lather::nn::ColumnParallelLinear;
+using lather::nn::RowParallelLinear;
+using lather::nn::VocabParallelCrossEntropy;
 using namespace lather::test;
 
 constexpr int batch = 4, in_features = 9, out_features = 10, vocab = 13;
@@ -56,8 +58,8 @@ lather::comm::Matrix<T, Memory> block(const Dense& m, int r0, int nr, int c0, in
 }
 
 template <class T>
-void expect_block(const lather::comm::Matrix<T, Memory>& got, const Dense& expected, int r0, int c0,
-                  double tolerance, const char* what) {
+void expect_block(const lather::comm::Matrix<T, Memory>& got, const Dense& expected, int r0, int c0, double tolerance,
+                  const char* what) {
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), got);
   ASSERT_EQ(int(host.extent(1)) + c0 <= expected.columns, true) << what;
   for (std::size_t i = 0; i < host.extent(0); ++i)
@@ -172,8 +174,8 @@ TYPED_TEST(TensorParallel, VocabParallelCrossEntropyNeverGathersTheLogits) {
   Kokkos::deep_copy(label_view, label_host);
   Kokkos::View<T*, Memory> loss_view("loss", batch);
   lather::comm::Matrix<T, Memory> grad_d("grad_d", batch, r.count);
-  const double got = criterion.forward_backward(Exec(), block<T>(logits, 0, batch, r.begin, r.count), label_view,
-                                                loss_view, grad_d);
+  const double got =
+      criterion.forward_backward(Exec(), block<T>(logits, 0, batch, r.begin, r.count), label_view, loss_view, grad_d);
   // Losses are O(100): log-sum-exp in double, stored in T.
   const double loss_tolerance = 4 * 100 * std::numeric_limits<T>::epsilon();
   EXPECT_NEAR(got, mean, loss_tolerance);
@@ -198,7 +200,7 @@ TYPED_TEST(TensorParallel, VocabParallelCrossEntropyNeverGathersTheLogits) {
     for (int j = 0; j < vocab; ++j)
       z_grad(i, j) = std::exp(double(T(logits(i, j))) - m) / s * (1 + 2 * w * log_z) - (j == labels[i] ? 1.0 : 0.0);
   }
-  lather::comm::CrossEntropyTerms terms;
+  lather::nn::CrossEntropyTerms terms;
   terms.gradient_scale = 1;
   terms.z_loss = w;
   const auto sums = criterion.forward_backward(Exec(), block<T>(logits, 0, batch, r.begin, r.count), label_view,
@@ -212,9 +214,11 @@ TYPED_TEST(TensorParallel, VocabParallelCrossEntropyNeverGathersTheLogits) {
   // A label outside the vocabulary is an error on every shard.
   if (mesh.shard() == 0) label_host(1) = vocab;
   Kokkos::deep_copy(label_view, label_host);
-  expect_error([&] {
-    criterion.forward_backward(Exec(), block<T>(logits, 0, batch, r.begin, r.count), label_view, loss_view, grad_d);
-  }, "label 13 of row 1 is not a class");
+  expect_error(
+      [&] {
+        criterion.forward_backward(Exec(), block<T>(logits, 0, batch, r.begin, r.count), label_view, loss_view, grad_d);
+      },
+      "label 13 of row 1 is not a class");
 }
 
 TEST(TensorParallelErrors, MismatchedBatchesAreAnErrorOnEveryShard) {
@@ -227,10 +231,13 @@ TEST(TensorParallelErrors, MismatchedBatchesAreAnErrorOnEveryShard) {
   const ShardRange r = layer.local_in();
   lather::comm::Matrix<double, Memory> y("y", rows, out_features);
   const auto b = block<double>(bias, 0, 1, 0, out_features);
-  expect_error([&] {
-    layer.forward(Exec(), block<double>(x, 0, rows, r.begin, r.count), block<double>(w, r.begin, r.count, 0, out_features),
-                  Kokkos::View<double*, Memory>(b.data(), out_features), y);
-  }, "batch size differs");
+  expect_error(
+      [&] {
+        layer.forward(Exec(), block<double>(x, 0, rows, r.begin, r.count),
+                      block<double>(w, r.begin, r.count, 0, out_features),
+                      Kokkos::View<double*, Memory>(b.data(), out_features), y);
+      },
+      "batch size differs");
   expect_error([&] { ColumnParallelLinear<Exec, float>(mesh.shards(), in_features, mesh.shard() == 0 ? 11 : 10); },
                "out_features differs");
 }

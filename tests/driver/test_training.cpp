@@ -32,7 +32,7 @@ TrainOptions small_run(const std::string& optimizer) {
   o.hidden = {32, 16};
   o.train_samples = 1536;  // 24 steps
   o.test_samples = 512;
-  o.optimizer = optimizer;
+  o.optimizer = lather::train::parse_optimizer(optimizer);
   o.log_every = 4;
   o.quiet = true;
   // matrix_epsilon 1e-3 keeps the roots of these nearly rank-deficient statistics from amplifying
@@ -70,7 +70,8 @@ void expect_same_curve(const std::vector<double>& a, const std::vector<double>& 
                        const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   ASSERT_FALSE(a.empty()) << what;
-  for (std::size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], tolerance * std::fabs(b[k])) << what << " at line " << k;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    EXPECT_NEAR(a[k], b[k], tolerance * std::fabs(b[k])) << what << " at line " << k;
 }
 
 MPI_Comm first_ranks(int n) {
@@ -134,7 +135,8 @@ TEST(Training, SameSeedSameNumbers) {
 TEST(Training, AdasumTrains) {
   for (const char* reduce : {"adasum", "adasum-approx"}) {
     auto o = small_run("adam");
-    o.reduce = reduce;
+    for (const auto& [name, op] : lather::train::reduction_names())
+      if (name == reduce) o.reduce = op;
     const auto curve = losses(o, MPI_COMM_WORLD, reduce);
     if (world_rank() == 0) {
       ASSERT_GE(curve.size(), 2u);
@@ -161,12 +163,12 @@ TEST(Training, SoapTakesTheRunsShampooBlockingAndQuantization) {
 // transformer two-sided with 0.9 and roots every 50; --shampoo still overrides them.
 TEST(Training, ShampooDefaultsPerModel) {
   TrainOptions o;
-  o.model = "mlp";
+  o.model = lather::train::ModelKind::mlp;
   auto s = o.shampoo_options();
   EXPECT_EQ(s.preconditioner_type, lather::optim::PreconditionerType::input);
   EXPECT_EQ(s.beta1, 0.85);
   EXPECT_EQ(s.preconditioning_compute_steps, 100);
-  o.model = "transformer";
+  o.model = lather::train::ModelKind::transformer;
   s = o.shampoo_options();
   EXPECT_EQ(s.preconditioner_type, lather::optim::PreconditionerType::all);
   EXPECT_EQ(s.beta1, 0.9);

@@ -28,7 +28,7 @@ using lather::test::world_size;
 
 TrainOptions small_run() {
   TrainOptions o;
-  o.model = "transformer";
+  o.model = lather::train::ModelKind::transformer;
   o.text = LATHER_TEST_TEXT;
   o.n_layer = 2;
   o.n_head = 4;  // whole heads on 1, 2 and 4 shards
@@ -37,7 +37,7 @@ TrainOptions small_run() {
   o.batch_size = 12;  // windows: divisible by 1, 2, 3 and 4 replicas
   o.max_steps = 50;
   o.epochs = 100;
-  o.optimizer = "adamw";
+  o.optimizer = lather::train::OptimizerKind::adamw;
   o.lr = 3e-3;
   o.warmup_steps = 5;
   o.log_every = 5;

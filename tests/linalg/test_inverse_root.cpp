@@ -6,7 +6,7 @@
 #include "common/spd_matrices.hpp"
 #include "linalg/batched_gemm.hpp"
 
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/host_threads.hpp>
 
 #include <gtest/gtest.h>
 
@@ -36,8 +36,8 @@ using Stack = Kokkos::View<T***, Kokkos::LayoutRight, Exec::memory_space>;
 /// A stack [count, padded, padded] on the device, filled from row-major n x n host matrices placed
 /// in the leading block; padding filled with `fill`.
 template <class T>
-Stack<T> make_stack(const std::vector<std::vector<double>>& matrices, const std::vector<int>& sizes,
-                    int padded, double fill = 0.0) {
+Stack<T> make_stack(const std::vector<std::vector<double>>& matrices, const std::vector<int>& sizes, int padded,
+                    double fill = 0.0) {
   Stack<T> stack("stack", matrices.size(), padded, padded);
   auto host = Kokkos::create_mirror_view(stack);
   for (std::size_t b = 0; b < matrices.size(); ++b)
@@ -123,8 +123,7 @@ TEST_P(RootAccuracy, MatchesEigendecompositionReference) {
   EXPECT_DOUBLE_EQ(result.ridge[0], 1e-6 * std::max(result.lambda_max[0], 1e-6));
   const double ridge = result.ridge[0];
   // Capture by name, not [&]: capturing the structured binding c is C++20 (clang < 16 rejects it).
-  const auto want =
-      spectrum.function([ridge, p = c.p](double x) { return std::pow(x + ridge, -1.0 / p); });
+  const auto want = spectrum.function([ridge, p = c.p](double x) { return std::pow(x + ridge, -1.0 / p); });
   const auto got = leading_block(roots, 0, c.n);
   EXPECT_LE(relative_frobenius_error(got, want), 1e-6) << "n=" << c.n << " p=" << c.p;
   if (method == RootMethod::newton) {
@@ -184,8 +183,7 @@ TEST(InverseRoot, FloatCompute) {
     EXPECT_LT(result.error[0], 1e-4);
     const double ridge = result.ridge[0];
     const auto want = spectrum.function([&](double x) { return std::pow(x + ridge, -0.25); });
-    EXPECT_LE(relative_frobenius_error(leading_block(roots, 0, n), want), 5e-5)
-        << to_string(method);
+    EXPECT_LE(relative_frobenius_error(leading_block(roots, 0, n), want), 5e-5) << to_string(method);
   }
 }
 
@@ -255,8 +253,7 @@ TEST(InverseRoot, NonFiniteInputIsIsolated) {
 TEST(InverseRoot, PaddingDoesNotChangeResults) {
   const std::vector<int> sizes = {5, 12, 1, 33};
   std::vector<std::vector<double>> mats;
-  for (std::size_t b = 0; b < sizes.size(); ++b)
-    mats.push_back(make_spectrum(sizes[b], 1.0 + b, 1e4, 30 + b).matrix());
+  for (std::size_t b = 0; b < sizes.size(); ++b) mats.push_back(make_spectrum(sizes[b], 1.0 + b, 1e4, 30 + b).matrix());
   for (auto method : {RootMethod::newton, RootMethod::eigh}) {
     const int padded = 40;
     auto stack = make_stack<double>(mats, sizes, padded, 7.0);
@@ -414,7 +411,8 @@ TEST(InverseRoot, PowerIterationStepsAreReported) {
   EXPECT_EQ(lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, options).power_iterations[0], 5);
   options.relative_ridge = false;  // no power iteration
   EXPECT_EQ(lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, options).power_iterations[0], 0);
-  EXPECT_EQ(lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, precise(RootMethod::eigh)).power_iterations[0], 0);
+  EXPECT_EQ(lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, precise(RootMethod::eigh)).power_iterations[0],
+            0);
 }
 
 // An indefinite matrix is not a statistic: Newton must stop without NaN and flag a large error.
@@ -449,15 +447,26 @@ TEST(InverseRoot, BadArgumentsNameTheProblem) {
     }
   };
   expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, small, 2); }, "must have the shape");
-  expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{5, 4, 2}}); },
-               "names matrix 5");
-  expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{0, 9, 2}}); },
-               "has size 9");
-  expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{0, 4, 0}}); },
-               "exponent 0");
-  expect_error([&] {
-    lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{0, 4, 2}, {0, 4, 2}});
-  }, "more than one task");
+  expect_error(
+      [&] {
+        lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{5, 4, 2}});
+      },
+      "names matrix 5");
+  expect_error(
+      [&] {
+        lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{0, 9, 2}});
+      },
+      "has size 9");
+  expect_error(
+      [&] {
+        lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{0, 4, 0}});
+      },
+      "exponent 0");
+  expect_error(
+      [&] {
+        lather::linalg::inverse_pth_root(Exec(), stack, roots, std::vector<RootTask>{{0, 4, 2}, {0, 4, 2}});
+      },
+      "more than one task");
   InverseRootOptions bad;
   bad.max_error_ratio = 0.5;
   expect_error([&] { lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, bad); }, "max_error_ratio");

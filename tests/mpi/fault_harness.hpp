@@ -1,11 +1,11 @@
 #pragma once
-// The harness of test_fault_injection: a test-only hook (<lather/core/impl/fault_injection.hpp>)
+// The harness of test_fault_injection: a test-only hook (<lather/core/fault_injection.hpp>)
 // that throws at one named point on one rank, the check that every rank then reports one
 // lather::Error naming that rank and its message, and inputs every rank can make for every rank.
 
 #include <lather/comm/tensor_parallel.hpp>
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/core/tensor.hpp>
 
 #include "comm/comm_test_utils.hpp"
@@ -93,8 +93,8 @@ int expect_failure_everywhere(const std::string& point, int failing, Call&& call
     if (!may_be_absent) ADD_FAILURE() << "no rank reached " << point;
     return 0;
   }
-  EXPECT_EQ(threw_count, size) << "only some ranks reported the failure at " << point << "; rank "
-                               << world_rank() << (threw ? " threw: " + message : " did not throw");
+  EXPECT_EQ(threw_count, size) << "only some ranks reported the failure at " << point << "; rank " << world_rank()
+                               << (threw ? " threw: " + message : " did not throw");
   if (!threw) return threw_count;
   const std::string injected = Impl::concat("injected at ", point, " on rank ", failing);
   EXPECT_NE(message.find(injected), std::string::npos) << "rank " << world_rank() << ": " << message;
@@ -140,6 +140,8 @@ std::vector<double> host(const View& view) {
   return std::vector<double>(h.data(), h.data() + h.size());
 }
 
-inline std::vector<std::vector<double>> host(const TensorList<double, Memory>& list) { return test::host_vectors(list); }
+inline std::vector<std::vector<double>> host(const TensorList<double, Memory>& list) {
+  return test::host_vectors(list);
+}
 
 }  // namespace lather::test::faults

@@ -1,6 +1,6 @@
 // Fault injection at every point where a Lather step agrees on "did any rank fail" before a
 // collective (issue 15): a lather::Error thrown on one rank, through the test-only hook of
-// <lather/core/impl/fault_injection.hpp>, must become a lather::Error on every rank of the group
+// <lather/core/fault_injection.hpp>, must become a lather::Error on every rank of the group
 // naming that rank and its message, no rank may block (ctest's TIMEOUT and coreutils `timeout`
 // around mpiexec turn a hang into a failure), and the object must be usable afterwards where its
 // header says so: then its next call must give what an object that never saw the failure gives.
@@ -10,8 +10,10 @@
 #include <lather/comm/reduce.hpp>
 #include <lather/comm/replicas.hpp>
 #include <lather/comm/tensor_parallel.hpp>
+#include <lather/nn/parallel_linear.hpp>
+#include <lather/nn/vocab_parallel_cross_entropy.hpp>
 #include <lather/core/config.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/nn/mlp.hpp>
 #include <lather/nn/transformer.hpp>
 #include <lather/optim/first_order.hpp>
@@ -84,8 +86,7 @@ void accumulator_case(int failing) {
   comm::GradientAccumulator<Exec, double> accumulator(world, 2);
   fill(accumulator);
   const auto out = tensors(rank, reduce_sizes, 9);
-  if (expect_failure_everywhere("accumulate.reduce", failing, [&] { accumulator.reduce(Exec(), out); }) !=
-      world.size())
+  if (expect_failure_everywhere("accumulate.reduce", failing, [&] { accumulator.reduce(Exec(), out); }) != world.size())
     return;
   EXPECT_EQ(accumulator.accumulated(), 2);
   accumulator.reduce(Exec(), out);
@@ -113,7 +114,7 @@ constexpr int batch = 3, in_features = 9, out_features = 10, vocab = 13;
 /// call gives a fresh layer's gradients.
 void column_backward_case(int failing) {
   const comm::Group world(MPI_COMM_WORLD);
-  using Layer = comm::ColumnParallelLinear<Exec, double>;
+  using Layer = nn::ColumnParallelLinear<Exec, double>;
   Layer layer(world, in_features, out_features);
   const auto mine = layer.local_out();
   const Matrix x = matrix(batch, in_features, 1), weight = matrix(in_features, mine.count, 2, mine.begin);
@@ -141,10 +142,11 @@ void column_backward_case(int failing) {
 /// RowParallelLinear::forward: y untouched by the failed call; the next equals a fresh layer's.
 void row_forward_case(int failing) {
   const comm::Group world(MPI_COMM_WORLD);
-  using Layer = comm::RowParallelLinear<Exec, double>;
+  using Layer = nn::RowParallelLinear<Exec, double>;
   Layer layer(world, in_features, out_features);
   const auto mine = layer.local_in();
-  const Matrix x = matrix(batch, mine.count, 1, mine.begin), weight = matrix(mine.count, out_features, 2, 0, mine.begin);
+  const Matrix x = matrix(batch, mine.count, 1, mine.begin),
+               weight = matrix(mine.count, out_features, 2, 0, mine.begin);
   const Kokkos::View<double*, Memory> bias("bias", out_features);
   Matrix y("y", batch, out_features), y2("y", batch, out_features);
   if (expect_failure_everywhere("tensor_parallel.row_forward", failing,
@@ -174,7 +176,7 @@ void all_gather_case(int failing) {
 /// VocabParallelCrossEntropy: the next call equals a fresh criterion's.
 void cross_entropy_case(int failing) {
   const comm::Group world(MPI_COMM_WORLD);
-  using Criterion = comm::VocabParallelCrossEntropy<Exec, double>;
+  using Criterion = nn::VocabParallelCrossEntropy<Exec, double>;
   Criterion criterion(world, vocab);
   const auto mine = criterion.local_vocab();
   const Matrix logits = matrix(batch, mine.count, 5, mine.begin);
@@ -396,7 +398,8 @@ void transformer_case(int failing) {
   Model::Tokens inputs("inputs", windows * time), targets("targets", windows * time);
   auto hi = Kokkos::create_mirror_view(inputs);
   auto ht = Kokkos::create_mirror_view(targets);
-  for (int i = 0; i < windows * time; ++i) hi(i) = (3 * i + 1) % config.vocab_size, ht(i) = (7 * i + 2) % config.vocab_size;
+  for (int i = 0; i < windows * time; ++i)
+    hi(i) = (3 * i + 1) % config.vocab_size, ht(i) = (7 * i + 2) % config.vocab_size;
   Kokkos::deep_copy(inputs, hi);
   Kokkos::deep_copy(targets, ht);
   if (expect_failure_everywhere("transformer.allocate", failing,
@@ -415,8 +418,7 @@ void transformer_case(int failing) {
 std::string shared_directory() {
   char name[512] = {};
   if (world_rank() == 0) {
-    const std::string pattern =
-        (std::filesystem::temp_directory_path() / "lather-fault-injection-XXXXXX").string();
+    const std::string pattern = (std::filesystem::temp_directory_path() / "lather-fault-injection-XXXXXX").string();
     std::strncpy(name, pattern.c_str(), sizeof name - 1);
     if (!mkdtemp(name)) name[0] = '\0';
   }
@@ -445,7 +447,8 @@ void checkpoint_case(const std::string& point, int failing) {
 
   int threw = 0;
   if (point == "checkpoint.save") {
-    threw = expect_failure_everywhere(point, failing, [&] { checkpointer.save(Exec(), optimizer, params); }, true);
+    threw = expect_failure_everywhere(
+        point, failing, [&] { checkpointer.save(Exec(), optimizer, params); }, true);
     if (threw == world.size()) checkpointer.save(Exec(), optimizer, params);
   } else {
     checkpointer.save(Exec(), optimizer, params);
@@ -454,8 +457,8 @@ void checkpoint_case(const std::string& point, int failing) {
   optim::FirstOrder<Exec, double> restored(Exec(), shampoo_specs(), adam);
   const auto loaded = model_tensors(5);
   if (point == "checkpoint.load" && !file.empty())
-    threw = expect_failure_everywhere(point, failing, [&] { checkpointer.restore(Exec(), file, restored, loaded); },
-                                      true);
+    threw = expect_failure_everywhere(
+        point, failing, [&] { checkpointer.restore(Exec(), file, restored, loaded); }, true);
   if (!file.empty() && (threw == 0 || threw == world.size())) {
     checkpointer.restore(Exec(), file, restored, loaded);
     EXPECT_EQ(host(loaded), saved);

@@ -4,7 +4,7 @@
 // a fresh distributed optimizer exactly; a failure in one rank's share is an error on every rank.
 // Every rank computes the single-rank reference itself (comm::Group() is one process).
 #include <lather/comm/group.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/optim/muon.hpp>
 
 #include "common/state_bytes.hpp"
@@ -25,8 +25,8 @@ using Mem = Space::memory_space;
 /// More matrices than ranks at 1-4 ranks, fewer at 8 (ranks without a matrix still join the
 /// all-gather); tall, wide, square and flattened 3-D/4-D shapes, AdamW parameters, one forced.
 std::vector<ParameterSpec> specs() {
-  return {{"bias", {9}},      {"dense", {20, 12}}, {"conv", {3, 3, 4, 6}}, {"wide", {8, 16}},
-          {"tall", {32, 5}},  {"scale", {}},       {"square", {10, 10}},  {"embedding", {12, 4}}};
+  return {{"bias", {9}},     {"dense", {20, 12}}, {"conv", {3, 3, 4, 6}}, {"wide", {8, 16}},
+          {"tall", {32, 5}}, {"scale", {}},       {"square", {10, 10}},   {"embedding", {12, 4}}};
 }
 
 MuonOptions options() {

@@ -8,7 +8,7 @@
 // owns it (host BLAS: one GEMM per product, whatever the batch); device builds allow for cuBLAS's
 // batch-dependent last bits as tests/common/split_step_tolerance.hpp says.
 #include <lather/comm/group.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/optim/soap.hpp>
 
 #include "common/host_copies.hpp"
@@ -36,7 +36,7 @@ using Mem = Space::memory_space;
 /// a side above max_precond_dim (no factor there), vectors (precondition_1d), a scalar, and a
 /// parameter whose blocks have no factor at all.
 std::vector<ParameterSpec> specs() {
-  return {{"dense", {20, 12}}, {"bias", {13}},  {"slab", {12, 6, 5}}, {"wide", {6, 40}},
+  return {{"dense", {20, 12}}, {"bias", {13}},     {"slab", {12, 6, 5}}, {"wide", {6, 40}},
           {"scale", {}},       {"square", {8, 8}}, {"tall", {30, 4}}};
 }
 
@@ -329,8 +329,8 @@ TEST(DistributedSoap, DISABLED_StepTimeMlp) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 20;
     seconds = world.allreduce(seconds, comm::Combine::max);
     if (world.rank() == 0)
-      std::printf("soap mlp step on %d ranks, %s: %.2f ms\n", world.size(),
-                  group == &solo ? "replicated" : "shared", 1e3 * seconds);
+      std::printf("soap mlp step on %d ranks, %s: %.2f ms\n", world.size(), group == &solo ? "replicated" : "shared",
+                  1e3 * seconds);
   }
 }
 

@@ -99,9 +99,9 @@ TEST(StepPlan, PackingRoundTripsForManyShapes) {
   using Mem = Space::memory_space;
   namespace impl = lather::optim::Impl;
   const std::vector<std::pair<TensorShape, std::int64_t>> cases = {
-      {{7}, 3},         {{20, 11}, 8},        {{4, 6, 5}, 2},    {{3, 3, 4, 5}, 2},
-      {{1, 9}, 4},      {{13, 1, 6}, 5},      {{2, 3, 4, 5, 6}, 3}, {{5, 5}, 5},
-      {{17, 19, 3}, 7}, {{2, 2, 2, 2, 2, 2, 2, 2}, 1}, {{70000}, 8},
+      {{7}, 3},        {{20, 11}, 8},        {{4, 6, 5}, 2}, {{3, 3, 4, 5}, 2}, {{1, 9}, 4},
+      {{13, 1, 6}, 5}, {{2, 3, 4, 5, 6}, 3}, {{5, 5}, 5},    {{17, 19, 3}, 7},  {{2, 2, 2, 2, 2, 2, 2, 2}, 1},
+      {{70000}, 8},
   };
   for (const auto& [shape, block_size] : cases) {
     lather::optim::ShampooOptions options;
@@ -113,7 +113,9 @@ TEST(StepPlan, PackingRoundTripsForManyShapes) {
     const std::int64_t n = local.elements;
     for (int parts : {1, 3}) {
       for (int part = 0; part < parts; ++part) {
-        const auto step = impl::make_step_plan(plan, options, parts, part, parts > 1);
+        const auto step = impl::make_step_plan(
+            plan, options, parts, parts, part,
+            [&](const std::vector<double>& costs) { return lather::optim::longest_processing_time(costs, parts); });
         const auto& units = step.mine();
         std::vector<std::int64_t> packed_at, state_at;
         for (int u : units) {

@@ -1,7 +1,7 @@
 // Shampoo against an independent plain model of the JAX reference (reference_shampoo.hpp), option
 // by option, plus hand-checkable closed forms and the failure rules.
 #include <lather/core/host_blas_threads.hpp>
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/host_threads.hpp>
 #include <lather/optim/shampoo.hpp>
 
 #include "common/host_copies.hpp"
@@ -17,8 +17,8 @@
 namespace {
 
 using lather::optim::GraftType;
-using lather::optim::PreconditionerType;
 using lather::optim::ParameterSpec;
+using lather::optim::PreconditionerType;
 using lather::optim::Shampoo;
 using lather::optim::ShampooOptions;
 using Space = Kokkos::DefaultExecutionSpace;
@@ -150,36 +150,80 @@ TEST_P(AgainstModel, TenStepsAgree) {
 const OptionCase option_cases[] = {
     {"sgd_graft_nesterov", [](auto&) {}},
     {"adagrad_graft", [](auto& r) { r.graft_type = 1; }},
-    {"rmsprop_graft_clipped", [](auto& r) { r.graft_type = 2; r.clip_by_scaled_gradient_norm = 0.5; r.beta2 = 0.9; }},
-    {"rmsprop_normalized_graft", [](auto& r) { r.graft_type = 3; r.beta2 = 0.99; }},
+    {"rmsprop_graft_clipped",
+     [](auto& r) {
+       r.graft_type = 2;
+       r.clip_by_scaled_gradient_norm = 0.5;
+       r.beta2 = 0.9;
+     }},
+    {"rmsprop_normalized_graft",
+     [](auto& r) {
+       r.graft_type = 3;
+       r.beta2 = 0.99;
+     }},
     {"sqrt_n_graft", [](auto& r) { r.graft_type = 4; }},
     {"adagrad_normalized_graft", [](auto& r) { r.graft_type = 5; }},
     {"nesterov_off", [](auto& r) { r.nesterov = false; }},
-    {"moving_average_momentum", [](auto& r) { r.moving_average_for_momentum = true; r.beta1 = 0.8; }},
+    {"moving_average_momentum",
+     [](auto& r) {
+       r.moving_average_for_momentum = true;
+       r.beta1 = 0.8;
+     }},
     {"weight_decay_coupled", [](auto& r) { r.weight_decay = 0.01; }},
-    {"weight_decay_decoupled", [](auto& r) { r.weight_decay = 0.01; r.decoupled_weight_decay = true; }},
-    {"coupled_learning_rate", [](auto& r) { r.decoupled_learning_rate = false; r.graft_type = 1; }},
-    {"compute_steps", [](auto& r) { r.statistics_compute_steps = 2; r.preconditioning_compute_steps = 3; }},
-    {"beta2_sum_and_exponent_override", [](auto& r) { r.beta2 = 1.0; r.exponent_override = 4; }},
-    {"late_start", [](auto& r) { r.start_preconditioning_step = 4; r.graft_type = 2; }},
-    {"no_shape_interpretation_big_blocks", [](auto& r) {
+    {"weight_decay_decoupled",
+     [](auto& r) {
+       r.weight_decay = 0.01;
+       r.decoupled_weight_decay = true;
+     }},
+    {"coupled_learning_rate",
+     [](auto& r) {
+       r.decoupled_learning_rate = false;
+       r.graft_type = 1;
+     }},
+    {"compute_steps",
+     [](auto& r) {
+       r.statistics_compute_steps = 2;
+       r.preconditioning_compute_steps = 3;
+     }},
+    {"beta2_sum_and_exponent_override",
+     [](auto& r) {
+       r.beta2 = 1.0;
+       r.exponent_override = 4;
+     }},
+    {"late_start",
+     [](auto& r) {
+       r.start_preconditioning_step = 4;
+       r.graft_type = 2;
+     }},
+    {"no_shape_interpretation_big_blocks",
+     [](auto& r) {
        r.best_effort_shape_interpretation = false;
        r.block_size = 128;
      }},
-    {"merged_shapes", [](auto& r) { r.merge_small_dims_block_size = 4096; r.block_size = 128; }},
+    {"merged_shapes",
+     [](auto& r) {
+       r.merge_small_dims_block_size = 4096;
+       r.block_size = 128;
+     }},
     {"biases_on_graft_path", [](auto& r) { r.skip_preconditioning_rank_lt = 2; }},
     {"one_sided_input", [](auto& r) { r.preconditioner_side = 1; }},
-    {"one_sided_output", [](auto& r) { r.preconditioner_side = 2; r.graft_type = 1; }},
+    {"one_sided_output",
+     [](auto& r) {
+       r.preconditioner_side = 2;
+       r.graft_type = 1;
+     }},
     // Blocks cut at 2 along the dimensions with a statistic and at 3 along the last ([6, 4] into
     // 2 x 3 and 2 x 1 blocks, [9, 5] into 2 x 3, 2 x 2 and 1 x 3, 1 x 2 ones).
-    {"one_sided_input_own_extent", [](auto& r) {
+    {"one_sided_input_own_extent",
+     [](auto& r) {
        r.preconditioner_side = 1;
        r.block_size = 2;
        r.unpreconditioned_block_size = 3;
      }},
     // OUTPUT keeps a statistic of the last dimension only, so the blocks of [6, 4], [9, 5] and
     // [12, 2] span all 6, 9 and 12 rows, where the reference cuts 4 + 2, 4 + 4 + 1 and 4 + 4 + 4.
-    {"one_sided_output_whole_blocks", [](auto& r) {
+    {"one_sided_output_whole_blocks",
+     [](auto& r) {
        r.preconditioner_side = 2;
        r.unpreconditioned_block_size = 1000;
        r.graft_type = 3;
@@ -465,7 +509,8 @@ TEST(Shampoo, NonFiniteGradientIsRefusedAndStateUntouched) {
   const auto before = to_host(params);
   const auto stat_before = shampoo.statistic(Space(), 0);
   try {
-    shampoo.step(Space(), params, to_device<float>({{0.1, 0.2, 0.3, 0.4}, {1, std::numeric_limits<double>::quiet_NaN(), 0}}));
+    shampoo.step(Space(), params,
+                 to_device<float>({{0.1, 0.2, 0.3, 0.4}, {1, std::numeric_limits<double>::quiet_NaN(), 0}}));
     FAIL();
   } catch (const lather::Error& e) {
     EXPECT_NE(std::string(e.what()).find("'b' contains NaN or Inf"), std::string::npos) << e.what();

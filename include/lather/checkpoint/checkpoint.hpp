@@ -1,9 +1,9 @@
 #pragma once
 // Crash-safe, self-describing checkpoints in one HDF5 file, laid out by rank 0 with HDF5 and filled
-// by every rank in parallel at the datasets' offsets (src/checkpoint/placed_writes.hpp). Every array is stored with its global shape; each rank writes and reads only its
-// part (a whole array, rows of its leading dimension, or a block), so a checkpoint written by N
-// ranks is read back by any other number of ranks. docs/reference/checkpoint-format.md describes
-// the file.
+// by every rank in parallel at the datasets' offsets (src/checkpoint/placed_writes.hpp). Every
+// array is stored with its global shape; each rank writes and reads only its part (a whole array,
+// rows of its leading dimension, or a block), so a checkpoint written by N ranks is read back by
+// any other number of ranks. docs/reference/checkpoint-format.md describes the file.
 //
 // Crash safety: a checkpoint is written under a temporary name in the target directory, flushed,
 // closed and fsync'ed, then renamed to `<prefix>-<step>.h5` (atomic within one file system); the
@@ -15,7 +15,11 @@
 //
 //   lather::checkpoint::Checkpointer checkpointer(mesh, {"checkpoints"});
 //   if (auto state = checkpointer.restore_latest(space, optimizer, params)) ...;  // resume
-//   checkpointer.save(space, optimizer, params);                                  // now and then
+//   checkpointer.save(space, optimizer, params);                                  // periodically
+
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_CHECKPOINT)
+#error "lather/checkpoint/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
 
 #include <lather/comm/mesh.hpp>
 #include <lather/core/config.hpp>
@@ -30,7 +34,7 @@
 
 namespace lather::checkpoint {
 
-using optim::DType;
+using ::lather::DType;
 
 /// The part of a global array that this rank holds, as one contiguous host buffer.
 struct ArraySlice {
@@ -53,7 +57,7 @@ struct ArraySlice {
                          ///< page-aligned memory, e.g. a PageAlignedVector, without a copy)
 
   std::int64_t elements() const;  ///< elements in this rank's selection
-  std::size_t bytes() const { return std::size_t(elements()) * optim::size_of(dtype); }
+  std::size_t bytes() const { return std::size_t(elements()) * ::lather::size_of(dtype); }
 };
 
 /// Scalar metadata written as attributes of the root group (and read back).
@@ -66,12 +70,12 @@ struct Attributes {
 /// What a training loop needs besides parameters and optimizer state to continue exactly.
 struct TrainingState {
   long epoch = 0;
-  long sample_offset = 0;            ///< samples of this epoch already consumed (global count)
-  std::vector<std::uint64_t> rng;    ///< RNG state words, replicated on all ranks
-  int world_size = 1;                ///< written by save; read back for information
-  int weight_shards = 1;             ///< save: used unless the Checkpointer's Mesh has shards
-  Attributes extra;                  ///< anything else (written as root attributes)
-  std::string file;                  ///< restore: the checkpoint it was read from
+  long sample_offset = 0;          ///< samples of this epoch already consumed (global count)
+  std::vector<std::uint64_t> rng;  ///< RNG state words, replicated on all ranks
+  int world_size = 1;              ///< written by save; read back for information
+  int weight_shards = 1;           ///< save: used unless the Checkpointer's Mesh has shards
+  Attributes extra;                ///< anything else (written as root attributes)
+  std::string file;                ///< restore: the checkpoint it was read from
 };
 
 /// Which copies of replicated data this rank writes, so that every byte is written exactly once:
@@ -93,12 +97,13 @@ struct CheckpointOptions {
   std::string prefix = "checkpoint";
   int keep_last = 3;  ///< checkpoints kept after a save (older ones are deleted, in the background); >= 1
   std::size_t chunk_bytes = std::size_t(1) << 20;  ///< rows of about this many bytes share a checksum
-  bool fsync = true;  ///< fsync the file and directory before and after the rename
+  bool fsync = true;                               ///< fsync the file and directory before and after the rename
   /// Write each rank's whole 4 KiB pages of the arrays with O_DIRECT, past the page cache, where
   /// the file system takes it (Linux; elsewhere, or when refused, plain writes), and read ranges
   /// of 8 MiB or more the cache does not hold the same way. Saves and loads then cost no
   /// page-cache allocation, which on virtual machines that hand freed memory back to the host
-  /// made 1 GiB saves 3-5x slower than the disk and first loads 5x slower (checkpoint-format.md).
+  /// can make large saves and first loads several times slower than the disk
+  /// (checkpoint-format.md).
   bool direct_io = true;
   void validate() const;
 };
@@ -148,8 +153,8 @@ class Checkpointer {
   /// With writer roles other than the Checkpointer's own (a Group whose ranks hold weight shards).
   template <class ExecutionSpace, class Scalar>
   std::string save(const ExecutionSpace& space, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
-                   const TensorList<Scalar, typename ExecutionSpace::memory_space>& values,
-                   const TrainingState& state, const WriterRoles& roles);
+                   const TensorList<Scalar, typename ExecutionSpace::memory_space>& values, const TrainingState& state,
+                   const WriterRoles& roles);
   template <class ExecutionSpace, class Scalar>
   std::string save(const ExecutionSpace& space, optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
                    const ParameterList<Scalar, typename ExecutionSpace::memory_space>& parameters,
@@ -223,7 +228,7 @@ class Checkpointer {
   int m_weight_shards = 1;
   CheckpointOptions m_options;
   /// Rank 0 deletes the checkpoints beyond keep_last on a helper thread once the new one is
-  /// published (deleting a 1 GiB file took 0.04-0.15 s on the development VM); the next save,
+  /// published (deleting a large file can take a tenth of a second or more); the next save,
   /// list() and the destructor wait for it, so the directory is never seen half pruned.
   mutable std::shared_future<void> m_pruning;
   void finish_pruning() const;

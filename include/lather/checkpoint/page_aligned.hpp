@@ -6,9 +6,13 @@
 // copy, on a helper thread while the save computes their checksums. Buffers of 2 MiB or more are
 // also aligned to 2 MiB and offered to Linux's transparent huge pages (`madvise`, which the
 // default "madvise" setting honours): the 2 MiB of a huge page are one segment of a disk
-// request, against 512 segments in 4 KiB pages, and on the development machine that alone writes
-// 1.15-1.3 times faster (docs/reference/benchmarks.md). The library's own saves stage through such buffers; callers of
+// request, against 512 segments in 4 KiB pages, and fewer segments alone make the writes faster
+// (docs/reference/benchmarks.md). The library's own saves stage through such buffers; callers of
 // Checkpointer::save with their own ArraySlice data can use them too.
+
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_CHECKPOINT)
+#error "lather/checkpoint/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
 
 #include <cstddef>
 #include <new>
@@ -43,9 +47,13 @@ struct PageAlignedAllocator {
   void deallocate(T* p, std::size_t) noexcept { free_page_aligned(p); }
 
   template <class U>
-  bool operator==(const PageAlignedAllocator<U>&) const noexcept { return true; }
+  bool operator==(const PageAlignedAllocator<U>&) const noexcept {
+    return true;
+  }
   template <class U>
-  bool operator!=(const PageAlignedAllocator<U>&) const noexcept { return false; }
+  bool operator!=(const PageAlignedAllocator<U>&) const noexcept {
+    return false;
+  }
 };
 
 /// A growable host buffer from allocate_page_aligned().

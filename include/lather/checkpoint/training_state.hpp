@@ -3,6 +3,10 @@
 // Checkpointer::save and Checkpointer::restore, which take the execution space and know the
 // writer roles of their Mesh.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_CHECKPOINT)
+#error "lather/checkpoint/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/checkpoint/checkpoint.hpp>
 #include <lather/optim/optimizer.hpp>
 

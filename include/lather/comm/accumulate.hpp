@@ -19,6 +19,10 @@
 // agreed in the reducer's layout agreement. The accumulated micro-batches are then kept: reduce()
 // may be called again (and gives what the failed call would have), or reset() drops them.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/reduce.hpp>
 
 #include <string>

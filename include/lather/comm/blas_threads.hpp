@@ -1,6 +1,10 @@
 #pragma once
 // Each rank's share of its node's CPUs for the host BLAS (core/host_blas_threads.hpp says why).
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/group.hpp>
 
 namespace lather::comm {

@@ -4,6 +4,10 @@
 // and tensor-parallel layers. Without MPI (LATHER_ENABLE_MPI=OFF) every group is one process.
 // Semantics: docs/reference/collectives.md.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/accumulate.hpp>
 #include <lather/comm/group.hpp>
 #include <lather/comm/mesh.hpp>

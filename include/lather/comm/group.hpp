@@ -14,10 +14,15 @@
 // when the build declares a GPU-aware MPI (LATHER_ENABLE_CUDA_AWARE_MPI). The View overloads at
 // the end stage device data through host buffers where needed.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/core/kokkos_compat.hpp>
+#include <lather/comm/node_occupancy.hpp>
 
 #if LATHER_ENABLE_MPI
 #include <mpi.h>
@@ -36,21 +41,6 @@ namespace lather::comm {
 
 /// The element-wise operation of Group::allreduce.
 enum class Combine { sum, min, max };
-
-/// The ranks of a group that share a node (memory) and the CPUs their affinity masks allow: under
-/// Slurm or `mpiexec -bind-to` each rank's own CPUs, unbound every CPU of the node.
-struct NodeOccupancy {
-  int ranks = 1;     ///< ranks of the group on this rank's node
-  int cpus = 1;      ///< CPUs in the union of their affinity masks
-  int own_cpus = 1;  ///< CPUs this rank's own mask allows
-  /// More ranks than CPUs: a rank that spins in a wait keeps the CPU from the rank it waits for.
-  bool oversubscribed() const { return ranks > cpus; }
-  /// A helper thread of this rank would find a CPU that no rank of the group occupies.
-  bool spare_cpu() const { return ranks < cpus && own_cpus > 1; }
-  /// The CPUs this rank has to itself: the node's CPUs shared among its ranks, at most its own
-  /// mask's, at least 1 (the BLAS's threads, Shampoo's eigh root threads).
-  int cpu_share() const { return std::max(1, std::min(own_cpus, cpus / std::max(1, ranks))); }
-};
 
 class Group {
  public:
@@ -192,9 +182,9 @@ void Group::allgatherv(const ExecutionSpace& space,
   using memory_space = typename ExecutionSpace::memory_space;
   std::size_t total = 0;
   for (auto c : counts) total += c;
-  LATHER_REQUIRE(int(counts.size()) == size() && counts[std::size_t(rank())] == send.extent(0) &&
-                     receive.extent(0) >= total,
-                 "Group::allgatherv: counts do not match the group, this rank's View or the receiving View");
+  LATHER_REQUIRE(
+      int(counts.size()) == size() && counts[std::size_t(rank())] == send.extent(0) && receive.extent(0) >= total,
+      "Group::allgatherv: counts do not match the group, this rank's View or the receiving View");
   if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
     ::lather::Impl::fence(space, "Lather::comm::Group::allgatherv: data ready before sending");
     allgatherv(send.data(), receive.data(), counts);

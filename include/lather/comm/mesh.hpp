@@ -14,6 +14,10 @@
 // data_parallel(); tensor-parallel layers communicate over shards(). Lather's objects take the
 // Mesh and pick the group they work over themselves.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/group.hpp>
 
 namespace lather::comm {

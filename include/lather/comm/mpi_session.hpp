@@ -9,6 +9,10 @@
 //     ...
 //   }
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/core/config.hpp>  // LATHER_ENABLE_MPI
 
 namespace lather::comm {

@@ -16,6 +16,10 @@
 // unchanged layout and check_finite off, where no agreement is made: a failure there is thrown
 // on its rank alone. An MPI error during the data movement itself is thrown where MPI reports it.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/wire_precision.hpp>
 #include <lather/core/kokkos_compat.hpp>
@@ -84,12 +88,12 @@ struct AgreedValue {
 
 /// What a reducer handed to MPI, for tests and benchmarks.
 struct ReducerStatistics {
-  long calls = 0;              ///< reductions and broadcasts performed
-  long agreements = 0;         ///< layout agreements (one small MPI_Allreduce each)
-  long data_messages = 0;      ///< MPI calls that carried tensor data
-  long scalar_collectives = 0; ///< small collectives besides the agreement (Adasum dot products)
-  double bytes = 0;            ///< tensor bytes this rank sent or contributed
-  long shared_memory_sums = 0; ///< buckets summed through the node-shared window (no message)
+  long calls = 0;               ///< reductions and broadcasts performed
+  long agreements = 0;          ///< layout agreements (one small MPI_Allreduce each)
+  long data_messages = 0;       ///< MPI calls that carried tensor data
+  long scalar_collectives = 0;  ///< small collectives besides the agreement (Adasum dot products)
+  double bytes = 0;             ///< tensor bytes this rank sent or contributed
+  long shared_memory_sums = 0;  ///< buckets summed through the node-shared window (no message)
 };
 
 /// Reduces lists of tensors over one group, reusing its fusion and scratch buffers across calls.
@@ -139,9 +143,8 @@ class GradientReducer {
   /// this rank: it travels in the layout agreement and becomes the error of every rank, so a
   /// caller whose preparation fails on one rank still enters the call on every rank, and no rank
   /// waits for it (GradientAccumulator::reduce does this).
-  double reduce(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op,
-                double local_weight = 1.0, const std::vector<AgreedValue>& agreed = {},
-                const std::string& local_error = std::string());
+  double reduce(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op, double local_weight = 1.0,
+                const std::vector<AgreedValue>& agreed = {}, const std::string& local_error = std::string());
 
   /// Memory for a ParameterList's gradients that the group's ranks on this node share, where sums
   /// go through the node-shared window (ReduceOptions::shared_memory; a group on one node, host
@@ -172,8 +175,8 @@ class GradientReducer {
 
 // ---- one-shot conveniences: each builds a GradientReducer (fresh buffers); hold a
 // GradientReducer to reduce repeatedly. They keep MPI's collectives (shared_memory off): setting
-// up and freeing a node-shared window costs about 1.2 ms on 2 ranks of the development machine,
-// more than a one-off reduction of a few MB gains.
+// up and freeing a node-shared window costs on the order of a millisecond, more than a one-off
+// reduction of a few MB gains.
 
 namespace Impl {
 inline ReduceOptions one_shot(ReduceOptions options) {

@@ -3,6 +3,10 @@
 // optimizer state (lists of Views), one seed for the whole group, and a divergence check that
 // compares CRC-32 checksums of the replicated state and names the ranks that differ.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/reduce.hpp>
 
@@ -15,8 +19,8 @@ namespace lather::comm {
 /// t := root's t over `group` (parameters at start-up, optimizer state after a restart).
 template <class ExecutionSpace, class Scalar>
 void broadcast_tensors(const ExecutionSpace& space, const Group& group,
-                       const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors,
-                       int root = 0, const ReduceOptions& options = {}) {
+                       const TensorList<Scalar, typename ExecutionSpace::memory_space>& tensors, int root = 0,
+                       const ReduceOptions& options = {}) {
   GradientReducer<ExecutionSpace, Scalar>(group, options).broadcast(space, tensors, root);
 }
 
@@ -27,7 +31,7 @@ void average_tensors(const ExecutionSpace& space, const Group& group,
                      const ReduceOptions& options = {}) {
   ReduceOptions native = options;
   native.wire_precision = WirePrecision::native;  // replicated state is never rounded on the wire
-  native.shared_memory = false;                    // one call: a window would not pay (reduce.hpp)
+  native.shared_memory = false;                   // one call: a window would not pay (reduce.hpp)
   GradientReducer<ExecutionSpace, Scalar>(group, native).mean(space, tensors);
 }
 
@@ -46,8 +50,8 @@ std::uint32_t checksum(const ExecutionSpace& space,
 /// What check_replicas found; identical on every rank of the group.
 struct ReplicaReport {
   int group_size = 0;
-  std::vector<int> world_ranks;          ///< world rank of each group rank
-  std::vector<std::uint32_t> checksums;  ///< per group rank
+  std::vector<int> world_ranks;                             ///< world rank of each group rank
+  std::vector<std::uint32_t> checksums;                     ///< per group rank
   std::vector<std::int64_t> tensor_counts, element_counts;  ///< per group rank
   int reference_rank = 0;  ///< group rank whose state the majority holds (lowest on ties)
   std::vector<int> divergent_group_ranks;
@@ -56,7 +60,7 @@ struct ReplicaReport {
   std::vector<int> divergent_tensors;
 
   bool consistent() const { return divergent_group_ranks.empty(); }
-  /// "replicas consistent (4 ranks, crc32 1a2b3c4d)" or which ranks and tensors differ.
+  /// "replicas consistent (4 ranks, crc32 <8 hex digits>)" or which ranks and tensors differ.
   std::string describe() const;
 };
 

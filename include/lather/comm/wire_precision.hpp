@@ -5,6 +5,10 @@
 // overflow to +-inf exactly where IEEE rounding does, keep +-inf, keep the sign of zero, produce
 // fp16 subnormals, and map NaN to a quiet NaN of the same sign (the top payload bits kept).
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
@@ -45,9 +49,7 @@ KOKKOS_INLINE_FUNCTION std::uint16_t float_to_bfloat16(float x) {
   return std::uint16_t((u + rounding) >> 16);
 }
 
-KOKKOS_INLINE_FUNCTION float bfloat16_to_float(std::uint16_t h) {
-  return Impl::float_of(std::uint32_t(h) << 16);
-}
+KOKKOS_INLINE_FUNCTION float bfloat16_to_float(std::uint16_t h) { return Impl::float_of(std::uint32_t(h) << 16); }
 
 /// float -> IEEE binary16 bits, round to nearest even, with subnormals.
 KOKKOS_INLINE_FUNCTION std::uint16_t float_to_float16(float x) {

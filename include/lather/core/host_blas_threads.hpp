@@ -2,11 +2,10 @@
 // The threads the host BLAS runs each call on. Lather's host products and LAPACK's eigensolvers
 // go through the system BLAS, whose own thread count is its business: OpenBLAS starts as many
 // threads as the node has CPUs unless OPENBLAS_NUM_THREADS (or GOTO_NUM_THREADS, OMP_NUM_THREADS)
-// says otherwise. Several ranks on one node, each with a full set of BLAS threads, then fight
-// over the CPUs: on a 2-core machine, 2 ranks of lather-bench tta trained Shampoo at 3,300-3,500
-// samples/s with OpenBLAS's default against 12,400 with one BLAS thread per rank
-// (docs/reference/benchmarks.md). comm::fit_host_blas_threads (comm/blas_threads.hpp) gives each
-// rank its share of the node; the drivers call it.
+// says otherwise. Several ranks on one node, each with a full set of BLAS threads, fight over the
+// CPUs: Shampoo trains several times slower with OpenBLAS's default than with one BLAS thread per
+// rank (docs/reference/benchmarks.md). comm::fit_host_blas_threads (comm/blas_threads.hpp) gives
+// each rank its share of the node; the drivers call it.
 //
 // The count is asked of and set through the BLAS's own calls, found at run time: OpenBLAS
 // (openblas_get_num_threads / openblas_set_num_threads), BLIS (bli_thread_get_num_threads /

@@ -20,9 +20,9 @@
 namespace lather::Impl {
 
 /// Products shared out among host threads give each thread at least this many flops where the
-/// count is chosen for them: 20 MFLOP take one BLAS thread 0.1-0.25 ms at Shampoo's sizes, against
-/// 26-58 us to start and join a thread on the 2-CPU development VM (the floor was set then; the
-/// kept threads of a serial backend now cost about 5 us a call, 28-30 us where started).
+/// count is chosen for them: 20 MFLOP take one BLAS thread about a tenth of a millisecond or more
+/// at Shampoo's sizes, a few times the tens of microseconds it costs to start and join a thread
+/// (the kept threads of a serial backend cost a few microseconds a call).
 inline constexpr double flops_per_host_thread = 20e6;
 
 /// How many host threads take a rank's host work (roots, products, refreshes): `asked` where it
@@ -39,8 +39,8 @@ int host_threads_for(const ExecutionSpace& space, int asked, int node_share) {
 }
 
 /// Element-wise passes shared out among host threads give each thread at least this many values
-/// where the count is chosen for them: a pass over 2^16 values streams 0.5-2.4 MB (2 to 9
-/// arrays), 10-40 us on one thread of the development VM, against about 5 us a call for the kept
+/// where the count is chosen for them: a pass over 2^16 values streams 0.5 to 2.4 MB (2 to 9
+/// arrays), tens of microseconds on one thread, against a few microseconds a call for the kept
 /// threads.
 inline constexpr double values_per_host_thread = 65536;
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace lather {
@@ -61,8 +62,7 @@ class ScopedRegion {
 
 /// True when host code may dereference Views of `MemorySpace` directly.
 template <class MemorySpace>
-inline constexpr bool host_accessible =
-    Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
+inline constexpr bool host_accessible = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
 
 /// True for execution spaces that run on the host's cores (Serial, OpenMP, Threads): element-wise
 /// kernels give each call a run of elements, a loop the host compiler vectorises; device spaces
@@ -70,25 +70,42 @@ inline constexpr bool host_accessible =
 template <class ExecutionSpace>
 inline constexpr bool runs_on_host = Kokkos::SpaceAccessibility<ExecutionSpace, Kokkos::HostSpace>::accessible;
 
-/// Elements per call of an element-wise kernel on `ExecutionSpace` (see runs_on_host).
+/// The two families of kernel bodies. A kernel with a body per family keeps one entry point that
+/// passes BodyFor<ExecutionSpace>{} to its overloads, as Kokkos Kernels keeps one public call per
+/// kernel and picks the implementation behind it: host backends (Serial, OpenMP, Threads) run a
+/// loop per row or run of elements, which the host compiler vectorises; device backends (CUDA,
+/// HIP, SYCL) a thread per element or a team per row.
+struct HostBody {};
+struct DeviceBody {};
+template <class ExecutionSpace>
+using BodyFor = std::conditional_t<runs_on_host<ExecutionSpace>, HostBody, DeviceBody>;
+
+/// Elements per call of an element-wise kernel on `ExecutionSpace` (see runs_on_host): a *run* is
+/// such a range of consecutive elements, one call of the kernel's body.
 template <class ExecutionSpace>
 inline constexpr std::int64_t run_elements = runs_on_host<ExecutionSpace> ? 2048 : 1;
+
+/// The bodies of parallel_for_runs. On the host a host lambda: on a device build the host-space
+/// callers pass plain lambdas, and nvcc lets no device lambda capture one.
+template <class ExecutionSpace, class F>
+void for_runs(HostBody, const char* label, const ExecutionSpace& space, std::int64_t n, const F& f) {
+  constexpr std::int64_t run = run_elements<ExecutionSpace>;
+  const std::int64_t runs = (n + run - 1) / run;
+  const Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>> policy(space, 0, runs);
+  Kokkos::parallel_for(label, policy, [=](std::int64_t r) { f(r * run, r * run + run < n ? r * run + run : n); });
+}
+template <class ExecutionSpace, class F>
+void for_runs(DeviceBody, const char* label, const ExecutionSpace& space, std::int64_t n, const F& f) {
+  const Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>> policy(space, 0, n);
+  Kokkos::parallel_for(
+      label, policy, KOKKOS_LAMBDA(std::int64_t r) { f(r, r + 1); });
+}
 
 /// f(begin, end) over [0, n) in runs of run_elements<ExecutionSpace>: one loop per call that the
 /// caller writes with local scalars and restrict pointers, so that the host compiler vectorises it.
 template <class ExecutionSpace, class F>
 void parallel_for_runs(const char* label, const ExecutionSpace& space, std::int64_t n, const F& f) {
-  constexpr std::int64_t run = run_elements<ExecutionSpace>;
-  const std::int64_t runs = (n + run - 1) / run;
-  const Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>> policy(space, 0, runs);
-  if constexpr (runs_on_host<ExecutionSpace>) {
-    // A host lambda: on a device build the host-space callers pass plain lambdas, and nvcc lets no
-    // device lambda capture one.
-    Kokkos::parallel_for(label, policy, [=](std::int64_t r) { f(r * run, r * run + run < n ? r * run + run : n); });
-  } else {
-    Kokkos::parallel_for(
-        label, policy, KOKKOS_LAMBDA(std::int64_t r) { f(r * run, r * run + run < n ? r * run + run : n); });
-  }
+  for_runs(BodyFor<ExecutionSpace>{}, label, space, n, f);
 }
 
 /// MPI may read and write Views of this memory space in place: host memory, or any memory when

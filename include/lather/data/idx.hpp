@@ -3,6 +3,10 @@
 // (magic, dimensions) followed by unsigned bytes. Read on the host, validated before anything is
 // allocated from the header.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_DATA)
+#error "lather/data/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -2,6 +2,10 @@
 // Text for character-level language models: a vocabulary of UTF-8 code points, a corpus split into
 // training and validation token ids, and the random windows a training step reads. Host only.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_DATA)
+#error "lather/data/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -44,7 +48,7 @@ class Vocabulary {
   std::int32_t find(char32_t code_point) const;
 
   std::vector<std::string> m_symbols;
-  std::vector<char32_t> m_code_points;  ///< m_symbols decoded, for binary search
+  std::vector<char32_t> m_code_points;                                         ///< m_symbols decoded, for binary search
   std::vector<std::int32_t> m_ascii_ids = std::vector<std::int32_t>(128, -1);  ///< fast path, -1 = absent
 };
 

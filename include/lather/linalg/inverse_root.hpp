@@ -9,7 +9,12 @@
 // its exponent p. Only the leading n x n block is read, so padding never changes a result, and
 // the padding of the output is written as identity.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_LINALG)
+#error "lather/linalg/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/core/error.hpp>
+#include <lather/linalg/inverse_root_options.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -20,52 +25,6 @@
 #include <vector>
 
 namespace lather::linalg {
-
-enum class RootMethod { newton, eigh };
-enum class Precision { float32, float64 };
-
-std::string to_string(RootMethod method);
-std::string to_string(Precision precision);
-RootMethod parse_root_method(const std::string& name);  ///< "newton" or "eigh"
-Precision parse_precision(const std::string& name);     ///< "float32"/"float" or "float64"/"double"
-
-struct InverseRootOptions {
-  RootMethod method = RootMethod::newton;
-  /// Precision of the iteration, independent of the storage precision of the stack.
-  Precision compute_precision = Precision::float64;
-  /// ridge = ridge_epsilon * max(lambda_max, 1e-6) when relative_ridge, else ridge_epsilon.
-  double ridge_epsilon = 1e-6;
-  bool relative_ridge = true;
-  int power_iteration_max_iterations = 100;
-  /// Power iteration stops when the Rayleigh quotient changes by at most this (absolute).
-  double power_iteration_tolerance = 1e-6;
-  int max_iterations = 100;
-  /// Newton stops when max|M - I| <= tolerance.
-  double tolerance = 1e-6;
-  /// Newton stops when the error grows by this factor or more, returning the previous iterate.
-  double max_error_ratio = 1.2;
-  /// Bytes of scratch the solver may hold at once; matrices are processed in chunks that fit.
-  std::size_t workspace_bytes = std::size_t(256) << 20;
-  /// Matrices of at most this size use batched small GEMMs (one kernel for the whole batch)
-  /// instead of one BLAS call per matrix; -1 picks per backend (see docs/reference/linalg.md).
-  int batched_gemm_max_size = -1;
-  /// eigh: the host threads that take a batch's matrices at once, each through its own LAPACK
-  /// calls (the results do not depend on it); on a threaded host backend (OpenMP, Threads) the
-  /// backend's own threads take them. 0 picks: 1 for a direct call; in Shampoo the CPUs its rank
-  /// has to itself on the node, or the threaded host backend's threads (docs/reference/linalg.md).
-  /// 0 to 1024.
-  int host_threads = 0;
-
-  void validate() const;  ///< Throws lather::Error naming the first bad field.
-};
-
-enum class RootStatus : std::uint8_t {
-  converged,       ///< error <= tolerance
-  max_iterations,  ///< stopped at max_iterations with error > tolerance
-  diverged,        ///< error grew by >= max_error_ratio (or became NaN): previous H returned
-  non_finite,      ///< input or result not finite: the output matrix was not written
-};
-std::string to_string(RootStatus status);
 
 /// One matrix of a stack to take the root of.
 struct RootTask {
@@ -123,10 +82,8 @@ namespace Impl {
 template <class ExecutionSpace, class Scalar>
 struct InverseRootSolver {
   using memory_space = typename ExecutionSpace::memory_space;
-  static InverseRootResult solve(const ExecutionSpace& space,
-                                 const MatrixStack<const Scalar, memory_space>& matrices,
-                                 const MatrixStack<Scalar, memory_space>& roots,
-                                 const std::vector<RootTask>& tasks,
+  static InverseRootResult solve(const ExecutionSpace& space, const MatrixStack<const Scalar, memory_space>& matrices,
+                                 const MatrixStack<Scalar, memory_space>& roots, const std::vector<RootTask>& tasks,
                                  const InverseRootOptions& options);
 };
 
@@ -139,9 +96,8 @@ std::vector<double> power_iteration_start_vector(int n);
 /// they may be the same View. Matrices not named by a task are left untouched, as are the outputs
 /// of tasks whose status is non_finite.
 template <class ExecutionSpace, class MatrixView, class RootView>
-InverseRootResult inverse_pth_root(const ExecutionSpace& space, const MatrixView& matrices,
-                                   const RootView& roots, const std::vector<RootTask>& tasks,
-                                   const InverseRootOptions& options = {}) {
+InverseRootResult inverse_pth_root(const ExecutionSpace& space, const MatrixView& matrices, const RootView& roots,
+                                   const std::vector<RootTask>& tasks, const InverseRootOptions& options = {}) {
   static_assert(Kokkos::is_view<MatrixView>::value && Kokkos::is_view<RootView>::value,
                 "inverse_pth_root takes Kokkos Views");
   using Scalar = typename RootView::non_const_value_type;
@@ -157,12 +113,10 @@ InverseRootResult inverse_pth_root(const ExecutionSpace& space, const MatrixView
 
 /// All matrices of the stack, full size N, one exponent.
 template <class ExecutionSpace, class MatrixView, class RootView>
-InverseRootResult inverse_pth_root(const ExecutionSpace& space, const MatrixView& matrices,
-                                   const RootView& roots, int exponent,
-                                   const InverseRootOptions& options = {}) {
+InverseRootResult inverse_pth_root(const ExecutionSpace& space, const MatrixView& matrices, const RootView& roots,
+                                   int exponent, const InverseRootOptions& options = {}) {
   std::vector<RootTask> tasks(matrices.extent(0));
-  for (std::size_t b = 0; b < tasks.size(); ++b)
-    tasks[b] = RootTask{int(b), int(matrices.extent(1)), exponent};
+  for (std::size_t b = 0; b < tasks.size(); ++b) tasks[b] = RootTask{int(b), int(matrices.extent(1)), exponent};
   return inverse_pth_root(space, matrices, roots, tasks, options);
 }
 

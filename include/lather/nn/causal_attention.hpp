@@ -9,6 +9,10 @@
 // GEMMs (one cuBLAS strided-batched call on CUDA) on per-head contiguous copies
 // [batch, heads, time, head_dim] packed in one pass.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_NN)
+#error "lather/nn/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/tensor_parallel.hpp>
 
 #include <Kokkos_Core.hpp>

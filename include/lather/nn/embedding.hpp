@@ -4,6 +4,10 @@
 // it holds, writes zeros for the others, and the caller sums the shards' outputs. Backward passes
 // are deterministic (fixed summation order, no atomics), so repeated runs give identical gradients.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_NN)
+#error "lather/nn/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/tensor_parallel.hpp>
 
 #include <Kokkos_Core.hpp>

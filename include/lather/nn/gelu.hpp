@@ -2,6 +2,10 @@
 // GELU with the tanh approximation of GPT-2 and GPT-J (Hendrycks & Gimpel 2016):
 // gelu(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), element-wise.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_NN)
+#error "lather/nn/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/tensor_parallel.hpp>
 
 #include <Kokkos_Core.hpp>

@@ -3,6 +3,10 @@
 // before attention and the MLP: y = (x - mean) * rstd * gamma + beta, with the biased variance and
 // rstd = 1 / sqrt(variance + epsilon). Local kernels on one process: the features are whole here.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_NN)
+#error "lather/nn/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/tensor_parallel.hpp>
 
 #include <Kokkos_Core.hpp>

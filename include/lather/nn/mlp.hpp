@@ -5,8 +5,13 @@
 // across the S ranks of a replica, alternately column-parallel and row-parallel as Megatron pairs
 // them; the output layer is whole on every shard.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_NN)
+#error "lather/nn/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/tensor_parallel.hpp>
+#include <lather/nn/parallel_linear.hpp>
 #include <lather/core/parameters.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -82,8 +87,8 @@ class Mlp {
   int m_shards = 1, m_shard = 0;
   /// Per layer: the column-parallel layer (also the whole layers, over one process) or the
   /// row-parallel one; and the all-gather after a split layer that feeds a whole one.
-  std::vector<std::unique_ptr<comm::ColumnParallelLinear<ExecutionSpace, float>>> m_columns;
-  std::vector<std::unique_ptr<comm::RowParallelLinear<ExecutionSpace, float>>> m_rows;
+  std::vector<std::unique_ptr<nn::ColumnParallelLinear<ExecutionSpace, float>>> m_columns;
+  std::vector<std::unique_ptr<nn::RowParallelLinear<ExecutionSpace, float>>> m_rows;
   std::unique_ptr<comm::FeatureAllGather<ExecutionSpace, float>> m_gather;
   int m_capacity = 0;
   std::vector<Matrix> m_z;         // pre-activations per layer [rows, local width] (row layers: full out)

@@ -20,6 +20,10 @@
 // residual projections N(0, 0.02 / sqrt(2 n_layer))), so every shard count starts from the same
 // model.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_NN)
+#error "lather/nn/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/tensor_parallel.hpp>
 #include <lather/core/parameters.hpp>

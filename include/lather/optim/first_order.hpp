@@ -2,6 +2,10 @@
 // The first-order baselines, with the same interface as Shampoo so that drivers and benchmarks
 // compare like with like: SGD with momentum, AdaGrad, Adam and AdamW, as optax defines them.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/optim/optimizer.hpp>
 #include <lather/optim/schedule.hpp>
 
@@ -13,8 +17,8 @@ namespace lather::optim {
 
 struct SgdOptions {
   LearningRateSchedule learning_rate = LearningRateSchedule::constant(1e-2);
-  double momentum = 0.9;  ///< optax.sgd: m = g + momentum m
-  bool nesterov = false;  ///< update uses g + momentum m
+  double momentum = 0.9;      ///< optax.sgd: m = g + momentum m
+  bool nesterov = false;      ///< update uses g + momentum m
   double weight_decay = 0.0;  ///< L2: weight_decay * p added to the gradient
   void validate() const;
 };

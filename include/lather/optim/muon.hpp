@@ -38,7 +38,12 @@
 // same lather::Error ("Muon::step <t>: <message> (on group rank k of n)"); the parameters are
 // then partly updated and must be restored from a checkpoint.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/group.hpp>
+#include <lather/optim/distribution.hpp>
 #include <lather/optim/optimizer.hpp>
 #include <lather/optim/schedule.hpp>
 
@@ -51,13 +56,13 @@ namespace lather::optim {
 
 struct MuonOptions {
   LearningRateSchedule learning_rate = LearningRateSchedule::constant(2e-2);
-  double beta = 0.95;     ///< momentum decay: mu = beta mu + (1 - beta) g
-  bool nesterov = true;   ///< Muon's and AdamW's update use the Nesterov look-ahead
-  int ns_steps = 5;       ///< Newton-Schulz iterations
+  double beta = 0.95;    ///< momentum decay: mu = beta mu + (1 - beta) g
+  bool nesterov = true;  ///< Muon's and AdamW's update use the Nesterov look-ahead
+  int ns_steps = 5;      ///< Newton-Schulz iterations
   /// (a, b, c) of X <- a X + b (X X^T) X + c (X X^T)^2 X: Jordan's quintic, maximal slope at 0.
   std::array<double, 3> ns_coefficients{3.4445, -4.7750, 2.0315};
-  double epsilon = 1e-8;       ///< X / (||X||_F + epsilon) before the iteration (optax's eps)
-  double weight_decay = 0.0;   ///< decoupled, times the learning rate: p -= lr wd p
+  double epsilon = 1e-8;      ///< X / (||X||_F + epsilon) before the iteration (optax's eps)
+  double weight_decay = 0.0;  ///< decoupled, times the learning rate: p -= lr wd p
   double adam_beta1 = 0.9, adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;  ///< optax's muon passes its `eps` to AdamW as well: keep equal to match it
   double adam_epsilon_root = 0.0;
@@ -69,10 +74,10 @@ struct MuonOptions {
 
 /// How a parameter is treated, and (Muon matrices) where its Newton-Schulz runs.
 struct MuonParameterPlan {
-  bool matrix = false;   ///< true: Muon; false: AdamW
+  bool matrix = false;                 ///< true: Muon; false: AdamW
   std::int64_t rows = 0, columns = 0;  ///< the 2-D view [shape[0], product of the rest]
-  int owner = 0;         ///< rank of the group that orthogonalizes it
-  double cost() const;   ///< rows columns min(rows, columns): the Newton-Schulz flops / 6 per step
+  int owner = 0;                       ///< rank of the group that orthogonalizes it
+  double cost() const;                 ///< rows columns min(rows, columns): the Newton-Schulz flops / 6 per step
 };
 
 /// For each parameter: Muon matrix or AdamW, and (matrices) the owning rank of `ranks`, by greedy
@@ -115,21 +120,19 @@ class Muon final : public Optimizer<ExecutionSpace, Scalar> {
 
   const MuonOptions& options() const { return m_options; }
   const std::vector<MuonParameterPlan>& plan() const { return m_plan; }
-  bool distributed() const { return m_group.size() > 1; }
+  bool distributed() const { return m_distributor->distributed(); }
 
  protected:
   void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;
 
  private:
-  /// The all-gather of `buffer` (laid out by rank segments, each closed by a failure flag), and
-  /// the agreement on the flags: throws on every rank if any rank's `local_error` is not empty.
-  void gather(const ExecutionSpace& space, const Kokkos::View<Scalar*, memory_space>& buffer,
-              const std::string& local_error, const std::string& context);
   /// Matrix p's momentum in the buffer state_arrays() gathers (distributed).
   Kokkos::View<Scalar*, memory_space> state_view(std::size_t p) const;
 
   MuonOptions m_options;
   comm::Group m_group;
+  /// Where each matrix is orthogonalized and how its new values reach every rank.
+  std::unique_ptr<Distributor<ExecutionSpace, Scalar>> m_distributor;
   std::vector<MuonParameterPlan> m_plan;
   std::unique_ptr<Impl::MuonState<ExecutionSpace, Scalar>> m_state;
   long m_step = 0;

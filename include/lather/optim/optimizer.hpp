@@ -2,7 +2,12 @@
 // The interface every Lather optimizer (Shampoo and the baselines) offers, so that drivers,
 // benchmarks and checkpoints treat them alike.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/core/parameters.hpp>
+#include <lather/core/state_array.hpp>
 #include <lather/core/tensor.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -26,57 +31,14 @@ struct StateMemoryReport {
   std::string to_string() const;  ///< one line, MiB per kind
 };
 
-enum class DType { float32, float64, int8, int16, int32, int64 };
-std::string to_string(DType dtype);
-std::size_t size_of(DType dtype);
-template <class T>
-constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::float32; }
-template <> constexpr DType dtype_of<double>() { return DType::float64; }
-template <> constexpr DType dtype_of<std::int8_t>() { return DType::int8; }
-template <> constexpr DType dtype_of<std::int16_t>() { return DType::int16; }
-template <> constexpr DType dtype_of<std::int32_t>() { return DType::int32; }
-template <> constexpr DType dtype_of<std::int64_t>() { return DType::int64; }
-
-/// One array of optimizer state, described for checkpoints. The array's global shape is `shape`;
-/// this rank stores either all of it, or (when `rows` is not empty) the listed rows of its leading
-/// dimension, in that order. `writer` says whether this rank writes these bytes: of an array held
-/// whole by several ranks with the same bytes (the same on every rank of the group), each writer
-/// writes a share of its rows; a checkpoint restricts the writers further by its roles.
-/// The bytes live in `device_bytes` (the optimizer's memory space) or `host_bytes`.
-template <class MemorySpace>
-struct StateArray {
-  std::string name;
-  DType dtype = DType::float32;
-  TensorShape shape;
-  std::vector<std::int64_t> rows;
-  bool writer = true;
-  /// >= 0: the array mirrors parameter `parameter` element by element (same shape), so with
-  /// weight sharding it is stored and re-sharded like that parameter.
-  int parameter = -1;
-  /// With `rows`: the parameter each row belongs to, so that rows of parameters that every weight
-  /// shard holds are written by one shard only. Empty: rows are not tied to parameters.
-  std::vector<int> row_parameter;
-  Kokkos::View<char*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> device_bytes;
-  Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host_bytes;
-
-  std::int64_t row_elements() const;  ///< elements per leading-dimension row
-  std::int64_t local_elements() const;
-};
-
-/// The step count as a state array: the int64 `step_host` (which the caller sets to its step
-/// count and keeps alive while the array is read), a scalar named "step", written by `writer`
-/// (the same on every rank that holds it: a checkpoint writes one copy).
-template <class MemorySpace>
-StateArray<MemorySpace> step_array(std::int64_t& step_host, bool writer = true) {
-  StateArray<MemorySpace> step;
-  step.name = "step";
-  step.dtype = DType::int64;
-  step.writer = writer;
-  step.host_bytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-      reinterpret_cast<char*>(&step_host), sizeof step_host);
-  return step;
-}
+// The state-array description lives in core (checkpoints read it too); optim's names for it.
+using ::lather::as_bytes;
+using ::lather::DType;
+using ::lather::dtype_of;
+using ::lather::size_of;
+using ::lather::StateArray;
+using ::lather::step_array;
+using ::lather::to_string;
 
 /// Every optimizer is built on an execution space instance (where it allocates and initialises
 /// its state) and takes the instance again in every call that launches work, as Kokkos Kernels
@@ -101,8 +63,10 @@ class Optimizer {
   void step(const ExecutionSpace& space, const Parameters& parameters) {
     step(space, parameters.values(), parameters.gradients());
   }
-  [[deprecated("pass the execution space instance: step(space, values, gradients)")]]
-  void step(const Tensors& values, const Tensors& gradients) { step(ExecutionSpace(), values, gradients); }
+  [[deprecated("pass the execution space instance: step(space, values, gradients)")]] void step(
+      const Tensors& values, const Tensors& gradients) {
+    step(ExecutionSpace(), values, gradients);
+  }
   /// Updates done so far; the learning-rate schedule is evaluated at this value.
   virtual long step_count() const = 0;
   virtual StateMemoryReport memory_report() const = 0;
@@ -137,14 +101,5 @@ class Optimizer {
 
   std::vector<ParameterSpec> m_parameters;
 };
-
-/// Wraps a View's memory as the bytes of a StateArray.
-template <class MemorySpace, class View>
-Kokkos::View<char*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> as_bytes(const View& view,
-                                                                                  std::size_t elements) {
-  using T = typename View::value_type;
-  return Kokkos::View<char*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-      reinterpret_cast<char*>(view.data()), elements * sizeof(T));
-}
 
 }  // namespace lather::optim

@@ -4,6 +4,10 @@
 // last), with one statistic per dimension of every block; and how the statistics are assigned to
 // the ranks that share the work.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/core/tensor.hpp>
 
 #include <cstdint>

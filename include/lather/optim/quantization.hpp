@@ -4,6 +4,10 @@
 // half to even. Symmetric matrices keep their diagonal apart in float, so the off-diagonal codes
 // spend their range on the off-diagonal entries only.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/core/kokkos_compat.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -85,7 +89,8 @@ struct StridedMatrices {
 /// slot to(k) of codes / diagonal / scales.
 template <class ExecutionSpace, class Matrices, class Value>
 void quantize_symmetric_matrices(
-    const ExecutionSpace& space, const Matrices& values, const Kokkos::View<const int*, typename ExecutionSpace::memory_space>& to,
+    const ExecutionSpace& space, const Matrices& values,
+    const Kokkos::View<const int*, typename ExecutionSpace::memory_space>& to,
     const Kokkos::View<const int*, typename ExecutionSpace::memory_space>& size,
     const Kokkos::View<std::int16_t***, Kokkos::LayoutRight, typename ExecutionSpace::memory_space>& codes,
     const Kokkos::View<Value**, Kokkos::LayoutRight, typename ExecutionSpace::memory_space>& diagonal,

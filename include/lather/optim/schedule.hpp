@@ -2,6 +2,10 @@
 // Learning rate as a function of the step (the 0-based count of updates done so far), as optax
 // schedules are: warm-up ramps linearly from 0 to the peak over warmup_steps, then the decay.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <string>
 
 namespace lather::optim {
@@ -14,8 +18,7 @@ struct LearningRateSchedule {
   /// `options.learning_rate = 0.05;`.
   LearningRateSchedule(double constant_value)  // NOLINT(google-explicit-constructor)
       : peak(constant_value) {}
-  LearningRateSchedule(Kind kind_, double peak_, long warmup_steps_ = 0, long decay_steps_ = 0,
-                       double end_value_ = 0.0)
+  LearningRateSchedule(Kind kind_, double peak_, long warmup_steps_ = 0, long decay_steps_ = 0, double end_value_ = 0.0)
       : kind(kind_), peak(peak_), warmup_steps(warmup_steps_), decay_steps(decay_steps_), end_value(end_value_) {}
 
   Kind kind = Kind::constant;

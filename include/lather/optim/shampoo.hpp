@@ -30,10 +30,15 @@
 //    be used further: restore both from a checkpoint (Checkpointer::restore_latest) or rebuild;
 //  * a failure in state_arrays() (a checkpoint save): the optimizer is unchanged and usable.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/mesh.hpp>
 #include <lather/optim/optimizer.hpp>
 #include <lather/optim/partition.hpp>
 #include <lather/optim/shampoo_options.hpp>
+#include <lather/optim/statistic_metrics.hpp>
 
 #include <memory>
 #include <vector>
@@ -44,18 +49,6 @@ namespace Impl {
 template <class ExecutionSpace, class Scalar>
 class ShampooEngineBase;
 }
-
-/// Per-statistic diagnostics (the reference's training metrics, plus failure bookkeeping).
-struct StatisticMetrics {
-  int parameter = 0;     ///< index into parameters()
-  int size = 0;          ///< n of the n x n statistic
-  int exponent = 0;      ///< p of the inverse p-th root
-  int owner_rank = 0;    ///< rank of the group that computes its root
-  double error = 0;      ///< inverse-root error of the last computation (max |M - I|)
-  int iterations = 0;    ///< Newton iterations of the last computation
-  int consecutive_failures = 0;
-  long failures = 0;     ///< total rejected roots
-};
 
 template <class ExecutionSpace, class Scalar>
 class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {

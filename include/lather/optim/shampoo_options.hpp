@@ -2,6 +2,10 @@
 // Every option of the JAX reference `distributed_shampoo`, under the reference's names, plus the
 // few Lather adds (marked "beyond the reference"). docs/reference/optimizer.md lists them all.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/linalg/inverse_root.hpp>
 #include <lather/optim/schedule.hpp>
 

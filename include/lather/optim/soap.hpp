@@ -53,7 +53,12 @@
 // moment) stays in float. A step dequantizes what it reads into workspace, computes as the float
 // path does, and quantizes back what it writes (soap_quantized.hpp).
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
 #include <lather/comm/group.hpp>
+#include <lather/optim/distribution.hpp>
 #include <lather/optim/optimizer.hpp>
 #include <lather/optim/partition.hpp>
 #include <lather/optim/schedule.hpp>
@@ -71,7 +76,7 @@ struct SoapOptions {
   double beta2 = 0.95;
   double shampoo_beta = -1.0;  ///< decay of the factors; < 0: use beta2 (the reference's None)
   double epsilon = 1e-8;
-  double weight_decay = 0.01;  ///< decoupled: p *= 1 - lr weight_decay after the update
+  double weight_decay = 0.01;        ///< decoupled: p *= 1 - lr weight_decay after the update
   long precondition_frequency = 10;  ///< steps between QR refreshes of the eigenbases
   /// A merged dimension larger than this gets no factor (the reference's max_precondition_dim,
   /// Shampoo's skip_preconditioning_dim_size_gt; checked before blocking).
@@ -107,7 +112,7 @@ namespace Impl {
 struct SoapStateKind;
 /// Per block, what one array of the checkpoint state holds (impl/soap_state.hpp).
 enum class SoapStatePiece { avg_codes, avg_floats, avg_scales, packed, matrix, diagonal };
-}
+}  // namespace Impl
 
 /// SOAP, its blocks shared by the ranks of a group (see above).
 template <class ExecutionSpace, class Scalar>
@@ -150,7 +155,7 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   const BlockPartition& partition(std::size_t parameter) const { return m_partitions.at(parameter); }
   /// Sizes of the factors of parameter p, block by block (0: that dimension has none).
   std::vector<std::vector<int>> factor_sizes(std::size_t parameter) const;
-  bool distributed() const { return m_group.size() > 1; }
+  bool distributed() const { return m_distributor->distributed(); }
   /// The group rank that owns each block (blocks of all parameters, in order).
   std::vector<int> block_owners() const;
   /// The cost (soap_block_cost) of each block, in the same order.
@@ -165,18 +170,18 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   /// One block: where it lies in its parameter and in the packed buffers, and its factors.
   struct BlockInfo {
     int parameter = 0;
-    Block block;                          ///< offset and size in the merged shape
-    std::int64_t packed = 0;              ///< start in the checkpoint layout (whole parameter set)
-    std::vector<std::int64_t> factor;     ///< per dimension: start in the checkpoint layout, or -1
-    int owner = 0;                        ///< the group rank that computes it
-    int shape_class = 0;                  ///< index in m_classes
-    std::int64_t local = 0;               ///< start in the owner's packed buffers (= its gather segment)
+    Block block;                             ///< offset and size in the merged shape
+    std::int64_t packed = 0;                 ///< start in the checkpoint layout (whole parameter set)
+    std::vector<std::int64_t> factor;        ///< per dimension: start in the checkpoint layout, or -1
+    int owner = 0;                           ///< the group rank that computes it
+    int shape_class = 0;                     ///< index in m_classes
+    std::int64_t local = 0;                  ///< start in the owner's packed buffers (= its gather segment)
     std::vector<std::int64_t> local_factor;  ///< per dimension: start in the owner's factors, or -1
     double cost = 0;
     // best_effort_memory_usage_reduction: where the block's quantized state lies.
-    std::int64_t avg_local = 0;           ///< in the owner's exp_avg codes (rank > 1) or floats
-    std::int64_t avg_columns = 0;         ///< scales of exp_avg: columns (0: kept in float)
-    std::int64_t avg_scales = 0, local_avg_scales = 0;  ///< start of its scales: checkpoint, owner
+    std::int64_t avg_local = 0;                          ///< in the owner's exp_avg codes (rank > 1) or floats
+    std::int64_t avg_columns = 0;                        ///< scales of exp_avg: columns (0: kept in float)
+    std::int64_t avg_scales = 0, local_avg_scales = 0;   ///< start of its scales: checkpoint, owner
     std::vector<std::int64_t> diagonal, local_diagonal;  ///< per dimension: n values per matrix, or -1
   };
   /// Blocks of one owner with the same size and factor layout: consecutive in the owner's packed
@@ -184,13 +189,13 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   struct ShapeClass {
     int owner = 0;
     std::vector<std::int64_t> size;
-    std::vector<std::int64_t> factor;  ///< per dimension: start of the class's matrices, or -1
-    std::vector<std::size_t> blocks;   ///< in m_blocks, in order
+    std::vector<std::int64_t> factor;      ///< per dimension: start of the class's matrices, or -1
+    std::vector<std::size_t> blocks;       ///< in m_blocks, in order
     std::int64_t local = 0, elements = 0;  ///< first element; elements per block
     // best_effort_memory_usage_reduction (own classes): starts in the owner's quantized buffers.
     std::int64_t avg = 0, avg_scales = 0, columns = 0;  ///< columns 0: exp_avg kept in float
-    std::vector<std::int64_t> diagonal;  ///< per dimension: start of the diagonals/scales, or -1
-    std::vector<std::int64_t> sizes;     ///< per dimension: start of `count` copies of n in m_q_index
+    std::vector<std::int64_t> diagonal;                 ///< per dimension: start of the diagonals/scales, or -1
+    std::vector<std::int64_t> sizes;                    ///< per dimension: start of `count` copies of n in m_q_index
   };
   void pack_gradient(const ExecutionSpace& space, const BlockInfo& b, const FlatTensor<Scalar, memory_space>& g);
   /// Block k's new values into the parameter (and, distributed, into this rank's gather segment).
@@ -201,7 +206,7 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   void rotate(const ExecutionSpace& space, const ShapeClass& c, Scalar* from, Scalar* scratch, bool forward);
   void accumulate_factors(const ExecutionSpace& space, const ShapeClass& c, const Scalar* g, Scalar beta);
   void refresh_bases(const ExecutionSpace& space, bool first);
-  /// Distributed: the all-gather of every rank's new block values (and failure flag) into the
+  /// The exchange of every rank's new block values, then the other ranks' blocks into the
   /// parameters; throws the same lather::Error on every rank if any rank's `error` is not empty.
   void gather_values(const ExecutionSpace& space, const Tensors& values, const std::string& error,
                      const std::string& context);
@@ -234,28 +239,25 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
 
  private:
   SoapOptions m_options;
-  std::vector<BlockPartition> m_partitions;      // per parameter, of the merged shape
-  std::vector<TensorShape> m_merged;             // per parameter
-  std::vector<BlockInfo> m_blocks;               // all parameters, in order
-  std::vector<std::pair<std::size_t, std::size_t>> m_parameter_blocks;  // [first, end) per parameter
+  std::vector<BlockPartition> m_partitions;                                // per parameter, of the merged shape
+  std::vector<TensorShape> m_merged;                                       // per parameter
+  std::vector<BlockInfo> m_blocks;                                         // all parameters, in order
+  std::vector<std::pair<std::size_t, std::size_t>> m_parameter_blocks;     // [first, end) per parameter
   std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_packed;   // [begin, end) per parameter
   std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_factors;  // [begin, end) per parameter
-  std::int64_t m_packed_total = 0, m_factor_total = 0;  // the checkpoint layout's sizes
-  std::vector<ShapeClass> m_classes;              // every rank's, by owner then first block
-  std::vector<std::size_t> m_own_classes;         // this rank's, in local order
-  std::vector<std::int64_t> m_local_packed, m_local_factors;  // per rank: sizes of its share
+  std::int64_t m_packed_total = 0, m_factor_total = 0;                     // the checkpoint layout's sizes
+  std::vector<ShapeClass> m_classes;                                       // every rank's, by owner then first block
+  std::vector<std::size_t> m_own_classes;                                  // this rank's, in local order
+  std::vector<std::int64_t> m_local_packed, m_local_factors;               // per rank: sizes of its share
   comm::Group m_group;
+  /// Where each block is updated and how the new values reach every rank: its exchange buffer
+  /// holds, per rank, the new values of its blocks in its local layout.
+  std::unique_ptr<Distributor<ExecutionSpace, Scalar>> m_distributor;
   int m_host_threads = 1;  // host threads of the products and refreshes (SoapOptions::host_threads)
   // This rank's share, in its local layout.
   Buffer m_exp_avg, m_exp_avg_sq, m_factors, m_bases;
-  Buffer m_gradient, m_update, m_scratch_a;  // workspace
+  Buffer m_gradient, m_update, m_scratch_a;          // workspace
   Kokkos::View<double*, memory_space> m_block_sums;  // normalize_grads: sum of u^2 per block
-  // Distributed: the step's all-gather of new values, by rank segment, each closed by a flag.
-  Buffer m_gathered;
-  std::vector<std::size_t> m_counts, m_segment;
-  Kokkos::View<std::size_t*, memory_space> m_flag_positions;
-  Buffer m_flags;
-  typename Buffer::HostMirror m_flags_host;
   // best_effort_memory_usage_reduction: this rank's quantized state (m_exp_avg keeps the float
   // exp_avg of rank-1 blocks only), the workspace it is dequantized into, and index lists.
   Kokkos::View<std::int8_t*, memory_space> m_avg_codes;

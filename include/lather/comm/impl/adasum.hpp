@@ -23,9 +23,13 @@
 // MPI_Allgatherv of every rank's bucket, then that same tree computed by every rank locally
 // (adasum_tree_allgather). One collective instead of 3 log2(P) (+2).
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_COMM)
+#error "lather/comm/impl/ headers are comm's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/comm/impl/kernels.hpp>
 #include <lather/comm/impl/layout.hpp>
-#include <lather/comm/impl/transport.hpp>
+#include <lather/comm/transport.hpp>
 
 #include <lather/comm/group.hpp>
 
@@ -49,7 +53,7 @@ struct AdasumWorkspace {
   const std::vector<Group>* levels = nullptr;
   Transport<ExecutionSpace, S>* transport = nullptr;
   ItemPlan<memory_space>* items = nullptr;
-  Vector<S, memory_space> partner;  ///< receives the partner's half (the whole buffer when folding)
+  Vector<S, memory_space> partner;   ///< receives the partner's half (the whole buffer when folding)
   Vector<S, memory_space> gathered;  ///< every rank's bucket, for the small-bucket shortcut
   long* scalar_collectives = nullptr;
 };
@@ -72,8 +76,8 @@ inline std::int64_t adasum_partner_elements(int size, std::int64_t elements) {
 template <class ExecutionSpace, class S>
 void adasum_combine(const ExecutionSpace& space, AdasumWorkspace<ExecutionSpace, S>& work,
                     const Vector<S, typename ExecutionSpace::memory_space>& a,
-                    const Vector<S, typename ExecutionSpace::memory_space>& b,
-                    const std::vector<std::int64_t>& counts, const Group* level, bool a_is_left) {
+                    const Vector<S, typename ExecutionSpace::memory_space>& b, const std::vector<std::int64_t>& counts,
+                    const Group* level, bool a_is_left) {
   using memory_space = typename ExecutionSpace::memory_space;
   auto& items = *work.items;
   items.build(space, counts);
@@ -132,9 +136,8 @@ void adasum_tree_allgather(const ExecutionSpace& space, AdasumWorkspace<Executio
         Kokkos::subview(work.gathered, std::make_pair(std::size_t(r * elements), std::size_t((r + 1) * elements))));
   };
   const std::vector<std::size_t> sizes(n, std::size_t(elements));
-  work.transport->allgatherv(space, data,
-                             Kokkos::subview(work.gathered, std::make_pair(std::size_t(0), std::size_t(n * elements))),
-                             sizes);
+  work.transport->allgatherv(
+      space, data, Kokkos::subview(work.gathered, std::make_pair(std::size_t(0), std::size_t(n * elements))), sizes);
   const int p = power_of_two_floor(n);
   for (int j = 0; j + p < n; ++j) adasum_combine(space, work, slot(j), slot(j + p), counts, nullptr, true);
   for (int stride = 1; stride < p; stride *= 2)
@@ -146,8 +149,7 @@ void adasum_tree_allgather(const ExecutionSpace& space, AdasumWorkspace<Executio
 /// data := Adasum over the group of data, per tensor (counts: elements of each tensor, in order).
 template <class ExecutionSpace, class S>
 void adasum_allreduce(const ExecutionSpace& space, AdasumWorkspace<ExecutionSpace, S>& work,
-                      const Vector<S, typename ExecutionSpace::memory_space>& data,
-                      std::vector<std::int64_t> counts) {
+                      const Vector<S, typename ExecutionSpace::memory_space>& data, std::vector<std::int64_t> counts) {
   constexpr int fold_tag = 0x1a50, result_tag = 0x1a51, level_tag = 0x1a60;
   const int n = work.size, rank = work.rank;
   if (n == 1) return;
@@ -167,8 +169,8 @@ void adasum_allreduce(const ExecutionSpace& space, AdasumWorkspace<ExecutionSpac
   if (rank < n - p) {
     const auto received = Kokkos::subview(work.partner, range(0, elements));
     transport.receive(space, received, rank + p, fold_tag);
-    adasum_combine(space, work, data, Vector<S, typename ExecutionSpace::memory_space>(received),
-                   counts, nullptr, true);
+    adasum_combine(space, work, data, Vector<S, typename ExecutionSpace::memory_space>(received), counts, nullptr,
+                   true);
   }
 
   // 2. Reduce-scatter by vector halving, distance doubling.
@@ -193,12 +195,12 @@ void adasum_allreduce(const ExecutionSpace& space, AdasumWorkspace<ExecutionSpac
     neighbour_counts.push_back(given);
     counts = kept;
     const auto incoming = Kokkos::subview(work.partner, range(0, keep_count));
-    transport.exchange(space, Kokkos::subview(data, range(give_offset, give_count)), incoming,
-                       neighbour, level_tag + level_index);
-    adasum_combine(space, work, Vector<S, typename ExecutionSpace::memory_space>(
-                                    Kokkos::subview(data, range(keep_offset, keep_count))),
-                   Vector<S, typename ExecutionSpace::memory_space>(incoming), counts,
-                   &(*work.levels)[level_index], !upper);
+    transport.exchange(space, Kokkos::subview(data, range(give_offset, give_count)), incoming, neighbour,
+                       level_tag + level_index);
+    adasum_combine(
+        space, work,
+        Vector<S, typename ExecutionSpace::memory_space>(Kokkos::subview(data, range(keep_offset, keep_count))),
+        Vector<S, typename ExecutionSpace::memory_space>(incoming), counts, &(*work.levels)[level_index], !upper);
     offset = keep_offset, count = keep_count;
   }
 

@@ -4,6 +4,10 @@
 // sizes), the Adasum combination, and the 16-bit wire encodings. Free functions only: lambdas in
 // them are safe for device backends.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_COMM)
+#error "lather/comm/impl/ headers are comm's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/comm/wire_precision.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
@@ -64,11 +68,11 @@ void scale(const ExecutionSpace& space, const Vector<S, MemorySpace>& data, doub
   if (factor == 1.0) return;
   const S f = S(factor);
   S* const base = data.data();
-  ::lather::Impl::parallel_for_runs("Lather::comm::scale", space, std::int64_t(data.extent(0)),
-                    KOKKOS_LAMBDA(std::int64_t begin, std::int64_t end) {
-                      S* KOKKOS_RESTRICT x = base + begin;
-                      for (std::int64_t i = 0; i < end - begin; ++i) x[i] *= f;
-                    });
+  ::lather::Impl::parallel_for_runs(
+      "Lather::comm::scale", space, std::int64_t(data.extent(0)), KOKKOS_LAMBDA(std::int64_t begin, std::int64_t end) {
+        S* KOKKOS_RESTRICT x = base + begin;
+        for (std::int64_t i = 0; i < end - begin; ++i) x[i] *= f;
+      });
 }
 
 /// own(i) = factor * (own(i) + incoming(i)), in the tensor's type (the factor rounded to it, as
@@ -80,20 +84,21 @@ void add_scaled(const ExecutionSpace& space, const Vector<S, MemorySpace>& own,
   const bool plain = factor == 1.0;
   S* const to = own.data();
   const S* const from = incoming.data();
-  ::lather::Impl::parallel_for_runs("Lather::comm::add_scaled", space, std::int64_t(own.extent(0)),
-                                    KOKKOS_LAMBDA(std::int64_t begin, std::int64_t end) {
-                                      S* KOKKOS_RESTRICT x = to + begin;
-                                      const S* KOKKOS_RESTRICT y = from + begin;
-                                      if (plain)
-                                        for (std::int64_t i = 0; i < end - begin; ++i) x[i] = x[i] + y[i];
-                                      else
-                                        for (std::int64_t i = 0; i < end - begin; ++i) x[i] = (x[i] + y[i]) * f;
-                                    });
+  ::lather::Impl::parallel_for_runs(
+      "Lather::comm::add_scaled", space, std::int64_t(own.extent(0)),
+      KOKKOS_LAMBDA(std::int64_t begin, std::int64_t end) {
+        S* KOKKOS_RESTRICT x = to + begin;
+        const S* KOKKOS_RESTRICT y = from + begin;
+        if (plain)
+          for (std::int64_t i = 0; i < end - begin; ++i) x[i] = x[i] + y[i];
+        else
+          for (std::int64_t i = 0; i < end - begin; ++i) x[i] = (x[i] + y[i]) * f;
+      });
 }
 
 /// The number of NaN and +-Inf values in data: x - x is NaN exactly for those. Counted over runs
 /// of elements in an integer the host compiler vectorises (a per-element reduction through Kokkos
-/// did not: 0.13 ms per step for lather-train's 2.1 MB gradient, a sixth of its mean's time).
+/// is not vectorised, and on a gradient of a few MB costs a large fraction of the mean's time).
 template <class ExecutionSpace, class S, class MemorySpace>
 long count_non_finite(const ExecutionSpace& space, const Vector<const S, MemorySpace>& data) {
   constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
@@ -137,8 +142,7 @@ template <class ExecutionSpace, class S, class MemorySpace>
 void accumulate_scaled(const ExecutionSpace& space, const Vector<S, MemorySpace>& accumulator,
                        const Vector<const S, MemorySpace>& increment, double factor, bool overwrite) {
   Kokkos::parallel_for(
-      "Lather::comm::accumulate_scaled",
-      Kokkos::RangePolicy<ExecutionSpace>(space, 0, accumulator.extent(0)),
+      "Lather::comm::accumulate_scaled", Kokkos::RangePolicy<ExecutionSpace>(space, 0, accumulator.extent(0)),
       KOKKOS_LAMBDA(std::size_t i) {
         const double add = factor * double(increment(i));
         accumulator(i) = overwrite ? S(add) : S(double(accumulator(i)) + add);
@@ -148,18 +152,18 @@ void accumulate_scaled(const ExecutionSpace& space, const Vector<S, MemorySpace>
 /// partials(k) = {sum a.b, sum a.a, sum b.b} over item k, accumulated in double.
 template <class ExecutionSpace, class S, class MemorySpace>
 void dot_norm_partials(const ExecutionSpace& space, const Vector<const S, MemorySpace>& a,
-                       const Vector<const S, MemorySpace>& b, const ItemRanges<MemorySpace>& items,
-                       int count, const Vector<DotNorms, MemorySpace>& partials) {
+                       const Vector<const S, MemorySpace>& b, const ItemRanges<MemorySpace>& items, int count,
+                       const Vector<DotNorms, MemorySpace>& partials) {
   using policy = Kokkos::TeamPolicy<ExecutionSpace>;
   using member = typename policy::member_type;
   Kokkos::parallel_for(
-      "Lather::comm::dot_norm_partials", policy(space, count, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member& team) {
+      "Lather::comm::dot_norm_partials", policy(space, count, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
         const int k = team.league_rank();
         const std::int64_t begin = items(k, 0), length = items(k, 1);
         DotNorms sums;
         // Four elements per step: four independent products per accumulation shorten the
-        // dependency chains of the double sums (2-3x on CPUs), and the order stays fixed.
+        // dependency chains of the double sums (a few times faster on CPUs), and the order stays
+        // fixed.
         const std::int64_t groups = (length + 3) / 4;
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(team, groups),
@@ -183,14 +187,12 @@ void dot_norm_partials(const ExecutionSpace& space, const Vector<const S, Memory
 
 /// a(i) = coefficients(k, 0) * a(i) + coefficients(k, 1) * b(i) over every item k, in double.
 template <class ExecutionSpace, class S, class MemorySpace>
-void combine_items(const ExecutionSpace& space, const Vector<S, MemorySpace>& a,
-                   const Vector<const S, MemorySpace>& b, const ItemRanges<MemorySpace>& items,
-                   const ItemCoefficients<MemorySpace>& coefficients, int count) {
+void combine_items(const ExecutionSpace& space, const Vector<S, MemorySpace>& a, const Vector<const S, MemorySpace>& b,
+                   const ItemRanges<MemorySpace>& items, const ItemCoefficients<MemorySpace>& coefficients, int count) {
   using policy = Kokkos::TeamPolicy<ExecutionSpace>;
   using member = typename policy::member_type;
   Kokkos::parallel_for(
-      "Lather::comm::combine_items", policy(space, count, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member& team) {
+      "Lather::comm::combine_items", policy(space, count, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
         const int k = team.league_rank();
         const std::int64_t begin = items(k, 0), length = items(k, 1);
         const double ca = coefficients(k, 0), cb = coefficients(k, 1);
@@ -202,14 +204,12 @@ void combine_items(const ExecutionSpace& space, const Vector<S, MemorySpace>& a,
 
 /// a(i) *= coefficients(k, 0) over every item k, in double.
 template <class ExecutionSpace, class S, class MemorySpace>
-void scale_items(const ExecutionSpace& space, const Vector<S, MemorySpace>& a,
-                 const ItemRanges<MemorySpace>& items, const ItemCoefficients<MemorySpace>& coefficients,
-                 int count) {
+void scale_items(const ExecutionSpace& space, const Vector<S, MemorySpace>& a, const ItemRanges<MemorySpace>& items,
+                 const ItemCoefficients<MemorySpace>& coefficients, int count) {
   using policy = Kokkos::TeamPolicy<ExecutionSpace>;
   using member = typename policy::member_type;
   Kokkos::parallel_for(
-      "Lather::comm::scale_items", policy(space, count, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member& team) {
+      "Lather::comm::scale_items", policy(space, count, Kokkos::AUTO), KOKKOS_LAMBDA(const member& team) {
         const int k = team.league_rank();
         const std::int64_t begin = items(k, 0), length = items(k, 1);
         const double c = coefficients(k, 0);
@@ -243,16 +243,14 @@ void decode16(const ExecutionSpace& space, const Vector<const std::uint16_t, Mem
 /// encoded values (segment j from group rank j); own(i) = encode(factor * sum_j decode(...)),
 /// summed in float in rank order, rounded to 16 bits once.
 template <class ExecutionSpace, class MemorySpace>
-void reduce_segments16(const ExecutionSpace& space,
-                       const Vector<const std::uint16_t, MemorySpace>& received, int ranks,
-                       std::size_t segment, float factor,
-                       const Vector<std::uint16_t, MemorySpace>& own, bool bfloat16) {
+void reduce_segments16(const ExecutionSpace& space, const Vector<const std::uint16_t, MemorySpace>& received, int ranks,
+                       std::size_t segment, float factor, const Vector<std::uint16_t, MemorySpace>& own,
+                       bool bfloat16) {
   Kokkos::parallel_for(
       "Lather::comm::reduce_segments16", Kokkos::RangePolicy<ExecutionSpace>(space, 0, segment),
       KOKKOS_LAMBDA(std::size_t i) {
         float total = 0.0f;
-        for (int j = 0; j < ranks; ++j)
-          total += decode_wire16(received(std::size_t(j) * segment + i), bfloat16);
+        for (int j = 0; j < ranks; ++j) total += decode_wire16(received(std::size_t(j) * segment + i), bfloat16);
         own(i) = encode_wire16(total * factor, bfloat16);
       });
 }

@@ -2,6 +2,10 @@
 // Host-side planning of the reductions: which tensors share a fusion bucket, and the "items"
 // (pieces of one tensor) the per-tensor dot-product kernels work on.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_COMM)
+#error "lather/comm/impl/ headers are comm's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/comm/impl/kernels.hpp>
 #include <lather/comm/impl/support.hpp>
 
@@ -51,8 +55,7 @@ inline Layout plan_layout(std::vector<std::int64_t> sizes, std::int64_t fusion_e
   }
   if (current.last > current.first) layout.buckets.push_back(current);
   layout.hash = hash.value();
-  for (const auto& bucket : layout.buckets)
-    layout.largest_bucket = std::max(layout.largest_bucket, bucket.elements);
+  for (const auto& bucket : layout.buckets) layout.largest_bucket = std::max(layout.largest_bucket, bucket.elements);
   return layout;
 }
 
@@ -87,8 +90,7 @@ class ItemPlan {
       m_ranges = ItemRanges<MemorySpace>(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::comm::ItemPlan::ranges"), capacity);
       m_coefficients = ItemCoefficients<MemorySpace>(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::comm::ItemPlan::coefficients"),
-          capacity);
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::comm::ItemPlan::coefficients"), capacity);
       m_partials = Vector<DotNorms, MemorySpace>(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::comm::ItemPlan::partials"), capacity);
       m_ranges_host = Kokkos::create_mirror_view(m_ranges);
@@ -121,8 +123,7 @@ class ItemPlan {
 
   /// Coefficients per item from coefficients per tensor.
   template <class ExecutionSpace>
-  void set_coefficients(const ExecutionSpace& space, const std::vector<double>& a,
-                        const std::vector<double>& b) {
+  void set_coefficients(const ExecutionSpace& space, const std::vector<double>& a, const std::vector<double>& b) {
     if (m_tensor.empty()) return;
     for (std::size_t k = 0; k < m_tensor.size(); ++k) {
       m_coefficients_host(k, 0) = a[m_tensor[k]];

@@ -3,15 +3,19 @@
 // instantiates it for lather::DefaultExecutionSpace (and the host space on device builds); a
 // program that needs another execution space includes this header and uses the class as usual.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_COMM)
+#error "lather/comm/impl/ headers are comm's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/comm/impl/adasum.hpp>
-#include <lather/comm/impl/agreement.hpp>
+#include <lather/comm/agreement.hpp>
 #include <lather/comm/impl/kernels.hpp>
 #include <lather/comm/impl/layout.hpp>
 #include <lather/comm/impl/window_sum.hpp>
 #include <lather/comm/impl/support.hpp>
-#include <lather/comm/impl/transport.hpp>
+#include <lather/comm/transport.hpp>
 #include <lather/comm/reduce.hpp>
-#include <lather/core/impl/fault_injection.hpp>
+#include <lather/core/fault_injection.hpp>
 
 #include <cmath>
 #include <limits>
@@ -31,17 +35,17 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   Impl::Layout layout;
   bool layout_known = false;
 
-  Impl::Vector<S, M> fusion;   ///< packed tensors of a bucket
-  Impl::Vector<S, M> partner;  ///< Adasum and two-rank sums: the partner's data; approximate Adasum: the sum
+  Impl::Vector<S, M> fusion;    ///< packed tensors of a bucket
+  Impl::Vector<S, M> partner;   ///< Adasum and two-rank sums: the partner's data; approximate Adasum: the sum
   Impl::Vector<S, M> gathered;  ///< Adasum of small buckets: every rank's bucket
   Impl::Vector<std::uint16_t, M> wire_out, wire_in, wire_own;
-  Impl::Transport<ExecutionSpace, S> transport;
-  Impl::Transport<ExecutionSpace, std::uint16_t> wire_transport;
+  Transport<ExecutionSpace, S> transport;
+  Transport<ExecutionSpace, std::uint16_t> wire_transport;
   Impl::ItemPlan<M> items;
   std::vector<Group> adasum_levels;
   bool adasum_levels_ready = false;
   Impl::WindowSums<ExecutionSpace, S> shared;  ///< ReduceOptions::shared_memory
-  bool placed_agreed = false;  ///< this call's tensors lie in the window on every rank
+  bool placed_agreed = false;                  ///< this call's tensors lie in the window on every rank
   ReducerStatistics statistics;
   std::vector<std::string> tensor_names;
 
@@ -50,9 +54,9 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       const long bad = Impl::count_non_finite(space, Impl::Vector<const S, M>(tensors[t]));
       if (bad > 0)
-        return lather::Impl::concat(t < tensor_names.size() ? "'" + tensor_names[t] + "'" : "tensor " + std::to_string(t),
-                                    " (", tensors[t].extent(0), " elements) holds ", bad,
-                                    " NaN or Inf values on this rank; nothing was reduced");
+        return lather::Impl::concat(
+            t < tensor_names.size() ? "'" + tensor_names[t] + "'" : "tensor " + std::to_string(t), " (",
+            tensors[t].extent(0), " elements) holds ", bad, " NaN or Inf values on this rank; nothing was reduced");
     }
     return {};
   }
@@ -73,12 +77,10 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
 
   /// Agrees on the layout, the options and anything in `extra`; returns the first sum (if any).
   /// Throws on every rank when the ranks disagree, naming the first tensor whose size differs.
-  double agree(const std::string& context, int operation, WirePrecision wire,
-               const Impl::Layout& local, std::vector<Impl::AgreementField> extra,
-               std::vector<double> sums, const std::string& local_error) {
-    std::vector<Impl::AgreementField> fields = {
-        {"operation (0 sum, 1 mean, 2 weighted_mean, 3 adasum, 4 adasum_approx, 5 broadcast)",
-         operation},
+  double agree(const std::string& context, int operation, WirePrecision wire, const Impl::Layout& local,
+               std::vector<AgreementField> extra, std::vector<double> sums, const std::string& local_error) {
+    std::vector<AgreementField> fields = {
+        {"operation (0 sum, 1 mean, 2 weighted_mean, 3 adasum, 4 adasum_approx, 5 broadcast)", operation},
         {"tensor element size in bytes", std::int64_t(sizeof(S))},
         {"tensor count", std::int64_t(local.sizes.size())},
         {"total element count", local.total},
@@ -90,7 +92,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     constexpr std::size_t count_field = 2, total_field = 3, hash_field = 4;
     for (auto& field : extra) fields.push_back(std::move(field));
     const bool has_sum = !sums.empty();
-    Impl::Agreement agreement(group, context, fields, std::move(sums), local_error);
+    Agreement agreement(group, context, fields, std::move(sums), local_error);
     ++statistics.agreements;
     // The operation, then the element type, then the count: the first difference is the cause.
     for (std::size_t f = 0; f <= count_field; ++f)
@@ -98,10 +100,10 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     if (!agreement.same(hash_field) || !agreement.same(total_field)) {
       // Every rank knows the sizes differ while the counts agree: one more agreement, over the
       // sizes themselves, names the first tensor that differs.
-      std::vector<Impl::AgreementField> per_tensor;
+      std::vector<AgreementField> per_tensor;
       for (std::size_t t = 0; t < local.sizes.size(); ++t)
         per_tensor.push_back({"element count of tensor " + std::to_string(t), local.sizes[t]});
-      Impl::Agreement sizes(group, context, per_tensor);
+      Agreement sizes(group, context, per_tensor);
       ++statistics.agreements;
       sizes.require_agreement();
       lather::Impl::throw_error(__FILE__, __LINE__, agreement.disagreement(hash_field));
@@ -128,8 +130,8 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     for (std::size_t t = bucket.first; t < bucket.last; ++t) {
       const std::int64_t n = layout.sizes[t];
       if (n > 0)
-        Impl::copy_scaled(space, Impl::Vector<const S, M>(Kokkos::subview(fusion, range(offset, n))),
-                          tensors[t], factor);
+        Impl::copy_scaled(space, Impl::Vector<const S, M>(Kokkos::subview(fusion, range(offset, n))), tensors[t],
+                          factor);
       offset += n;
     }
   }
@@ -144,8 +146,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
 
   /// The data a bucket is reduced in: the tensors themselves when contiguous, else the packed
   /// fusion buffer.
-  Impl::Vector<S, M> bucket_data(const ExecutionSpace& space, const tensor_list& tensors,
-                                 const Impl::Bucket& bucket) {
+  Impl::Vector<S, M> bucket_data(const ExecutionSpace& space, const tensor_list& tensors, const Impl::Bucket& bucket) {
     if (in_place(tensors, bucket))
       return Impl::Vector<S, M>(tensors[bucket.first].data(), std::size_t(bucket.elements));
     pack(space, tensors, bucket);
@@ -155,10 +156,10 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   /// Bytes per piece of a two-rank sum (sum_pair), and of an in-place reduction that is scaled
   /// (a mean) on a larger group: there each piece is scaled just before its allreduce, while the
   /// caller's freshly written gradient is still in this core's cache, and reduced while the
-  /// scaled piece is. Scaling after the allreduce instead
-  /// read data that MPI's transport had just moved: 4x the time of the scaling pass in a 2-rank
-  /// lather-train profile, 2-4% of its Shampoo step. The sum of the scaled values equals the
-  /// scaled sum exactly when the rank count is a power of two, else to a rounding per addend.
+  /// scaled piece is. Scaling after the allreduce would read data that MPI's transport has just
+  /// moved, no longer in cache: several times the cost of the scaling pass, a few per cent of a
+  /// Shampoo step. The sum of the scaled values equals the scaled sum exactly when the rank count
+  /// is a power of two, else to a rounding per addend.
   static constexpr std::int64_t scaled_piece_bytes = std::int64_t(1) << 20;
 
   /// data := factor * (sum over the group of data), natively or through the 16-bit wire.
@@ -183,11 +184,10 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   /// Two ranks, piece by piece: the halves cross (one MPI_Sendrecv), each rank adds its
   /// partner's half to its own and scales it in one vectorised pass, and the two results cross
   /// back into place. MPI_Allreduce moves the same bytes but sums with MPICH's scalar loop and
-  /// leaves the division to a second pass: 1.2x the time at 1 MiB, 1.7x at 256 KiB on the
-  /// development machine (docs/reference/collectives.md). Each element is summed once, by one
-  /// rank, so both ranks hold the same bits. Under oversubscription (more ranks than cores) a
-  /// chain of point-to-point steps waits on the scheduler at every step, so larger groups keep
-  /// MPI's collective.
+  /// leaves the division to a second pass, which takes longer, the more so the smaller the piece
+  /// (docs/reference/collectives.md). Each element is summed once, by one rank, so both ranks
+  /// hold the same bits. Under oversubscription (more ranks than cores) a chain of point-to-point
+  /// steps waits on the scheduler at every step, so larger groups keep MPI's collective.
   void sum_pair(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
     constexpr int halves_tag = 0x1b00, results_tag = 0x1b01;
     const std::int64_t length = std::int64_t(data.extent(0));
@@ -223,11 +223,11 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
       const Impl::Vector<S, M> chunk = Kokkos::subview(data, range(begin, count));
       Impl::encode16(space, Impl::Vector<const S, M>(chunk), out, bfloat16);
       wire_transport.alltoall(space, out, in, std::size_t(segment));
-      Impl::reduce_segments16(space, Impl::Vector<const std::uint16_t, M>(in), size,
-                              std::size_t(segment), float(factor), own, bfloat16);
+      Impl::reduce_segments16(space, Impl::Vector<const std::uint16_t, M>(in), size, std::size_t(segment),
+                              float(factor), own, bfloat16);
       wire_transport.allgatherv(space, own, out, std::vector<std::size_t>(size, std::size_t(segment)));
-      Impl::decode16(space, Impl::Vector<const std::uint16_t, M>(Kokkos::subview(out, range(0, count))),
-                     chunk, bfloat16);
+      Impl::decode16(space, Impl::Vector<const std::uint16_t, M>(Kokkos::subview(out, range(0, count))), chunk,
+                     bfloat16);
     }
   }
 
@@ -311,8 +311,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     for (const auto& bucket : layout.buckets) {
       if (bucket.elements == 0) continue;
       const auto data = bucket_data(space, tensors, bucket);
-      const std::vector<std::int64_t> counts(layout.sizes.begin() + bucket.first,
-                                             layout.sizes.begin() + bucket.last);
+      const std::vector<std::int64_t> counts(layout.sizes.begin() + bucket.first, layout.sizes.begin() + bucket.last);
       if (adasum_gathers(bucket))
         Impl::adasum_tree_allgather(space, work, data, counts);
       else
@@ -333,8 +332,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
         Kokkos::deep_copy(space, total, gradient);
         sum_wire16(space, total, 1.0);
       }
-      const std::vector<std::int64_t> counts(layout.sizes.begin() + bucket.first,
-                                             layout.sizes.begin() + bucket.last);
+      const std::vector<std::int64_t> counts(layout.sizes.begin() + bucket.first, layout.sizes.begin() + bucket.last);
       items.build(space, counts);
       Impl::dot_norm_partials(space, Impl::Vector<const S, M>(gradient), Impl::Vector<const S, M>(total),
                               items.ranges(), items.size(), items.partials());
@@ -381,12 +379,10 @@ GradientReducer<ExecutionSpace, Scalar>::GradientReducer(const Group& group, con
   st.size = group.size();
   st.rank = group.rank();
   st.options = options;
-  st.fusion_elements =
-      std::max<std::int64_t>(1, std::int64_t(options.fusion_bytes / sizeof(Scalar)));
-  st.transport = Impl::Transport<ExecutionSpace, Scalar>(group, std::size_t(st.fusion_elements),
-                                                         "Lather::GradientReducer");
-  st.wire_transport = Impl::Transport<ExecutionSpace, std::uint16_t>(group, std::size_t(st.fusion_elements),
-                                                                     "Lather::GradientReducer::wire");
+  st.fusion_elements = std::max<std::int64_t>(1, std::int64_t(options.fusion_bytes / sizeof(Scalar)));
+  st.transport = Transport<ExecutionSpace, Scalar>(group, std::size_t(st.fusion_elements), "Lather::GradientReducer");
+  st.wire_transport =
+      Transport<ExecutionSpace, std::uint16_t>(group, std::size_t(st.fusion_elements), "Lather::GradientReducer::wire");
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -398,23 +394,27 @@ GradientReducer<ExecutionSpace, Scalar>& GradientReducer<ExecutionSpace, Scalar>
     GradientReducer&&) noexcept = default;
 
 namespace Impl {
-/// The fault-injection point of each operation (tests, <lather/core/impl/fault_injection.hpp>).
+/// The fault-injection point of each operation (tests, <lather/core/fault_injection.hpp>).
 inline const char* reduce_fault_point(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "reduce.sum";
-    case ReduceOp::mean: return "reduce.mean";
-    case ReduceOp::weighted_mean: return "reduce.weighted_mean";
-    case ReduceOp::adasum: return "reduce.adasum";
-    case ReduceOp::adasum_approx: return "reduce.adasum_approx";
+    case ReduceOp::sum:
+      return "reduce.sum";
+    case ReduceOp::mean:
+      return "reduce.mean";
+    case ReduceOp::weighted_mean:
+      return "reduce.weighted_mean";
+    case ReduceOp::adasum:
+      return "reduce.adasum";
+    case ReduceOp::adasum_approx:
+      return "reduce.adasum_approx";
   }
   return "reduce";
 }
 }  // namespace Impl
 
 template <class ExecutionSpace, class Scalar>
-double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& space,
-                                                       const tensor_list& gradients, ReduceOp op,
-                                                       double local_weight,
+double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& space, const tensor_list& gradients,
+                                                       ReduceOp op, double local_weight,
                                                        const std::vector<AgreedValue>& agreed,
                                                        const std::string& caller_error) {
   LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
@@ -443,13 +443,11 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
     local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
   const bool placed = st.shared.placed(st.rank, gradients);
   if (st.options.verify_layout || !same_as_before) {
-    std::vector<Impl::AgreementField> extra = {
+    std::vector<AgreementField> extra = {
         {"gradients placed in the reducer's shared window (shared_gradient_storage)", std::int64_t(placed)}};
-    for (const auto& value : agreed)
-      extra.push_back({value.name, value.value, value.has_required, value.required});
+    for (const auto& value : agreed) extra.push_back({value.name, value.value, value.has_required, value.required});
     const double sum = st.agree(context, int(op), st.options.wire_precision, layout, std::move(extra),
-                                weighted ? std::vector<double>{local_weight} : std::vector<double>{},
-                                local_error);
+                                weighted ? std::vector<double>{local_weight} : std::vector<double>{}, local_error);
     if (weighted) global_weight = sum;
   } else if (st.options.check_finite) {
     // No layout agreement: the verdict on the gradients, and the weight, in one small collective.
@@ -472,24 +470,32 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
   }
   if (weighted)
     LATHER_REQUIRE(std::isfinite(global_weight) && global_weight > 0, context,
-                   ": the global weight (sum of the local weights over the ", st.size,
-                   " ranks of the group) is ", global_weight,
-                   "; it must be finite and > 0 (this rank's weight: ", local_weight, ")");
+                   ": the global weight (sum of the local weights over the ", st.size, " ranks of the group) is ",
+                   global_weight, "; it must be finite and > 0 (this rank's weight: ", local_weight, ")");
   st.layout = std::move(layout);
   st.layout_known = true;
   st.placed_agreed = placed;
 
   switch (op) {
-    case ReduceOp::sum: st.sum_like(space, gradients, 1.0); break;
-    case ReduceOp::mean: st.sum_like(space, gradients, 1.0 / st.size); break;
-    case ReduceOp::weighted_mean: st.sum_like(space, gradients, 1.0 / global_weight); break;
+    case ReduceOp::sum:
+      st.sum_like(space, gradients, 1.0);
+      break;
+    case ReduceOp::mean:
+      st.sum_like(space, gradients, 1.0 / st.size);
+      break;
+    case ReduceOp::weighted_mean:
+      st.sum_like(space, gradients, 1.0 / global_weight);
+      break;
     case ReduceOp::adasum:
       LATHER_REQUIRE(st.options.wire_precision == WirePrecision::native, context,
                      ": exact Adasum sends the native type; ReduceOptions::wire_precision must be "
-                     "native, got ", to_string(st.options.wire_precision));
+                     "native, got ",
+                     to_string(st.options.wire_precision));
       st.adasum(space, gradients);
       break;
-    case ReduceOp::adasum_approx: st.adasum_approx(space, gradients); break;
+    case ReduceOp::adasum_approx:
+      st.adasum_approx(space, gradients);
+      break;
   }
   Impl::fence(space, "Lather::" + context + ": gradients reduced");
   ++st.statistics.calls;
@@ -497,8 +503,8 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
 }
 
 template <class ExecutionSpace, class Scalar>
-FlatTensor<Scalar, typename ExecutionSpace::memory_space> GradientReducer<ExecutionSpace, Scalar>::shared_gradient_storage(
-    std::int64_t elements) {
+FlatTensor<Scalar, typename ExecutionSpace::memory_space>
+GradientReducer<ExecutionSpace, Scalar>::shared_gradient_storage(std::int64_t elements) {
   LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
   auto& st = *m_state;
   return st.shared.storage(st.group, st.options.shared_memory && st.options.wire_precision == WirePrecision::native,
@@ -514,8 +520,8 @@ void GradientReducer<ExecutionSpace, Scalar>::mean(const ExecutionSpace& space, 
   reduce(space, g, ReduceOp::mean);
 }
 template <class ExecutionSpace, class Scalar>
-double GradientReducer<ExecutionSpace, Scalar>::weighted_mean(const ExecutionSpace& space,
-                                                              const tensor_list& g, double weight) {
+double GradientReducer<ExecutionSpace, Scalar>::weighted_mean(const ExecutionSpace& space, const tensor_list& g,
+                                                              double weight) {
   return reduce(space, g, ReduceOp::weighted_mean, weight);
 }
 template <class ExecutionSpace, class Scalar>
@@ -523,14 +529,13 @@ void GradientReducer<ExecutionSpace, Scalar>::adasum(const ExecutionSpace& space
   reduce(space, g, ReduceOp::adasum);
 }
 template <class ExecutionSpace, class Scalar>
-void GradientReducer<ExecutionSpace, Scalar>::adasum_approx(const ExecutionSpace& space,
-                                                            const tensor_list& g) {
+void GradientReducer<ExecutionSpace, Scalar>::adasum_approx(const ExecutionSpace& space, const tensor_list& g) {
   reduce(space, g, ReduceOp::adasum_approx);
 }
 
 template <class ExecutionSpace, class Scalar>
-void GradientReducer<ExecutionSpace, Scalar>::broadcast(const ExecutionSpace& space,
-                                                        const tensor_list& tensors, int root) {
+void GradientReducer<ExecutionSpace, Scalar>::broadcast(const ExecutionSpace& space, const tensor_list& tensors,
+                                                        int root) {
   LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
   auto& st = *m_state;
   const std::string context = "GradientReducer::broadcast";

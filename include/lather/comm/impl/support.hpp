@@ -2,7 +2,11 @@
 // What the collectives share besides the Group: the Kokkos helpers they use by their short names
 // and the hash that compares size lists across ranks.
 
-#include <lather/core/impl/hash.hpp>
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_COMM)
+#error "lather/comm/impl/ headers are comm's own; other areas and programs use its public headers"
+#endif
+
+#include <lather/core/hash.hpp>
 
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>

@@ -4,9 +4,13 @@
 // every slot and writes the result into every slot, with a barrier before and after. Host
 // memory only: the reducer takes this path for host execution spaces alone.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_COMM)
+#error "lather/comm/impl/ headers are comm's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/comm/group.hpp>
 #include <lather/comm/impl/layout.hpp>
-#include <lather/comm/impl/node_window.hpp>
+#include <lather/comm/node_window.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/core/tensor.hpp>
@@ -112,8 +116,8 @@ class WindowSums {
       ::lather::Impl::runs_on_host<ExecutionSpace> && std::is_same<M, Kokkos::HostSpace>::value;
   /// Buckets of at most this many bytes are copied through the window when they do not lie in it:
   /// in cache, the two copies cost less than MPI's; a larger bucket that must be copied goes
-  /// through MPI (2 ranks of the development machine: 0.14 ms against 0.2 for 2 MiB, 4.0 ms
-  /// against 3.6 for 16 MiB, see collectives.md).
+  /// through MPI, whose transfer costs less than two copies that miss the cache (see
+  /// docs/reference/collectives.md).
   static constexpr std::int64_t copy_bytes = std::int64_t(4) << 20;
 
   /// Whether sums over `group` go through the window, where `wanted` (shared_memory, native wire):
@@ -164,9 +168,10 @@ class WindowSums {
     const std::int64_t most = group.allreduce(mine, Combine::max);
     // Lists placed in the window before live in it: it can be handed out, not reallocated.
     LATHER_REQUIRE(!m_handed_out || std::size_t(most) * sizeof(S) <= m_window.bytes(),
-                   "GradientReducer::shared_gradient_storage: ", most, " elements asked for on some rank, but this "
-                   "reducer's window, already handed out, holds ", m_window.bytes() / sizeof(S),
-                   "; use one reducer per list, or ask for the largest first");
+                   "GradientReducer::shared_gradient_storage: ", most,
+                   " elements asked for on some rank, but this "
+                   "reducer's window, already handed out, holds ",
+                   m_window.bytes() / sizeof(S), "; use one reducer per list, or ask for the largest first");
     m_window.reserve(group, std::size_t(most) * sizeof(S));
     m_handed_out = true;
     return FlatTensor<S, M>(static_cast<S*>(m_window.slot(group.rank())), std::size_t(mine));

@@ -16,14 +16,19 @@
 // drives the device: on an H200's 16-core host one thread took the 492 transformer roots 4-6x
 // longer than the synchronous phase's 16 threads, and the step waited for them (benchmarks.md).
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/core/error.hpp>
 #include <lather/core/host_blas_threads.hpp>
-#include <lather/core/impl/fault_injection.hpp>
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/fault_injection.hpp>
+#include <lather/core/host_threads.hpp>
 #include <lather/linalg/inverse_root.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
-#include <lather/optim/shampoo.hpp>
+#include <lather/optim/shampoo_options.hpp>
+#include <lather/optim/statistic_metrics.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -123,8 +128,8 @@ class AsyncRoots {
       auto& mt = metrics[s];
       mt.error = outcome.error;
       mt.iterations = 0;
-      const bool accepted = outcome.status != linalg::RootStatus::non_finite && std::isfinite(outcome.error) &&
-                            outcome.error < threshold;
+      const bool accepted =
+          outcome.status != linalg::RootStatus::non_finite && std::isfinite(outcome.error) && outcome.error < threshold;
       if (!accepted) {
         ++mt.consecutive_failures;
         ++mt.failures;
@@ -202,8 +207,8 @@ class AsyncRoots {
       matrix_f.assign(first, last);
       outcome = linalg::eigh_inverse_pth_root_on_host<float>(matrix_f, n, p, m_root_options, root_f);
       root.assign(root_f.begin(), root_f.end());
-      const bool accepted = outcome.status != linalg::RootStatus::non_finite && std::isfinite(outcome.error) &&
-                            outcome.error < threshold;
+      const bool accepted =
+          outcome.status != linalg::RootStatus::non_finite && std::isfinite(outcome.error) && outcome.error < threshold;
       have = accepted || !m_options.retry_failed_roots_in_double;
     }
     if (!have) {

@@ -8,9 +8,13 @@
 // threaded BLAS keeps its threads busier with separate blocks than with one block split up
 // (n = 128, 2 CPUs: syrk 155-160 GFLOP/s against 75-80, GEMM 185-198 against 138-159).
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/core/host_blas_threads.hpp>
-#include <lather/core/impl/gemm.hpp>
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/gemm.hpp>
+#include <lather/core/host_threads.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
 
@@ -55,8 +59,8 @@ class BlockProducts {
     // that much (no more than the device's) allows, one at least.
     std::int64_t work = packed;
     if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-      m_precondition_threads = int(std::clamp<std::int64_t>(packed / std::max<std::int64_t>(2 * m_block_elements, 1), 1,
-                                                            m_threads));
+      m_precondition_threads =
+          int(std::clamp<std::int64_t>(packed / std::max<std::int64_t>(2 * m_block_elements, 1), 1, m_threads));
       work = 2 * m_block_elements * m_precondition_threads;
     }
     const std::int64_t m = plan.max_size;
@@ -292,8 +296,8 @@ class BlockProducts {
       const T* first = packed + m_step->packed_offset[group.units.front()];
       for (std::size_t j = 0; j < group.dims.size(); ++j) {
         const int d = group.dims[j];
-        f(StatisticDimension{first, units, int(group.size[std::size_t(d)]), group.first_slot + int(j) * units,
-                             elements, product(group.size, 0, d), product(group.size, d + 1, -1)});
+        f(StatisticDimension{first, units, int(group.size[std::size_t(d)]), group.first_slot + int(j) * units, elements,
+                             product(group.size, 0, d), product(group.size, d + 1, -1)});
       }
     }
   }
@@ -389,7 +393,7 @@ class BlockProducts {
   const StepPlan* m_step;
   int m_threads = 1;
   bool m_threads_by_work = false;
-  int m_precondition_threads = 1;  // host: the threads m_work has scratch for
+  int m_precondition_threads = 1;     // host: the threads m_work has scratch for
   std::int64_t m_block_elements = 0;  // the largest block's
   std::vector<HostGram> m_host_grams;
   std::vector<HostBlock> m_host_blocks;

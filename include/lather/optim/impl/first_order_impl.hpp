@@ -3,6 +3,10 @@
 // instantiates it for lather::DefaultExecutionSpace (and the host space on device builds); a
 // program that needs another execution space includes this header and uses the class as usual.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/first_order.hpp>
@@ -28,8 +32,19 @@ struct FirstOrderUpdate {
   FirstOrderUpdate() = default;
   template <int Other>
   explicit FirstOrderUpdate(const FirstOrderUpdate<Scalar, Other>& o)
-      : lr(o.lr), b1(o.b1), b2(o.b2), eps(o.eps), wd(o.wd), c1(o.c1), c2(o.c2), nesterov(o.nesterov),
-        decoupled(o.decoupled), x(o.x), g(o.g), s0(o.s0), s1(o.s1) {}
+      : lr(o.lr),
+        b1(o.b1),
+        b2(o.b2),
+        eps(o.eps),
+        wd(o.wd),
+        c1(o.c1),
+        c2(o.c2),
+        nesterov(o.nesterov),
+        decoupled(o.decoupled),
+        x(o.x),
+        g(o.g),
+        s0(o.s0),
+        s1(o.s1) {}
 
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t begin, std::int64_t end) const {
     const Scalar lr_ = lr, b1_ = b1, b2_ = b2, eps_ = eps, wd_ = wd, c1_ = c1, c2_ = c2;
@@ -70,11 +85,6 @@ struct FirstOrderUpdate {
   }
 };
 
-inline std::string to_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
 }  // namespace Impl
 
 template <class ExecutionSpace, class Scalar>
@@ -126,9 +136,12 @@ void FirstOrder<ExecutionSpace, Scalar>::allocate(const ExecutionSpace& space, c
 template <class ExecutionSpace, class Scalar>
 std::string FirstOrder<ExecutionSpace, Scalar>::name() const {
   switch (m_rule) {
-    case Rule::sgd: return "sgd";
-    case Rule::adagrad: return "adagrad";
-    case Rule::adam: return m_adam.decoupled_weight_decay ? "adamw" : "adam";
+    case Rule::sgd:
+      return "sgd";
+    case Rule::adagrad:
+      return "adagrad";
+    case Rule::adam:
+      return m_adam.decoupled_weight_decay ? "adamw" : "adam";
   }
   return "sgd";
 }
@@ -208,17 +221,24 @@ template <class ExecutionSpace, class Scalar>
 std::vector<std::pair<std::string, std::string>> FirstOrder<ExecutionSpace, Scalar>::describe() const {
   switch (m_rule) {
     case Rule::sgd:
-      return {{"optimizer", "sgd"}, {"learning_rate", m_sgd.learning_rate.describe()},
-              {"momentum", Impl::to_text(m_sgd.momentum)}, {"nesterov", m_sgd.nesterov ? "true" : "false"},
-              {"weight_decay", Impl::to_text(m_sgd.weight_decay)}};
+      return {{"optimizer", "sgd"},
+              {"learning_rate", m_sgd.learning_rate.describe()},
+              {"momentum", ::lather::Impl::concat(m_sgd.momentum)},
+              {"nesterov", m_sgd.nesterov ? "true" : "false"},
+              {"weight_decay", ::lather::Impl::concat(m_sgd.weight_decay)}};
     case Rule::adagrad:
-      return {{"optimizer", "adagrad"}, {"learning_rate", m_adagrad.learning_rate.describe()},
-              {"initial_accumulator_value", Impl::to_text(m_adagrad.initial_accumulator_value)},
-              {"epsilon", Impl::to_text(m_adagrad.epsilon)}, {"weight_decay", Impl::to_text(m_adagrad.weight_decay)}};
+      return {{"optimizer", "adagrad"},
+              {"learning_rate", m_adagrad.learning_rate.describe()},
+              {"initial_accumulator_value", ::lather::Impl::concat(m_adagrad.initial_accumulator_value)},
+              {"epsilon", ::lather::Impl::concat(m_adagrad.epsilon)},
+              {"weight_decay", ::lather::Impl::concat(m_adagrad.weight_decay)}};
     case Rule::adam:
-      return {{"optimizer", name()}, {"learning_rate", m_adam.learning_rate.describe()},
-              {"beta1", Impl::to_text(m_adam.beta1)}, {"beta2", Impl::to_text(m_adam.beta2)}, {"epsilon", Impl::to_text(m_adam.epsilon)},
-              {"weight_decay", Impl::to_text(m_adam.weight_decay)}};
+      return {{"optimizer", name()},
+              {"learning_rate", m_adam.learning_rate.describe()},
+              {"beta1", ::lather::Impl::concat(m_adam.beta1)},
+              {"beta2", ::lather::Impl::concat(m_adam.beta2)},
+              {"epsilon", ::lather::Impl::concat(m_adam.epsilon)},
+              {"weight_decay", ::lather::Impl::concat(m_adam.weight_decay)}};
   }
   return {};
 }

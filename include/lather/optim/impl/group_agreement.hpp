@@ -4,9 +4,13 @@
 // set itself up. One all-gather of (hash, failed) per rank and group; a failure anywhere is the
 // same lather::Error on every rank, and a rank with other parameters or options is named.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/comm/group.hpp>
 #include <lather/core/error.hpp>
-#include <lather/core/impl/hash.hpp>
+#include <lather/core/hash.hpp>
 #include <lather/core/parameters.hpp>
 
 #include <cstdint>
@@ -42,8 +46,8 @@ inline void agree_on_construction(const comm::Group& group, const char* who,
     if (differing < 0 && all[2 * r] != all[0]) differing = r;
   }
   if (failed) group.agree_on_failure(who, local_error);
-  LATHER_REQUIRE(differing < 0, who, ": group rank ", differing, " of ", ranks,
-                 " was given other ", whole_shapes ? "parameters (names, global shapes, split axes)" : "parameters (names, shapes)",
+  LATHER_REQUIRE(differing < 0, who, ": group rank ", differing, " of ", ranks, " was given other ",
+                 whole_shapes ? "parameters (names, global shapes, split axes)" : "parameters (names, shapes)",
                  " or options than rank 0");
 }
 

@@ -9,6 +9,10 @@
 // (i, j) sits at offset[k] + i * stride[k] + j -- a contiguous n x n matrix (stride n) or the
 // leading block of a padded stack slot (stride max).
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/optimizer.hpp>
@@ -64,9 +68,9 @@ class SlotList {
   template <class ExecutionSpace, class X>
   static void copy(const ExecutionSpace& space, const std::vector<X>& from, const Kokkos::View<X*, MemorySpace>& to) {
     if (from.empty()) return;
-    Kokkos::deep_copy(space, Kokkos::subview(to, std::make_pair(std::size_t(0), from.size())),
-                      Kokkos::View<const X*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(from.data(),
-                                                                                                        from.size()));
+    Kokkos::deep_copy(
+        space, Kokkos::subview(to, std::make_pair(std::size_t(0), from.size())),
+        Kokkos::View<const X*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(from.data(), from.size()));
   }
   template <class X>
   Kokkos::View<const X*, MemorySpace> head(const Kokkos::View<X*, MemorySpace>& view) const {
@@ -86,13 +90,14 @@ void for_each_listed(const ExecutionSpace& space, const char* label, const SlotL
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   if (list.count() == 0) return;
   const auto sizes = list.sizes();
-  Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecutionSpace>(space, list.count(), Kokkos::AUTO),
-                       KOKKOS_LAMBDA(const member_type& member) {
-                         const int k = member.league_rank(), n = sizes(k);
-                         Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) {
-                           Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int j) { op(i, j, k); });
-                         });
-                       });
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<ExecutionSpace>(space, list.count(), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member_type& member) {
+        const int k = member.league_rank(), n = sizes(k);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) {
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int j) { op(i, j, k); });
+        });
+      });
 }
 
 template <class MemorySpace, class T>
@@ -151,9 +156,15 @@ struct PackQuantized {  // bytes at offset(k): codes n x n, then the diagonal, t
   Kokkos::View<const std::int64_t*, MemorySpace> offset;
   bool to_bytes;
 
-  KOKKOS_INLINE_FUNCTION static std::size_t diagonal_at(int n) { return align8(std::size_t(n) * n * sizeof(std::int16_t)); }
-  KOKKOS_INLINE_FUNCTION static std::size_t scales_at(int n) { return diagonal_at(n) + align8(std::size_t(n) * sizeof(T)); }
-  KOKKOS_INLINE_FUNCTION static std::size_t bytes_of(int n) { return scales_at(n) + align8(std::size_t(n) * sizeof(T)); }
+  KOKKOS_INLINE_FUNCTION static std::size_t diagonal_at(int n) {
+    return align8(std::size_t(n) * n * sizeof(std::int16_t));
+  }
+  KOKKOS_INLINE_FUNCTION static std::size_t scales_at(int n) {
+    return diagonal_at(n) + align8(std::size_t(n) * sizeof(T));
+  }
+  KOKKOS_INLINE_FUNCTION static std::size_t bytes_of(int n) {
+    return scales_at(n) + align8(std::size_t(n) * sizeof(T));
+  }
 
   KOKKOS_INLINE_FUNCTION void operator()(int i, int j, int k) const {
     const int n = size(k), b = slot(k);
@@ -191,8 +202,7 @@ class MatrixStore {
   /// The bytes of a View as an Array's bytes.
   template <class View>
   static typename Array::Bytes bytes_of(const View& view) {
-    return typename Array::Bytes(reinterpret_cast<char*>(view.data()),
-                                 view.span() * sizeof(typename View::value_type));
+    return typename Array::Bytes(reinterpret_cast<char*>(view.data()), view.span() * sizeof(typename View::value_type));
   }
 
   virtual ~MatrixStore() = default;
@@ -219,9 +229,7 @@ class MatrixStore {
   /// to the padded size); nullptr otherwise (read() it instead).
   virtual const T* contiguous(int slot, int n) const = 0;
   /// The same, writable: products may land in the slots directly.
-  T* contiguous(int slot, int n) {
-    return const_cast<T*>(static_cast<const MatrixStore&>(*this).contiguous(slot, n));
-  }
+  T* contiguous(int slot, int n) { return const_cast<T*>(static_cast<const MatrixStore&>(*this).contiguous(slot, n)); }
   /// The slot's leading block where the store is dense, whatever its size: element (i, j) at
   /// leading(slot)[i * max_size() + j]; nullptr for a quantized store.
   virtual const T* leading(int slot) const = 0;
@@ -275,9 +283,10 @@ class DenseStore final : public MatrixStore<ExecutionSpace, T> {
   void fill_identity(const ExecutionSpace& space, T value, int first, int end) override {
     const auto values = m_values;
     const int m = this->m_max;
-    Kokkos::parallel_for("Lather::Shampoo::fill_identity",
-                         Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<3>>(space, {first, 0, 0}, {end, m, m}),
-                         KOKKOS_LAMBDA(int b, int i, int j) { values(b, i, j) = i == j ? value : T(0); });
+    Kokkos::parallel_for(
+        "Lather::Shampoo::fill_identity",
+        Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<3>>(space, {first, 0, 0}, {end, m, m}),
+        KOKKOS_LAMBDA(int b, int i, int j) { values(b, i, j) = i == j ? value : T(0); });
   }
   void read(const ExecutionSpace& space, const List& list, const Flat& flat) const override {
     for_each_listed(space, "Lather::Shampoo::read_slots", list,
@@ -294,9 +303,7 @@ class DenseStore final : public MatrixStore<ExecutionSpace, T> {
   const T* contiguous(int slot, int n) const override {
     return n == this->m_max ? m_values.data() + std::size_t(slot) * n * n : nullptr;
   }
-  const T* leading(int slot) const override {
-    return m_values.data() + std::size_t(slot) * this->m_max * this->m_max;
-  }
+  const T* leading(int slot) const override { return m_values.data() + std::size_t(slot) * this->m_max * this->m_max; }
   void symmetrize(const ExecutionSpace& space) override {
     const auto values = m_values;
     const int m = this->m_max;
@@ -356,12 +363,13 @@ class QuantizedStore final : public MatrixStore<ExecutionSpace, T> {
     const auto codes = m_codes;
     const auto diagonal = m_diagonal, scales = m_scales;
     const int m = this->m_max;
-    Kokkos::parallel_for("Lather::Shampoo::fill_identity",
-                         Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<3>>(space, {first, 0, 0}, {end, m, m}),
-                         KOKKOS_LAMBDA(int b, int i, int j) {
-                           codes(b, i, j) = 0;
-                           if (j == 0) diagonal(b, i) = value, scales(b, i) = T(0);
-                         });
+    Kokkos::parallel_for(
+        "Lather::Shampoo::fill_identity",
+        Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<3>>(space, {first, 0, 0}, {end, m, m}),
+        KOKKOS_LAMBDA(int b, int i, int j) {
+          codes(b, i, j) = 0;
+          if (j == 0) diagonal(b, i) = value, scales(b, i) = T(0);
+        });
   }
   void read(const ExecutionSpace& space, const List& list, const Flat& flat) const override {
     if (list.count() == 0) return;
@@ -377,8 +385,8 @@ class QuantizedStore final : public MatrixStore<ExecutionSpace, T> {
   void blend(const ExecutionSpace& space, const List& list, const Flat& grams, T w1, T w2,
              const Flat& scratch) override {
     read(space, list, scratch);
-    BlendListed<memory_space, T> op{{grams, list.offsets(), list.strides()}, {}, {}, this->strided(scratch, list),
-                                    false, w1, w2};
+    BlendListed<memory_space, T> op{
+        {grams, list.offsets(), list.strides()}, {}, {}, this->strided(scratch, list), false, w1, w2};
     for_each_listed(space, "Lather::Shampoo::blend_statistics", list, op);
     write(space, list, scratch);
   }

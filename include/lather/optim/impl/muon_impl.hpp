@@ -4,9 +4,13 @@
 // another execution space includes this header. The Newton-Schulz orthogonalization is here too
 // (Impl::newton_schulz), for tests and for other optimizers built on it.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/core/error.hpp>
-#include <lather/core/impl/fault_injection.hpp>
-#include <lather/core/impl/gemm.hpp>
+#include <lather/core/fault_injection.hpp>
+#include <lather/core/gemm.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/muon.hpp>
@@ -85,9 +89,9 @@ MuonMatrix<Scalar, typename ExecutionSpace::memory_space> orthogonalize_wide(
     const Matrix xm(x, r, c), ym(y, r, c);
     ::lather::Impl::gemm(space, "N", "T", Scalar(1), xm, xm, Scalar(0), a);  // A = X X^T
     Kokkos::deep_copy(space, flat(b.data(), r * r), flat(a.data(), r * r));
-    ::lather::Impl::gemm(space, "N", "N", cc, a, a, cb, b);                   // B = c A A + b A
+    ::lather::Impl::gemm(space, "N", "N", cc, a, a, cb, b);  // B = c A A + b A
     Kokkos::deep_copy(space, flat(y, n), flat(x, n));
-    ::lather::Impl::gemm(space, "N", "N", Scalar(1), b, xm, ca, ym);          // Y = B X + a X
+    ::lather::Impl::gemm(space, "N", "N", Scalar(1), b, xm, ca, ym);  // Y = B X + a X
     std::swap(x, y);
   }
   return Matrix(x, r, c);
@@ -97,7 +101,8 @@ MuonMatrix<Scalar, typename ExecutionSpace::memory_space> orthogonalize_wide(
 /// space's memory; they may be the same View), transposed to m <= n for the iteration and back,
 /// as optax.contrib's orthogonalize_via_newton_schulz (Frobenius preconditioning).
 template <class ExecutionSpace, class Scalar>
-void newton_schulz(const ExecutionSpace& space, const MuonMatrix<const Scalar, typename ExecutionSpace::memory_space>& in,
+void newton_schulz(const ExecutionSpace& space,
+                   const MuonMatrix<const Scalar, typename ExecutionSpace::memory_space>& in,
                    const MuonMatrix<Scalar, typename ExecutionSpace::memory_space>& out,
                    const std::array<double, 3>& coefficients, int steps, double epsilon,
                    NewtonSchulzWorkspace<ExecutionSpace, Scalar>& ws) {
@@ -184,16 +189,6 @@ void muon_update(const ExecutionSpace& space, Scalar* x, Scalar* copy,
       });
 }
 
-/// flags(r) := buffer(positions(r)): every rank's failure flag after an all-gather, in one place.
-template <class ExecutionSpace, class Scalar>
-void collect_flags(const ExecutionSpace& space, const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& buffer,
-                   const Kokkos::View<int*, typename ExecutionSpace::memory_space>& positions,
-                   const Kokkos::View<Scalar*, typename ExecutionSpace::memory_space>& flags) {
-  Kokkos::parallel_for(
-      "Lather::Muon::flags", Kokkos::RangePolicy<ExecutionSpace>(space, 0, int(flags.extent(0))),
-      KOKKOS_LAMBDA(int r) { flags(r) = buffer(positions(r)); });
-}
-
 /// What one rank keeps besides the options: momentum of its own matrices, AdamW moments of every
 /// AdamW parameter, the Newton-Schulz scratch and (distributed) the all-gather buffer.
 template <class ExecutionSpace, class Scalar>
@@ -203,14 +198,11 @@ struct MuonState {
   std::vector<Flat> momentum;          // [parameter]: own matrices only
   std::vector<Flat> adam_mu, adam_nu;  // [parameter]: AdamW parameters only
   NewtonSchulzWorkspace<ExecutionSpace, Scalar> ws;
-  // Distributed: rank r's segment of `gathered` holds its matrices' new values in parameter
-  // order, then one failure flag (0 or 1); `offset[p]` is where matrix p lies.
-  Flat gathered, state_gathered;
-  std::vector<std::size_t> counts, segment_offset;
+  // Distributed: the exchange buffer holds, in rank r's segment, its matrices' new values in
+  // parameter order; `offset[p]` is where matrix p lies in it. state_gathered: the same layout,
+  // for the momentum that state_arrays() gathers.
+  Flat state_gathered;
   std::vector<std::int64_t> offset;
-  Kokkos::View<int*, memory_space> flag_positions;
-  Kokkos::View<Scalar*, memory_space> flags;
-  typename Kokkos::View<Scalar*, memory_space>::HostMirror flags_host;
 };
 
 }  // namespace lather::optim::Impl
@@ -220,11 +212,13 @@ namespace lather::optim {
 template <class ExecutionSpace, class Scalar>
 Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
                                    MuonOptions options, const comm::Group& group)
-    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters), typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()),
+    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters),
+                                        typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()),
       m_options(std::move(options)),
       m_group(group),
+      m_distributor(make_distributor<ExecutionSpace, Scalar>(Placement::distributed, group)),
       m_state(std::make_unique<Impl::MuonState<ExecutionSpace, Scalar>>()) {
-  const int ranks = m_group.size(), rank = m_group.rank();
+  const int ranks = m_distributor->parts(), rank = m_distributor->part();
   auto& st = *m_state;
   const std::size_t count = this->m_parameters.size();
   // Options, plan and allocations may fail on one rank only (a rank given other options or
@@ -233,12 +227,19 @@ Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<Para
   const std::string local_error = ::lather::Impl::local_failure("muon.construct", [&] {
     this->validate_parameters();
     m_options.validate();
-    m_plan = plan_muon(this->m_parameters, m_options, ranks);
+    m_plan = plan_muon(this->m_parameters, m_options, 1);
+    // The owners of the matrices: the distributor's assignment by Newton-Schulz cost.
+    std::vector<std::size_t> matrices;
+    std::vector<double> costs;
+    for (std::size_t p = 0; p < count; ++p)
+      if (m_plan[p].matrix) matrices.push_back(p), costs.push_back(m_plan[p].cost());
+    const std::vector<int> owners = m_distributor->assign(costs);
+    for (std::size_t k = 0; k < matrices.size(); ++k) m_plan[matrices[k]].owner = owners[k];
     st.momentum.resize(count);
     st.adam_mu.resize(count);
     st.adam_nu.resize(count);
     st.offset.assign(count, -1);
-    st.counts.assign(std::size_t(ranks), 1);  // every segment ends with its flag
+    std::vector<std::int64_t> part_elements(std::size_t(ranks), 0);
     std::int64_t wide = 0, gram = 0;
     for (std::size_t p = 0; p < count; ++p) {
       const auto& plan = m_plan[p];
@@ -251,7 +252,7 @@ Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<Para
             Kokkos::view_alloc(space, "Lather::Muon::adam_nu::" + name), n);
         continue;
       }
-      st.counts[std::size_t(plan.owner)] += n;
+      part_elements[std::size_t(plan.owner)] += std::int64_t(n);
       if (plan.owner != rank) continue;
       st.momentum[p] = typename Impl::MuonState<ExecutionSpace, Scalar>::Flat(
           Kokkos::view_alloc(space, "Lather::Muon::momentum::" + name), n);
@@ -260,25 +261,15 @@ Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<Para
       gram = std::max(gram, r * r);
     }
     st.ws.reserve(space, wide, gram);
-    if (ranks == 1) return;
-    st.segment_offset.assign(std::size_t(ranks) + 1, 0);
-    for (int r = 0; r < ranks; ++r) st.segment_offset[r + 1] = st.segment_offset[r] + st.counts[r];
-    std::vector<std::size_t> next(st.segment_offset.begin(), st.segment_offset.end() - 1);
+    m_distributor->lay_out(space, part_elements, "Lather::Muon::gathered");
+    if (!distributed()) return;
+    std::vector<std::int64_t> next;
+    for (int r = 0; r < ranks; ++r) next.push_back(m_distributor->offset(r));
     for (std::size_t p = 0; p < count; ++p)
       if (m_plan[p].matrix) {
-        st.offset[p] = std::int64_t(next[m_plan[p].owner]);
-        next[m_plan[p].owner] += std::size_t(m_plan[p].rows * m_plan[p].columns);
+        st.offset[p] = next[std::size_t(m_plan[p].owner)];
+        next[std::size_t(m_plan[p].owner)] += m_plan[p].rows * m_plan[p].columns;
       }
-    st.gathered = typename Impl::MuonState<ExecutionSpace, Scalar>::Flat(
-        Kokkos::view_alloc(space, "Lather::Muon::gathered"), st.segment_offset.back());
-    auto positions = Kokkos::View<int*, Kokkos::HostSpace>("Lather::Muon::flag_positions", std::size_t(ranks));
-    for (int r = 0; r < ranks; ++r) positions(r) = int(st.segment_offset[r + 1] - 1);
-    st.flag_positions = Kokkos::View<int*, memory_space>(
-        Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Muon::flag_positions"), std::size_t(ranks));
-    Kokkos::deep_copy(space, st.flag_positions, positions);
-    st.flags = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(space, "Lather::Muon::flags"), std::size_t(ranks));
-    st.flags_host = Kokkos::create_mirror_view(st.flags);
-    ::lather::Impl::fence(space, "Lather::Muon: flag positions copied");
   });
   if (ranks == 1) {
     if (!local_error.empty()) throw Error(local_error, nullptr, 0);
@@ -302,12 +293,18 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   const auto correction = [](double beta, long count) { return Scalar(1) - std::pow(Scalar(beta), Scalar(count)); };
 
   // AdamW parameters: updated on every rank alike.
-  Impl::AdamWStep<ExecutionSpace, Scalar> adamw{Scalar(o.adam_beta1),      Scalar(o.adam_beta2),
-                                                Scalar(1 - o.adam_beta1),  Scalar(1 - o.adam_beta2),
-                                                Scalar(o.adam_epsilon),    Scalar(o.adam_epsilon_root),
-                                                Scalar(o.adam_weight_decay), lr,
-                                                correction(o.adam_beta1, t + 1), correction(o.adam_beta1, t + 2),
-                                                correction(o.adam_beta2, t + 1), o.nesterov};
+  Impl::AdamWStep<ExecutionSpace, Scalar> adamw{Scalar(o.adam_beta1),
+                                                Scalar(o.adam_beta2),
+                                                Scalar(1 - o.adam_beta1),
+                                                Scalar(1 - o.adam_beta2),
+                                                Scalar(o.adam_epsilon),
+                                                Scalar(o.adam_epsilon_root),
+                                                Scalar(o.adam_weight_decay),
+                                                lr,
+                                                correction(o.adam_beta1, t + 1),
+                                                correction(o.adam_beta1, t + 2),
+                                                correction(o.adam_beta2, t + 1),
+                                                o.nesterov};
   for (std::size_t p = 0; p < values.size(); ++p)
     if (!m_plan[p].matrix)
       adamw(space, values[p].data(), grads[p].data(), st.adam_mu[p].data(), st.adam_nu[p].data(),
@@ -328,7 +325,8 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
       // optax.contrib.scale_by_shape's width scaling sqrt(max(1, fan_out / fan_in)), fan_in the
       // rows (reduction axis 0), fan_out the product of the other dimensions.
       const Scalar scale = Scalar(std::sqrt(std::max(1.0, double(cols) / double(rows))));
-      Scalar* copy = st.gathered.data() ? st.gathered.data() + st.offset[p] : nullptr;
+      // Distributed, the new values also go to this rank's segment of the exchange.
+      Scalar* copy = distributed() ? m_distributor->buffer().data() + st.offset[p] : nullptr;
       Impl::muon_update(space, values[p].data(), copy, result, rows, cols, lr, scale, Scalar(o.weight_decay));
     }
   };
@@ -337,36 +335,16 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
     ++m_step;
     return;
   }
-  const std::string local_error = ::lather::Impl::local_failure(nullptr, own_share);
-  gather(space, st.gathered, local_error, "Muon::step " + std::to_string(t));
+  const std::string local_error = m_distributor->run_share(nullptr, own_share);
+  m_distributor->exchange(space, local_error, "Muon::step " + std::to_string(t));
   // Every other rank's new matrices into the parameters.
   for (std::size_t p = 0; p < values.size(); ++p) {
     if (!m_plan[p].matrix || m_plan[p].owner == rank) continue;
     const auto first = std::size_t(st.offset[p]);
-    Kokkos::deep_copy(space, values[p], Kokkos::subview(st.gathered, std::make_pair(first, first + values[p].extent(0))));
+    Kokkos::deep_copy(space, values[p],
+                      Kokkos::subview(m_distributor->buffer(), std::make_pair(first, first + values[p].extent(0))));
   }
   ++m_step;
-}
-
-template <class ExecutionSpace, class Scalar>
-void Muon<ExecutionSpace, Scalar>::gather(const ExecutionSpace& space,
-                                          const Kokkos::View<Scalar*, memory_space>& buffer,
-                                          const std::string& local_error, const std::string& context) {
-  // The flag closes this rank's segment of `buffer`; after the all-gather every rank reads every
-  // flag, so all agree on a failure without a second collective (the message costs one more,
-  // only when something failed).
-  auto& st = *m_state;
-  const int rank = m_group.rank();
-  const std::size_t first = st.segment_offset[rank], last = st.segment_offset[rank + 1];
-  Kokkos::deep_copy(space, Kokkos::subview(buffer, last - 1), Scalar(local_error.empty() ? 0 : 1));
-  m_group.allgatherv(space, Kokkos::View<const Scalar*, memory_space>(Kokkos::subview(buffer, std::make_pair(first, last))),
-                     buffer, st.counts);
-  Impl::collect_flags(space, buffer, st.flag_positions, st.flags);
-  Kokkos::deep_copy(space, st.flags_host, st.flags);
-  ::lather::Impl::fence(space, "Lather::Muon: failure flags on the host");
-  bool failed = false;
-  for (std::size_t r = 0; r < st.flags_host.extent(0); ++r) failed = failed || st.flags_host(r) != Scalar(0);
-  if (failed) m_group.agree_on_failure(context, local_error);
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -374,8 +352,10 @@ StateMemoryReport Muon<ExecutionSpace, Scalar>::memory_report() const {
   const auto& st = *m_state;
   StateMemoryReport r;
   for (std::size_t p = 0; p < m_plan.size(); ++p)
-    r.local_bytes += std::int64_t((st.momentum[p].size() + st.adam_mu[p].size() + st.adam_nu[p].size()) * sizeof(Scalar));
-  r.workspace_bytes = st.ws.bytes() + std::int64_t((st.gathered.size() + st.state_gathered.size()) * sizeof(Scalar));
+    r.local_bytes +=
+        std::int64_t((st.momentum[p].size() + st.adam_mu[p].size() + st.adam_nu[p].size()) * sizeof(Scalar));
+  r.workspace_bytes =
+      st.ws.bytes() + std::int64_t((m_distributor->buffer().size() + st.state_gathered.size()) * sizeof(Scalar));
   return r;
 }
 
@@ -385,19 +365,17 @@ auto Muon<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> 
   const int rank = m_group.rank();
   if (distributed()) {
     // Every matrix's momentum to every rank: each rank packs its own into its segment of a buffer
-    // laid out as the step's all-gather, then one all-gather (with the failure flag).
+    // laid out as the step's exchange, then one exchange (with the failure flag).
     const std::string local_error = ::lather::Impl::local_failure("muon.state_gather", [&] {
       if (!st.state_gathered.data())
-        st.state_gathered = Kokkos::View<Scalar*, memory_space>(
-            Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Muon::state_gathered"), st.gathered.size());
+        st.state_gathered = m_distributor->make_buffer(space, "Lather::Muon::state_gathered");
       for (std::size_t p = 0; p < m_plan.size(); ++p)
-        if (m_plan[p].matrix && m_plan[p].owner == rank)
-          Kokkos::deep_copy(space, state_view(p), st.momentum[p]);
+        if (m_plan[p].matrix && m_plan[p].owner == rank) Kokkos::deep_copy(space, state_view(p), st.momentum[p]);
     });
     if (!st.state_gathered.data()) {  // this rank failed to allocate: take part with the step buffer
-      gather(space, st.gathered, local_error, "Muon::state_arrays");
+      m_distributor->exchange(space, local_error, "Muon::state_arrays");
     } else {
-      gather(space, st.state_gathered, local_error, "Muon::state_arrays");
+      m_distributor->exchange(space, local_error, "Muon::state_arrays", st.state_gathered);
     }
   }
   std::vector<StateArray<memory_space>> arrays;
@@ -440,7 +418,8 @@ void Muon<ExecutionSpace, Scalar>::state_restored(const ExecutionSpace& space, l
   if (distributed() && st.state_gathered.data()) {
     // The filled arrays back into this rank's own momentum.
     for (std::size_t p = 0; p < m_plan.size(); ++p)
-      if (m_plan[p].matrix && m_plan[p].owner == m_group.rank()) Kokkos::deep_copy(space, st.momentum[p], state_view(p));
+      if (m_plan[p].matrix && m_plan[p].owner == m_group.rank())
+        Kokkos::deep_copy(space, st.momentum[p], state_view(p));
     ::lather::Impl::fence(space, "Lather::Muon: state restored");
   }
   state_released();

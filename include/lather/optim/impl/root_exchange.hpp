@@ -4,10 +4,15 @@
 // ranks computed. Preconditioners travel packed in their storage format (dense or quantized) in
 // device buffers, which go to MPI directly where it can read them.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/comm/group.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
-#include <lather/optim/shampoo.hpp>
+#include <lather/optim/shampoo_options.hpp>
+#include <lather/optim/statistic_metrics.hpp>
 
 #include <cstring>
 #include <vector>
@@ -42,7 +47,8 @@ class RootExchange {
     for (int s : local)
       if (owner[s] == rank) {
         const auto& mt = metrics[s];
-        mine.insert(mine.end(), {mt.error, double(mt.iterations), double(mt.consecutive_failures), double(mt.failures)});
+        mine.insert(mine.end(),
+                    {mt.error, double(mt.iterations), double(mt.consecutive_failures), double(mt.failures)});
       }
     std::vector<double> all(total(counts));
     m_group.allgatherv(mine.data(), all.data(), counts);

@@ -5,11 +5,16 @@
 // (a rejected root keeps the previous preconditioner) and the metrics recorded; the failure rule
 // (max_consecutive_root_failures) is checked after the metrics have been shared.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/core/error.hpp>
 #include <lather/linalg/inverse_root.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
-#include <lather/optim/shampoo.hpp>
+#include <lather/optim/shampoo_options.hpp>
+#include <lather/optim/statistic_metrics.hpp>
 
 #include <algorithm>
 #include <vector>
@@ -33,8 +38,8 @@ class RootPhase {
     m_root_options.relative_ridge = options.relative_matrix_epsilon;
     // Input and output of a chunk together stay within workspace_bytes (at least one matrix).
     const std::size_t per_matrix = 2 * std::size_t(max_size) * max_size * sizeof(T);
-    m_chunk = int(std::max<std::size_t>(
-        1, std::min<std::size_t>(std::max(owned, 1), options.root.workspace_bytes / per_matrix)));
+    m_chunk = int(
+        std::max<std::size_t>(1, std::min<std::size_t>(std::max(owned, 1), options.root.workspace_bytes / per_matrix)));
     m_in = Stack(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Shampoo::root_in"), m_chunk, max_size,
                  max_size);
     m_out = Stack(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Shampoo::root_out"), m_chunk,

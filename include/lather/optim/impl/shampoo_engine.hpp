@@ -13,10 +13,14 @@
 // units are all units and the roots are exchanged; distributed, each rank updates its share and
 // one all-gather of parameter values ends the step.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/comm/group.hpp>
-#include <lather/comm/impl/node_window.hpp>
-#include <lather/core/impl/fault_injection.hpp>
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/fault_injection.hpp>
+#include <lather/core/host_threads.hpp>
+#include <lather/optim/distribution.hpp>
 #include <lather/optim/impl/block_products.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/root_exchange.hpp>
@@ -24,7 +28,8 @@
 #include <lather/optim/impl/root_phase.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
 #include <lather/optim/impl/step_passes.hpp>
-#include <lather/optim/shampoo.hpp>
+#include <lather/optim/shampoo_options.hpp>
+#include <lather/optim/statistic_metrics.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -103,11 +108,23 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     m_plan = make_plan(parameters, m_options);
     const bool distributed = m_options.step_mode == StepMode::distributed || m_options.shard_optimizer_states ||
                              (m_options.step_mode == StepMode::automatic && m_group.size() > 1);
-    m_step_plan = make_step_plan(m_plan, m_options, m_group.size(), m_group.rank(), distributed);
+    // The exchange may go through node-shared memory: every rank passes the norms' collective at
+    // the start of its next step before it rewrites its segment (ExchangeOptions::shared_window).
+    ExchangeOptions exchange;
+    exchange.shared_window = m_options.shared_memory_gather;
+    m_distributor = make_distributor<ExecutionSpace, Scalar>(
+        distributed ? Placement::distributed : Placement::replicated, m_group, exchange);
+    m_step_plan = make_step_plan(m_plan, m_options, m_group.size(), *m_distributor);
     m_metrics.resize(m_plan.num_statistics());
     for (int s = 0; s < m_plan.num_statistics(); ++s)
-      m_metrics[s] = {m_plan.statistic_owner[s], m_plan.statistic_size[s], m_plan.statistic_exponent[s],
-                      m_step_plan.root_owner[s], 0.0, 0, 0, 0};
+      m_metrics[s] = {m_plan.statistic_owner[s],
+                      m_plan.statistic_size[s],
+                      m_plan.statistic_exponent[s],
+                      m_step_plan.root_owner[s],
+                      0.0,
+                      0,
+                      0,
+                      0};
     for (int s : m_plan.local_statistics)
       if (m_step_plan.root_owner[s] == m_group.rank()) m_mine.push_back(s);
     // Asynchronous roots in the background on a host backend make LAPACK calls while the step
@@ -115,8 +132,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     // 1 thread than on 2): host threads for the products, which set the count to 1 for their
     // phase, would make the roots depend on timing. There the products keep to this thread, and
     // so do the element-wise passes, the roots' threads having the CPUs.
-    const bool roots_in_background = ::lather::Impl::runs_on_host<ExecutionSpace> && m_options.async_roots &&
-                                     m_options.async_roots_in_background;
+    const bool roots_in_background =
+        ::lather::Impl::runs_on_host<ExecutionSpace> && m_options.async_roots && m_options.async_roots_in_background;
     m_step_threads = roots_in_background ? 1 : threads.products;
     allocate_stores(space);
     allocate_state(space);
@@ -125,9 +142,9 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     if (m_options.async_roots)
       m_async_roots = std::make_unique<AsyncRoots<ExecutionSpace, T>>(
           m_options, async_root_threads<memory_space>(m_options, threads.roots));
-    m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(space, m_plan, m_step_plan,
-                                                                    m_options.root.workspace_bytes, quantized(),
-                                                                    m_step_threads, m_options.product_host_threads == 0);
+    m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(
+        space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(), m_step_threads,
+        m_options.product_host_threads == 0);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -148,11 +165,11 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     });
     phases.end("pack");
     const AgreedNorms gradient = parameter_norms(space, !local_error.empty());
-    const std::vector<Sums2>& gradient_norm2 = gradient.norms;
+    const std::vector<SquaredNorms>& gradient_norm2 = gradient.norms;
     phases.end("communication");
     std::string bad_gradient;
     for (std::size_t p = 0; p < gradient_norm2.size() && bad_gradient.empty() && gradient.failures == 0; ++p)
-      if (!std::isfinite(gradient_norm2[p].a))
+      if (!std::isfinite(gradient_norm2[p].plain))
         bad_gradient = ::lather::Impl::concat("the gradient of '", m_plan.parameters[p].spec.name,
                                               "' contains NaN or Inf; the optimizer state was not changed");
     // Distributed, the norms and the failure count were summed over the group (and the shards),
@@ -205,14 +222,10 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     const auto c = step_scalars(t);
     set_gradient_scales(space, gradient_norm2);
     const auto graft = [&] {
-      graft_and_norms<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, c, m_parameter_scalars,
-                                                               m_direction, m_diagonal, m_packed, m_unit_norms, m_mine_threads);
+      graft_and_norms<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, c, m_parameter_scalars, m_direction,
+                                                               m_diagonal, m_packed, m_unit_norms, m_mine_threads);
     };
-    std::string share_error;
-    if (m_step_plan.distributed)
-      share_error = ::lather::Impl::local_failure("shampoo.distributed_step", graft);
-    else
-      graft();
+    const std::string share_error = m_distributor->run_share("shampoo.distributed_step", graft);
     phases.end("graft");
     const AgreedNorms norms = parameter_norms(space, !share_error.empty());
     phases.end("communication");
@@ -227,42 +240,28 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
       column_maxima<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_values.device(),
                                                              m_parameter_scalars, element);
       if (m_step_plan.distributed || m_row_split_columns > 0) phases.end("update");
-      if (m_step_plan.distributed) m_group.allreduce(space, m_scales[1], comm::Combine::max);
+      m_distributor->combine(space, m_scales[1], comm::Combine::max);
       if (m_row_split_columns > 0) {
         // Tensors split by rows: the maxima over the shards (their columns come first).
         const auto first = std::make_pair(std::size_t(0), std::size_t(m_row_split_columns));
-        const auto second = std::make_pair(std::size_t(m_quantized_columns),
-                                           std::size_t(m_quantized_columns + m_row_split_columns));
+        const auto second =
+            std::make_pair(std::size_t(m_quantized_columns), std::size_t(m_quantized_columns + m_row_split_columns));
         m_shards.allreduce(space, V1<Scalar>(Kokkos::subview(m_scales[1], first)), comm::Combine::max);
         m_shards.allreduce(space, V1<Scalar>(Kokkos::subview(m_scales[1], second)), comm::Combine::max);
       }
       if (m_step_plan.distributed || m_row_split_columns > 0) phases.end("communication");
     }
-    // Distributed, the new values also go to this rank's part of the gathered buffer, which the
-    // all-gather then fills in place; only the other parts are unpacked into the parameters.
-    if (m_step_plan.distributed && m_gather_shared < 0) share_gathered_buffer();  // collective, once
-    const V1<Scalar> own = m_step_plan.distributed
-                               ? V1<Scalar>(Kokkos::subview(m_gathered, std::make_pair(std::size_t(m_own_offset),
-                                                                                       std::size_t(m_own_offset +
-                                                                                                   m_step_plan.my_elements()))))
-                               : V1<Scalar>();
-    update_parameters<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_values.device(),
-                                                               m_parameter_scalars, element, own, m_mine_threads);
+    // Distributed, the new values also go to this rank's segment of the exchange, which then fills
+    // in the other parts; only those are unpacked into the parameters.
+    update_parameters<ExecutionSpace, Scalar, T, memory_space>(
+        space, m_mine_table, m_values.device(), m_parameter_scalars, element, m_distributor->segment(), m_mine_threads);
     std::swap(m_scales[0], m_scales[1]);  // the new scales are the current ones from here on
     phases.end("update");
     if (m_step_plan.distributed) {
-      if (m_gather_shared == 1) {
-        // The buffer is node-shared memory: every part is in place once all ranks wrote theirs. A
-        // rank rewrites its part only in its next step, after the collectives of that step's
-        // start (the norms), which no rank enters before it has unpacked this step's parts.
-        ::lather::Impl::fence(space, "Lather::Shampoo: own part in the shared buffer");
-        m_gather_window.synchronize();
-      } else {
-        m_group.allgatherv(space, V1<const Scalar>(own), m_gathered, part_counts());
-      }
+      m_distributor->exchange(space, "", context);
       phases.end("communication");
-      scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, m_others_table, m_values.device(), m_gathered,
-                                                            m_others_threads);
+      scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, m_others_table, m_values.device(),
+                                                            m_distributor->buffer(), m_others_threads);
       phases.end("update");
     }
     ++m_step;
@@ -338,7 +337,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   /// Per-parameter sums of the last pass, and how many ranks (of the group when distributed, and
   /// of the shards) reported a failure of the work before it.
   struct AgreedNorms {
-    std::vector<Sums2> norms;
+    std::vector<SquaredNorms> norms;
     long failures = 0;
   };
   AgreedNorms parameter_norms(const ExecutionSpace& space, bool failed);
@@ -357,16 +356,11 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     if (m_shards.size() > 1) m_shards.agree_on_failure("", agreed);
     if (!agreed.empty()) throw Error(agreed, nullptr, 0);
   }
-  void set_gradient_scales(const ExecutionSpace& space, const std::vector<Sums2>& gradient_norm2);
-  void set_multipliers(const ExecutionSpace& space, const std::vector<Sums2>& norms2, double lr);
+  void set_gradient_scales(const ExecutionSpace& space, const std::vector<SquaredNorms>& gradient_norm2);
+  void set_multipliers(const ExecutionSpace& space, const std::vector<SquaredNorms>& norms2, double lr);
   bool sums_over_shards(int p) const;
   bool split_by_rows(int p) const;
   void upload_parameter_scalars(const ExecutionSpace& space);
-  std::vector<std::size_t> part_counts() const;
-  /// Distributed, at the first step (collective over the group): on one node, the gathered buffer
-  /// moves into a node-shared window whose slots are the parts, so the all-gather becomes a
-  /// barrier (ReduceOptions::shared_memory explains the window).
-  void share_gathered_buffer();
 
   // ---- members ----------------------------------------------------------------------------------
 
@@ -375,6 +369,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   StepPlan m_step_plan;
   comm::Group m_group;
   comm::Group m_shards;  // ranks holding the other slices of split parameters
+  /// Which rank updates each unit, and the exchange of the new values (the step plan's parts).
+  std::unique_ptr<Distributor<ExecutionSpace, Scalar>> m_distributor;
   std::vector<int> m_mine;  // statistics whose roots this rank computes
   long m_step = 0;
 
@@ -393,16 +389,12 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   PointerTable<Scalar, memory_space> m_values, m_gradients;
   std::vector<ParameterScalars<Scalar>> m_parameter_scalars_host;
   V1<ParameterScalars<Scalar>> m_parameter_scalars;
-  V1<Sums2> m_unit_norms;
-  typename V1<Sums2>::HostMirror m_unit_norms_host;
+  V1<SquaredNorms> m_unit_norms;
+  typename V1<SquaredNorms>::HostMirror m_unit_norms_host;
 
   // Packed per-element buffers over this rank's units, and the per-element state.
   V1<Scalar> m_packed;  // this rank's gradient values in packed order; after the graft pass, the graft
   V1<Scalar> m_diagonal, m_momentum, m_diagonal_momentum;
-  V1<Scalar> m_gathered;          // distributed: every part's new values, part by part
-  comm::Impl::NodeWindow m_gather_window;  // holds m_gathered where the group shares one node
-  int m_gather_shared = -1;               // 1: m_gathered is node-shared; -1: not decided yet
-  std::int64_t m_own_offset = 0;  // where this rank's part starts in it
   V1<T> m_packed_t, m_direction;
   V1<std::int8_t> m_momentum_codes, m_diagonal_momentum_codes;
   /// int8 momentum: the column scales [momentum columns | diagonal momentum columns], current and

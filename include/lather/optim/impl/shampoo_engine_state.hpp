@@ -8,6 +8,10 @@
 // state_restored() packs them back. docs/reference/checkpoint-format.md lists the arrays.
 // Included at the end of shampoo_engine.hpp.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/optim/impl/shampoo_engine.hpp>
 
 #include <functional>
@@ -24,9 +28,9 @@ StateMemoryReport ShampooEngine<ExecutionSpace, Scalar, T>::memory_report() cons
     (store->quantized() ? r.quantized_bytes : r.stack_bytes) += store->bytes();
   r.local_bytes = bytes(m_diagonal) + bytes(m_momentum) + bytes(m_diagonal_momentum);
   r.quantized_bytes += bytes(m_momentum_codes) + bytes(m_diagonal_momentum_codes) + bytes(m_scales[0]);
-  r.workspace_bytes = bytes(m_packed) + bytes(m_packed_t) + bytes(m_direction) +
-                      bytes(m_gathered) + bytes(m_scales[1]) + m_roots->workspace_bytes() +
-                      m_products->workspace_bytes() + (m_async_roots ? m_async_roots->workspace_bytes() : 0);
+  r.workspace_bytes = bytes(m_packed) + bytes(m_packed_t) + bytes(m_direction) + bytes(m_distributor->buffer()) +
+                      bytes(m_scales[1]) + m_roots->workspace_bytes() + m_products->workspace_bytes() +
+                      (m_async_roots ? m_async_roots->workspace_bytes() : 0);
   for (const auto& v : m_state_scalars) r.workspace_bytes += bytes(v);
   for (const auto& v : m_state_codes) r.workspace_bytes += bytes(v);
   return r;
@@ -71,7 +75,7 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
     a.shape = std::move(shape);
     a.writer = rank == 0;
     a.host_bytes = Kokkos::View<char*, Kokkos::HostSpace, Unmanaged>(static_cast<char*>(data),
-                                                                      std::size_t(elements) * size_of(dtype));
+                                                                     std::size_t(elements) * size_of(dtype));
     return a;
   };
   const std::int64_t n = m_plan.num_statistics();
@@ -85,8 +89,9 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
     const std::vector<std::int64_t> rows(stored.begin(), stored.end());
     std::vector<int> row_parameter;
     for (int s : stored) row_parameter.push_back(m_plan.statistic_owner[s]);
-    for (const auto& [name, store] : {std::pair<const char*, Store*>{"global/statistics", m_statistics.get()},
-                                      std::pair<const char*, Store*>{"global/preconditioners", m_preconditioners.get()}})
+    for (const auto& [name, store] :
+         {std::pair<const char*, Store*>{"global/statistics", m_statistics.get()},
+          std::pair<const char*, Store*>{"global/preconditioners", m_preconditioners.get()}})
       for (const auto& part : store->arrays()) {
         StateArray<memory_space> a;
         a.name = name + part.suffix;
@@ -130,7 +135,8 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
   m_state_scalars.assign(3 * parameters, V1<Scalar>());
   m_state_codes.assign(2 * parameters, V1<std::int8_t>());
   std::vector<std::function<void()>> sums;  // distributed: the sums over the group, run after the agreement
-  const auto spread = [&](auto& full, std::size_t first, const auto& buffer, int kind, const std::vector<char>& wanted) {
+  const auto spread = [&](auto& full, std::size_t first, const auto& buffer, int kind,
+                          const std::vector<char>& wanted) {
     using Value = typename std::decay_t<decltype(buffer)>::value_type;
     // One zeroed buffer holds the wanted tensors one after the other: one allreduce sums them all.
     std::size_t total = 0;
@@ -152,7 +158,8 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
     const auto table = ShampooState::state_table(space, m_plan, m_step_plan, kind);
     scatter<ExecutionSpace, Value, Value, memory_space>(space, table, pointers.device(),
                                                         Kokkos::View<const Value*, memory_space>(buffer));
-    if (m_step_plan.distributed) sums.push_back([this, space, all] { m_group.allreduce(space, all, comm::Combine::sum); });
+    if (m_step_plan.distributed)
+      sums.push_back([this, space, all] { m_group.allreduce(space, all, comm::Combine::sum); });
   };
   // From the options, not from this rank's buffer: a rank that updates no unit (distributed)
   // holds an empty one, and must still join the sum.
@@ -196,7 +203,8 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
       const auto& s = m_parameter_scalars_host[p];
       const TensorShape columns(pp.spec.shape.begin() + 1, pp.spec.shape.end());
       const auto range = [&](std::int64_t base) {
-        return V1<Scalar>(Kokkos::subview(m_scales[0], std::make_pair(std::size_t(base), std::size_t(base + s.columns))));
+        return V1<Scalar>(
+            Kokkos::subview(m_scales[0], std::make_pair(std::size_t(base), std::size_t(base + s.columns))));
       };
       local("momentum/codes", m_state_codes[p], pp.spec.shape);
       local("momentum/scales", range(s.column_base), columns);
@@ -230,8 +238,8 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::state_restored(const ExecutionSpa
                                    full.begin() + std::ptrdiff_t(first + parameters));
     PointerTable<Value, memory_space> pointers;
     pointers.update(space, tensors);
-    gather<ExecutionSpace, Value, Value, memory_space>(space, ShampooState::state_table(space, m_plan, m_step_plan, kind),
-                                                       pointers.device(), buffer);
+    gather<ExecutionSpace, Value, Value, memory_space>(
+        space, ShampooState::state_table(space, m_plan, m_step_plan, kind), pointers.device(), buffer);
   };
   if (m_state_scalars.size() == 3 * parameters) {
     pack(m_state_scalars, 0, m_diagonal, 2);

@@ -3,6 +3,10 @@
 // per-element state; the scalars of a step; the inverse roots and their exchange; the per-parameter
 // norms and the grafting multipliers. Included at the end of shampoo_engine.hpp.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/optim/impl/shampoo_engine.hpp>
 
 namespace lather::optim::Impl {
@@ -10,8 +14,8 @@ namespace lather::optim::Impl {
 template <class ExecutionSpace, class Scalar, class T>
 void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_stores(const ExecutionSpace& space) {
   const int stored = int(m_step_plan.stored.size()), slots = std::max(1, stored);
-  m_statistics = make_matrix_store<ExecutionSpace, T>(space, quantized(), "Lather::Shampoo::statistics", slots,
-                                                      m_plan.max_size);
+  m_statistics =
+      make_matrix_store<ExecutionSpace, T>(space, quantized(), "Lather::Shampoo::statistics", slots, m_plan.max_size);
   m_preconditioners = make_matrix_store<ExecutionSpace, T>(space, quantized(), "Lather::Shampoo::preconditioners",
                                                            slots, m_plan.max_size);
   // Statistics start at matrix_epsilon * I, preconditioners at I.
@@ -82,34 +86,33 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
   alloc(m_momentum_codes, "momentum_codes", codes);
   alloc(m_diagonal_momentum_codes, "diagonal_momentum_codes", codes);
 
-  // Distributed: the units of the other parts in the order of the gathered buffer (part by part;
-  // this rank's own part lands there too, at m_own_offset, but its parameters are already updated).
+  // Distributed: the units of the other parts in the order of the exchange buffer (part by part;
+  // this rank's own part lands there too, but its parameters are already updated).
+  m_distributor->lay_out(space, step.part_elements, "Lather::Shampoo::gathered_parameters");
   if (step.distributed) {
     std::vector<int> others;
     std::vector<std::int64_t> at;
-    std::int64_t displacement = 0;
-    for (int part = 0; part < step.parts; ++part) {
-      if (part == step.part) m_own_offset = displacement;
+    for (int part = 0; part < step.parts; ++part)
       for (int u : step.order[part])
         if (part != step.part) {
           others.push_back(u);
-          at.push_back(displacement + step.packed_offset[u]);
+          at.push_back(m_distributor->offset(part) + step.packed_offset[u]);
         }
-      displacement += step.part_elements[part];
-    }
     m_others_table = make_unit_table(space, m_plan, step, others, at, std::vector<std::int64_t>(others.size(), 0));
-    m_others_threads = pass_threads(others.size(), displacement - step.my_elements());
-    scratch(m_gathered, "gathered_parameters", displacement);
+    std::int64_t other_elements = 0;
+    for (int part = 0; part < step.parts; ++part)
+      if (part != step.part) other_elements += step.part_elements[part];
+    m_others_threads = pass_threads(others.size(), other_elements);
   }
   upload_parameter_scalars(space);
 }
 
 template <class ExecutionSpace, class Scalar, class T>
 void ShampooEngine<ExecutionSpace, Scalar, T>::upload_parameter_scalars(const ExecutionSpace& space) {
-  Kokkos::deep_copy(space, m_parameter_scalars,
-                    Kokkos::View<const ParameterScalars<Scalar>*, Kokkos::HostSpace,
-                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>(m_parameter_scalars_host.data(),
-                                                                          m_parameter_scalars_host.size()));
+  Kokkos::deep_copy(
+      space, m_parameter_scalars,
+      Kokkos::View<const ParameterScalars<Scalar>*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+          m_parameter_scalars_host.data(), m_parameter_scalars_host.size()));
   // The host vector is rewritten by the next step.
   ::lather::Impl::fence(space, "Lather::Shampoo: per-parameter scalars uploaded");
 }
@@ -191,9 +194,9 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::compute_preconditioners(const Exe
   }
   phases.end("communication");
   // The failure rule reads the shared metrics: the same verdict on every rank of the group.
-  if (agreed.empty()) agreed = ::lather::Impl::local_failure(nullptr, [&] {
-    m_roots->check_failures(m_plan, m_plan.local_statistics, m_metrics, m_step);
-  });
+  if (agreed.empty())
+    agreed = ::lather::Impl::local_failure(
+        nullptr, [&] { m_roots->check_failures(m_plan, m_plan.local_statistics, m_metrics, m_step); });
   // The other weight shards computed their own roots: one agreement tells them too.
   if (m_shards.size() > 1) m_shards.agree_on_failure("", agreed);
   if (!agreed.empty()) throw Error(agreed, nullptr, 0);
@@ -228,12 +231,12 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::parameter_norms(const ExecutionSp
     const auto& mine = m_step_plan.mine();
     for (std::size_t k = 0; k < mine.size(); ++k) {
       const int p = m_step_plan.units[mine[k]].parameter;
-      sums[2 * p] += m_unit_norms_host(k).a;
-      sums[2 * p + 1] += m_unit_norms_host(k).b;
+      sums[2 * p] += m_unit_norms_host(k).plain;
+      sums[2 * p + 1] += m_unit_norms_host(k).preconditioned;
     }
   }
   sums[2 * parameters] = failed ? 1.0 : 0.0;
-  if (m_step_plan.distributed) m_group.allreduce(sums, comm::Combine::sum);
+  m_distributor->combine(sums, comm::Combine::sum);
   if (m_shards.size() > 1) {
     std::vector<double> split;
     for (std::size_t p = 0; p < parameters; ++p)
@@ -252,14 +255,14 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::parameter_norms(const ExecutionSp
 
 template <class ExecutionSpace, class Scalar, class T>
 void ShampooEngine<ExecutionSpace, Scalar, T>::set_gradient_scales(const ExecutionSpace& space,
-                                                                   const std::vector<Sums2>& gradient_norm2) {
+                                                                   const std::vector<SquaredNorms>& gradient_norm2) {
   // Only the normalized grafts scale the gradient; the others keep the initial scale of 1 (and
   // set_multipliers uploads the scalars anyway).
   const bool normalized =
       m_options.graft_type == GraftType::adagrad_normalized || m_options.graft_type == GraftType::rmsprop_normalized;
   if (!normalized) return;
   for (std::size_t p = 0; p < gradient_norm2.size(); ++p)
-    m_parameter_scalars_host[p].gradient_scale = Scalar(1.0 / (std::sqrt(gradient_norm2[p].a) + 1e-16));
+    m_parameter_scalars_host[p].gradient_scale = Scalar(1.0 / (std::sqrt(gradient_norm2[p].plain) + 1e-16));
   upload_parameter_scalars(space);
 }
 
@@ -267,12 +270,12 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::set_gradient_scales(const Executi
 /// tensor (a split tensor as a whole).
 template <class ExecutionSpace, class Scalar, class T>
 void ShampooEngine<ExecutionSpace, Scalar, T>::set_multipliers(const ExecutionSpace& space,
-                                                               const std::vector<Sums2>& norms2, double lr) {
+                                                               const std::vector<SquaredNorms>& norms2, double lr) {
   const auto& o = m_options;
   for (std::size_t p = 0; p < norms2.size(); ++p) {
     const auto& pp = m_plan.parameters[p];
     auto& s = m_parameter_scalars_host[p];
-    const double graft_norm_raw = std::sqrt(norms2[p].a);
+    const double graft_norm_raw = std::sqrt(norms2[p].plain);
     double graft_multiplier = 1.0;
     if ((o.graft_type == GraftType::rmsprop || o.graft_type == GraftType::rmsprop_normalized) &&
         o.clip_by_scaled_gradient_norm > 0) {
@@ -282,31 +285,12 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::set_multipliers(const ExecutionSp
     if (!o.decoupled_learning_rate) graft_multiplier *= lr;
     const double graft_norm = graft_norm_raw * graft_multiplier;
     // The reference sets precond_grad = grafting_update for the parameters it skips.
-    const double shampoo_multiplier = pp.preconditioned ? graft_norm / (std::sqrt(norms2[p].b) + 1e-16)
+    const double shampoo_multiplier = pp.preconditioned ? graft_norm / (std::sqrt(norms2[p].preconditioned) + 1e-16)
                                                         : graft_multiplier * (graft_norm / (graft_norm + 1e-16));
     s.graft_multiplier = Scalar(graft_multiplier);
     s.shampoo_multiplier = Scalar(shampoo_multiplier);
   }
   upload_parameter_scalars(space);
-}
-
-template <class ExecutionSpace, class Scalar, class T>
-void ShampooEngine<ExecutionSpace, Scalar, T>::share_gathered_buffer() {
-  m_gather_shared = 0;
-  if (!m_options.shared_memory_gather) return;  // agreed at construction, with every option
-  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace> &&
-                std::is_same<memory_space, Kokkos::HostSpace>::value) {
-    if (m_group.ranks_on_node() != m_group.size()) return;  // the group is not on one node
-    if (!m_gather_window.allocate_contiguous(m_group, std::size_t(m_step_plan.my_elements()) * sizeof(Scalar)))
-      return;
-    m_gathered = V1<Scalar>(static_cast<Scalar*>(m_gather_window.slot(0)), m_gathered.extent(0));
-    m_gather_shared = 1;
-  }
-}
-
-template <class ExecutionSpace, class Scalar, class T>
-std::vector<std::size_t> ShampooEngine<ExecutionSpace, Scalar, T>::part_counts() const {
-  return std::vector<std::size_t>(m_step_plan.part_elements.begin(), m_step_plan.part_elements.end());
 }
 
 }  // namespace lather::optim::Impl

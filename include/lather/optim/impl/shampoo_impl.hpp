@@ -3,6 +3,10 @@
 // for lather::DefaultExecutionSpace (and the host space on device builds); a program that needs
 // another execution space includes this header and uses the class as usual.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/impl/shampoo_engine.hpp>
 #include <lather/optim/shampoo.hpp>
@@ -17,9 +21,9 @@ Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vecto
 
 template <class ExecutionSpace, class Scalar>
 Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
-                                         ShampooOptions options, const comm::Group& group,
-                                         const comm::Group& shards)
-    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters), typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()) {
+                                         ShampooOptions options, const comm::Group& group, const comm::Group& shards)
+    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters),
+                                        typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()) {
   // The one collective that does not wait for the agreement below: every rank reaches it, before
   // anything that may throw on one rank only.
   const Impl::HostThreads threads = Impl::host_threads(options, group, shards, space);
@@ -27,11 +31,11 @@ Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vecto
     ::lather::Impl::fault_point("shampoo.construct");
     this->validate_parameters();  // the engine validates the options
     if (options.statistics_precision == linalg::Precision::float64)
-      m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, double>>(
-          space, this->m_parameters, options, group, shards, threads);
+      m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, double>>(space, this->m_parameters,
+                                                                                       options, group, shards, threads);
     else
-      m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, float>>(
-          space, this->m_parameters, options, group, shards, threads);
+      m_engine = std::make_unique<Impl::ShampooEngine<ExecutionSpace, Scalar, float>>(space, this->m_parameters,
+                                                                                      options, group, shards, threads);
   };
   if (group.size() == 1 && shards.size() == 1) {
     setup();
@@ -62,7 +66,8 @@ StateMemoryReport Shampoo<ExecutionSpace, Scalar>::memory_report() const {
   return m_engine->memory_report();
 }
 template <class ExecutionSpace, class Scalar>
-auto Shampoo<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> std::vector<StateArray<memory_space>> {
+auto Shampoo<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space)
+    -> std::vector<StateArray<memory_space>> {
   return m_engine->state_arrays(space);
 }
 template <class ExecutionSpace, class Scalar>
@@ -132,7 +137,8 @@ std::vector<std::pair<std::string, std::string>> Shampoo<ExecutionSpace, Scalar>
 }
 
 template <class ExecutionSpace, class Scalar>
-std::vector<std::pair<std::string, std::string>> Shampoo<ExecutionSpace, Scalar>::describe(const ShampooOptions& options) {
+std::vector<std::pair<std::string, std::string>> Shampoo<ExecutionSpace, Scalar>::describe(
+    const ShampooOptions& options) {
   std::vector<std::pair<std::string, std::string>> out = {{"optimizer", "shampoo"},
                                                           {"learning_rate_schedule", options.learning_rate.describe()}};
   for (const auto& name : option_names())

@@ -6,8 +6,12 @@
 // packed values back into the parameters. Units are described on the device by a UnitTable; the
 // parameters are reached through a table of their pointers.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/core/error.hpp>
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/host_threads.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
 
@@ -24,21 +28,23 @@ namespace kmath = ::lather::Impl::kmath;
 
 constexpr int max_block_rank = 8;
 
-/// Two sums in double, reduced together inside a team.
-struct Sums2 {
-  double a = 0, b = 0;
-  Sums2() = default;
-  KOKKOS_INLINE_FUNCTION Sums2(double x, double y) : a(x), b(y) {}
-  KOKKOS_INLINE_FUNCTION Sums2& operator+=(const Sums2& other) {
-    a += other.a;
-    b += other.b;
+/// The two squared norms grafting needs, in double, reduced together inside a team: `plain` of
+/// the vector before preconditioning (the gradient after packing, the graft after the graft
+/// pass), `preconditioned` of Shampoo's direction.
+struct SquaredNorms {
+  double plain = 0, preconditioned = 0;
+  SquaredNorms() = default;
+  KOKKOS_INLINE_FUNCTION SquaredNorms(double x, double y) : plain(x), preconditioned(y) {}
+  KOKKOS_INLINE_FUNCTION SquaredNorms& operator+=(const SquaredNorms& other) {
+    plain += other.plain;
+    preconditioned += other.preconditioned;
     return *this;
   }
 #if KOKKOS_VERSION < 40000
   // Kokkos 3 reduces custom types through volatile references on some backends.
-  KOKKOS_INLINE_FUNCTION void operator+=(const volatile Sums2& other) volatile {
-    a += other.a;
-    b += other.b;
+  KOKKOS_INLINE_FUNCTION void operator+=(const volatile SquaredNorms& other) volatile {
+    plain += other.plain;
+    preconditioned += other.preconditioned;
   }
 #endif
 };
@@ -47,8 +53,10 @@ struct Sums2 {
 
 namespace Kokkos {
 template <>
-struct reduction_identity<lather::optim::Impl::Sums2> {
-  KOKKOS_FORCEINLINE_FUNCTION static lather::optim::Impl::Sums2 sum() { return lather::optim::Impl::Sums2(0, 0); }
+struct reduction_identity<lather::optim::Impl::SquaredNorms> {
+  KOKKOS_FORCEINLINE_FUNCTION static lather::optim::Impl::SquaredNorms sum() {
+    return lather::optim::Impl::SquaredNorms(0, 0);
+  }
 };
 }  // namespace Kokkos
 
@@ -87,9 +95,8 @@ UnitTable<MemorySpace> make_unit_table(const ExecutionSpace& space, const Shampo
   Kokkos::deep_copy(strides_host, 0);
   for (std::size_t p = 0; p < plan.parameters.size(); ++p) {
     const auto& shape = plan.parameters[p].local_shape;
-    LATHER_REQUIRE(shape.size() <= std::size_t(max_block_rank), "Shampoo supports tensors of rank <= ",
-                   max_block_rank, " after shape interpretation, got ", shape.size(), " for ",
-                   plan.parameters[p].spec.name);
+    LATHER_REQUIRE(shape.size() <= std::size_t(max_block_rank), "Shampoo supports tensors of rank <= ", max_block_rank,
+                   " after shape interpretation, got ", shape.size(), " for ", plan.parameters[p].spec.name);
     std::int64_t stride = 1;
     for (int d = int(shape.size()) - 1; d >= 0; --d) {
       strides_host(p, d) = stride;
@@ -145,28 +152,42 @@ struct HostUnit {
 };
 
 /// Calls f(packed, flat, count) over the elements of unit k of the table in runs: packed indices
-/// packed .. packed + count - 1 and flat indices flat .. flat + count - 1 are one run. On the host
-/// a run is a row of the box (or a piece of a range), a loop the pass writes with restrict
-/// pointers so that it vectorises; on a device every vector lane gets one element (count 1).
+/// packed .. packed + count - 1 and flat indices flat .. flat + count - 1 are one run. A body per
+/// backend family (kokkos_compat.hpp's BodyFor): on the host a run is a row of the box (or a piece
+/// of a range), a loop the pass writes with restrict pointers so that it vectorises; on a device
+/// every vector lane gets one element (count 1).
 template <class ExecutionSpace, class MemorySpace, class Member, class F>
-KOKKOS_INLINE_FUNCTION void for_unit_runs(const Member& member, const UnitTable<MemorySpace>& t, int k, const F& f) {
+KOKKOS_INLINE_FUNCTION void for_unit_runs(::lather::Impl::HostBody, const Member& member,
+                                          const UnitTable<MemorySpace>& t, int k, const F& f) {
   using Table = UnitTable<MemorySpace>;
-  constexpr bool host = ::lather::Impl::runs_on_host<ExecutionSpace>;
   const std::int64_t packed = t.units(k, Table::packed);
   const int rank = int(t.units(k, Table::rank));
   const std::int64_t elements = t.units(k, Table::elements);
   if (rank == 0) {
     const std::int64_t begin = t.units(k, Table::begin);
-    if constexpr (host) {
-      constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, (elements + run - 1) / run), [&](std::int64_t r) {
-        const std::int64_t e = r * run;
-        f(packed + e, begin + e, e + run < elements ? run : elements - e);
-      });
-    } else {
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements),
-                           [&](std::int64_t e) { f(packed + e, begin + e, std::int64_t(1)); });
-    }
+    constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, (elements + run - 1) / run), [&](std::int64_t r) {
+      const std::int64_t e = r * run;
+      f(packed + e, begin + e, e + run < elements ? run : elements - e);
+    });
+    return;
+  }
+  const int p = int(t.units(k, Table::parameter));
+  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements / last),
+                       [&](std::int64_t row) { f(packed + row * last, row_start(t, k, p, rank, row), last); });
+}
+template <class ExecutionSpace, class MemorySpace, class Member, class F>
+KOKKOS_INLINE_FUNCTION void for_unit_runs(::lather::Impl::DeviceBody, const Member& member,
+                                          const UnitTable<MemorySpace>& t, int k, const F& f) {
+  using Table = UnitTable<MemorySpace>;
+  const std::int64_t packed = t.units(k, Table::packed);
+  const int rank = int(t.units(k, Table::rank));
+  const std::int64_t elements = t.units(k, Table::elements);
+  if (rank == 0) {
+    const std::int64_t begin = t.units(k, Table::begin);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements),
+                         [&](std::int64_t e) { f(packed + e, begin + e, std::int64_t(1)); });
     return;
   }
   const int p = int(t.units(k, Table::parameter));
@@ -174,63 +195,81 @@ KOKKOS_INLINE_FUNCTION void for_unit_runs(const Member& member, const UnitTable<
   Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements / last), [&](std::int64_t row) {
     const std::int64_t flat = row_start(t, k, p, rank, row);
     const std::int64_t base = packed + row * last;
-    if constexpr (host)
-      f(base, flat, last);
-    else
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, last),
-                           [&](std::int64_t j) { f(base + j, flat + j, std::int64_t(1)); });
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, last),
+                         [&](std::int64_t j) { f(base + j, flat + j, std::int64_t(1)); });
   });
 }
-
-/// for_unit_runs with f(packed, flat, count, Sums2& sums) accumulating; returns the team's total.
 template <class ExecutionSpace, class MemorySpace, class Member, class F>
-KOKKOS_INLINE_FUNCTION Sums2 reduce_unit_runs(const Member& member, const UnitTable<MemorySpace>& t, int k,
-                                              const F& f) {
+KOKKOS_INLINE_FUNCTION void for_unit_runs(const Member& member, const UnitTable<MemorySpace>& t, int k, const F& f) {
+  for_unit_runs<ExecutionSpace>(::lather::Impl::BodyFor<ExecutionSpace>{}, member, t, k, f);
+}
+
+/// for_unit_runs with f(packed, flat, count, SquaredNorms& sums) accumulating; returns the team's total.
+template <class ExecutionSpace, class MemorySpace, class Member, class F>
+KOKKOS_INLINE_FUNCTION SquaredNorms reduce_unit_runs(::lather::Impl::HostBody, const Member& member,
+                                                     const UnitTable<MemorySpace>& t, int k, const F& f) {
   using Table = UnitTable<MemorySpace>;
-  constexpr bool host = ::lather::Impl::runs_on_host<ExecutionSpace>;
   const std::int64_t packed = t.units(k, Table::packed);
   const int rank = int(t.units(k, Table::rank));
   const std::int64_t elements = t.units(k, Table::elements);
-  Sums2 total;
+  SquaredNorms total;
   if (rank == 0) {
     const std::int64_t begin = t.units(k, Table::begin);
-    if constexpr (host) {
-      constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(member, (elements + run - 1) / run),
-          [&](std::int64_t r, Sums2& sums) {
-            const std::int64_t e = r * run;
-            f(packed + e, begin + e, e + run < elements ? run : elements - e, sums);
-          },
-          Kokkos::Sum<Sums2>(total));
-    } else {
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(member, elements),
-          [&](std::int64_t e, Sums2& sums) { f(packed + e, begin + e, std::int64_t(1), sums); },
-          Kokkos::Sum<Sums2>(total));
-    }
+    constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(member, (elements + run - 1) / run),
+        [&](std::int64_t r, SquaredNorms& sums) {
+          const std::int64_t e = r * run;
+          f(packed + e, begin + e, e + run < elements ? run : elements - e, sums);
+        },
+        Kokkos::Sum<SquaredNorms>(total));
     return total;
   }
   const int p = int(t.units(k, Table::parameter));
   const std::int64_t last = t.units(k, Table::sizes + rank - 1);
   Kokkos::parallel_reduce(
       Kokkos::TeamThreadRange(member, elements / last),
-      [&](std::int64_t row, Sums2& sums) {
+      [&](std::int64_t row, SquaredNorms& sums) { f(packed + row * last, row_start(t, k, p, rank, row), last, sums); },
+      Kokkos::Sum<SquaredNorms>(total));
+  return total;
+}
+template <class ExecutionSpace, class MemorySpace, class Member, class F>
+KOKKOS_INLINE_FUNCTION SquaredNorms reduce_unit_runs(::lather::Impl::DeviceBody, const Member& member,
+                                                     const UnitTable<MemorySpace>& t, int k, const F& f) {
+  using Table = UnitTable<MemorySpace>;
+  const std::int64_t packed = t.units(k, Table::packed);
+  const int rank = int(t.units(k, Table::rank));
+  const std::int64_t elements = t.units(k, Table::elements);
+  SquaredNorms total;
+  if (rank == 0) {
+    const std::int64_t begin = t.units(k, Table::begin);
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(member, elements),
+        [&](std::int64_t e, SquaredNorms& sums) { f(packed + e, begin + e, std::int64_t(1), sums); },
+        Kokkos::Sum<SquaredNorms>(total));
+    return total;
+  }
+  const int p = int(t.units(k, Table::parameter));
+  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(member, elements / last),
+      [&](std::int64_t row, SquaredNorms& sums) {
         const std::int64_t flat = row_start(t, k, p, rank, row);
         const std::int64_t base = packed + row * last;
-        if constexpr (host) {
-          f(base, flat, last, sums);
-        } else {
-          Sums2 row_sums;
-          Kokkos::parallel_reduce(
-              Kokkos::ThreadVectorRange(member, last),
-              [&](std::int64_t j, Sums2& s) { f(base + j, flat + j, std::int64_t(1), s); },
-              Kokkos::Sum<Sums2>(row_sums));
-          sums += row_sums;
-        }
+        SquaredNorms row_sums;
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(member, last),
+            [&](std::int64_t j, SquaredNorms& s) { f(base + j, flat + j, std::int64_t(1), s); },
+            Kokkos::Sum<SquaredNorms>(row_sums));
+        sums += row_sums;
       },
-      Kokkos::Sum<Sums2>(total));
+      Kokkos::Sum<SquaredNorms>(total));
   return total;
+}
+template <class ExecutionSpace, class MemorySpace, class Member, class F>
+KOKKOS_INLINE_FUNCTION SquaredNorms reduce_unit_runs(const Member& member, const UnitTable<MemorySpace>& t, int k,
+                                                     const F& f) {
+  return reduce_unit_runs<ExecutionSpace>(::lather::Impl::BodyFor<ExecutionSpace>{}, member, t, k, f);
 }
 
 /// for_unit_runs for a unit a host thread took (run_units): the host team's runs above, one after
@@ -256,9 +295,10 @@ void for_unit_runs(const HostUnit&, const UnitTable<MemorySpace>& t, int k, cons
 /// reduce_unit_runs for a unit a host thread took: a host team of one sums its runs into one
 /// value from zero, in order, and so does this.
 template <class ExecutionSpace, class MemorySpace, class F>
-Sums2 reduce_unit_runs(const HostUnit& unit, const UnitTable<MemorySpace>& t, int k, const F& f) {
-  Sums2 total(0, 0);
-  for_unit_runs<ExecutionSpace>(unit, t, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) { f(i, flat, n, total); });
+SquaredNorms reduce_unit_runs(const HostUnit& unit, const UnitTable<MemorySpace>& t, int k, const F& f) {
+  SquaredNorms total(0, 0);
+  for_unit_runs<ExecutionSpace>(unit, t, k,
+                                [&](std::int64_t i, std::int64_t flat, std::int64_t n) { f(i, flat, n, total); });
   return total;
 }
 
@@ -280,19 +320,32 @@ KOKKOS_INLINE_FUNCTION void once_per_unit(const Member& member, const F& f) {
 /// on host threads, make no Kokkos call (so no atomics: Kokkos's may be plain operations in a
 /// build without a threaded backend).
 template <class ExecutionSpace, class Pass>
+void run_units_in_teams(const ExecutionSpace& space, const char* name, int count, const Pass& pass) {
+  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
+  Kokkos::parallel_for(
+      name, Kokkos::TeamPolicy<ExecutionSpace>(space, count, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member_type& member) { pass(member); });
+}
+template <class ExecutionSpace, class Pass>
+void run_units(::lather::Impl::HostBody, const ExecutionSpace& space, const char* name, int count, int host_threads,
+               const Pass& pass) {
+  if (host_threads > 1 && count > 1) {
+    ::lather::Impl::fence(space, name);
+    ::lather::Impl::for_each_on_host_threads(space, host_threads, std::size_t(count),
+                                             [&](int, std::size_t k) { pass(HostUnit{int(k)}); });
+    return;
+  }
+  run_units_in_teams(space, name, count, pass);
+}
+template <class ExecutionSpace, class Pass>
+void run_units(::lather::Impl::DeviceBody, const ExecutionSpace& space, const char* name, int count, int,
+               const Pass& pass) {
+  run_units_in_teams(space, name, count, pass);
+}
+template <class ExecutionSpace, class Pass>
 void run_units(const ExecutionSpace& space, const char* name, int count, int host_threads, const Pass& pass) {
   if (count <= 0) return;
-  if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-    if (host_threads > 1 && count > 1) {
-      ::lather::Impl::fence(space, name);
-      ::lather::Impl::for_each_on_host_threads(space, host_threads, std::size_t(count),
-                                               [&](int, std::size_t k) { pass(HostUnit{int(k)}); });
-      return;
-    }
-  }
-  using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
-  Kokkos::parallel_for(name, Kokkos::TeamPolicy<ExecutionSpace>(space, count, Kokkos::AUTO),
-                       KOKKOS_LAMBDA(const member_type& member) { pass(member); });
+  run_units(::lather::Impl::BodyFor<ExecutionSpace>{}, space, name, count, host_threads, pass);
 }
 
 /// The sum of x[k]^2 for k < n in double, in eight interleaved partial sums (a fixed order, so the

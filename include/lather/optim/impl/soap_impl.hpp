@@ -3,11 +3,15 @@
 // lather::DefaultExecutionSpace (and the host space on device builds); a program that needs
 // another execution space includes this header and uses the class as usual.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/core/error.hpp>
 #include <lather/core/host_blas_threads.hpp>
-#include <lather/core/impl/fault_injection.hpp>
-#include <lather/core/impl/gemm.hpp>
-#include <lather/core/impl/host_threads.hpp>
+#include <lather/core/fault_injection.hpp>
+#include <lather/core/gemm.hpp>
+#include <lather/core/host_threads.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/soap.hpp>
@@ -66,24 +70,21 @@ inline std::int64_t soap_product(const std::vector<std::int64_t>& size, std::siz
   return n;
 }
 
-inline std::string soap_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
 }  // namespace Impl
 
 template <class ExecutionSpace, class Scalar>
 Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
                                    SoapOptions options, const comm::Group& group)
-    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters), typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()),
+    : Optimizer<ExecutionSpace, Scalar>(std::move(parameters),
+                                        typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()),
       m_options(std::move(options)),
-      m_group(group) {
-  const int ranks = m_group.size(), rank = m_group.rank();
+      m_group(group),
+      m_distributor(make_distributor<ExecutionSpace, Scalar>(Placement::distributed, group)) {
+  const int ranks = m_distributor->parts(), rank = m_distributor->part();
   // The one collective that does not wait for the agreement below (every rank reaches it before
   // anything that may throw on one rank only): the refresh's host threads.
-  m_host_threads = ::lather::Impl::host_threads_for(space, m_options.host_threads,
-                                                    m_group.node_occupancy().cpu_share());
+  m_host_threads =
+      ::lather::Impl::host_threads_for(space, m_options.host_threads, m_group.node_occupancy().cpu_share());
   const auto setup = [&] {
     this->validate_parameters();
     m_options.validate();
@@ -93,9 +94,9 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
       const auto& shape = this->m_parameters[p].shape;
       const TensorShape merged =
           o.merge_small_dims_block_size > 0 ? merge_small_dims(shape, o.merge_small_dims_block_size) : shape;
-      LATHER_REQUIRE(merged.size() <= std::size_t(Impl::soap_max_rank), "Soap: parameter '",
-                     this->m_parameters[p].name, "' has ", merged.size(), " dimensions after merging; at most ",
-                     Impl::soap_max_rank, " are supported");
+      LATHER_REQUIRE(merged.size() <= std::size_t(Impl::soap_max_rank), "Soap: parameter '", this->m_parameters[p].name,
+                     "' has ", merged.size(), " dimensions after merging; at most ", Impl::soap_max_rank,
+                     " are supported");
       m_merged.push_back(merged);
       m_partitions.emplace_back(merged, o.block_size);
       // The reference's rule: rank-1 parameters only with precondition_1d; a dimension above
@@ -125,18 +126,11 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
     }
     m_packed_total = packed;
     m_factor_total = factors;
-    // Owners: longest processing time first, ties by block index, then the least loaded rank
-    // (ties: the lower rank). Every rank computes the same plan.
-    std::vector<std::size_t> order(m_blocks.size());
-    std::iota(order.begin(), order.end(), std::size_t(0));
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::size_t a, std::size_t b) { return m_blocks[a].cost > m_blocks[b].cost; });
-    std::vector<double> load(std::size_t(ranks), 0.0);
-    for (std::size_t k : order) {
-      const auto r = std::size_t(std::min_element(load.begin(), load.end()) - load.begin());
-      m_blocks[k].owner = int(r);
-      load[r] += m_blocks[k].cost;
-    }
+    // Owners: the distributor's assignment by cost (the same on every rank).
+    std::vector<double> costs;
+    for (const auto& b : m_blocks) costs.push_back(b.cost);
+    const std::vector<int> owners = m_distributor->assign(costs);
+    for (std::size_t k = 0; k < m_blocks.size(); ++k) m_blocks[k].owner = owners[k];
     // Shape classes per owner (in block order), then each owner's local layout class by class.
     for (int r = 0; r < ranks; ++r) {
       const std::size_t first_class = m_classes.size();
@@ -200,24 +194,9 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
     m_update = alloc("update", mine);
     m_scratch_a = alloc("scratch_a", std::max<std::int64_t>(mine, 1));
     if (o.normalize_grads)
-      m_block_sums = Kokkos::View<double*, memory_space>(Kokkos::view_alloc(space, "Lather::soap::block_sums"),
-                                                         m_blocks.size());
-    if (ranks == 1) return;
-    m_counts.clear();
-    m_segment.assign(1, 0);
-    for (int r = 0; r < ranks; ++r) {
-      m_counts.push_back(std::size_t(m_local_packed[std::size_t(r)]) + 1);  // + the failure flag
-      m_segment.push_back(m_segment.back() + m_counts.back());
-    }
-    m_gathered = alloc("gathered", std::int64_t(m_segment.back()));
-    Kokkos::View<std::size_t*, Kokkos::HostSpace> positions("Lather::soap::flag_positions", std::size_t(ranks));
-    for (int r = 0; r < ranks; ++r) positions(r) = m_segment[std::size_t(r) + 1] - 1;
-    m_flag_positions = Kokkos::View<std::size_t*, memory_space>(
-        Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::soap::flag_positions"), std::size_t(ranks));
-    Kokkos::deep_copy(space, m_flag_positions, positions);
-    m_flags = alloc("flags", ranks);
-    m_flags_host = Kokkos::create_mirror_view(m_flags);
-    ::lather::Impl::fence(space, "Lather::soap: flag positions copied");
+      m_block_sums =
+          Kokkos::View<double*, memory_space>(Kokkos::view_alloc(space, "Lather::soap::block_sums"), m_blocks.size());
+    m_distributor->lay_out(space, m_local_packed, "Lather::soap::gathered");
   };
   if (ranks == 1) {
     setup();
@@ -277,8 +256,8 @@ void Soap<ExecutionSpace, Scalar>::apply_update(const ExecutionSpace& space, std
   const Impl::SoapBlockMap map = Impl::soap_block_map(b, m_merged[std::size_t(b.parameter)]);
   const Scalar* u = m_update.data() + b.local;
   Scalar* values = x.data();
-  // Distributed, the new values also go to this rank's segment of the all-gather.
-  Scalar* copy = distributed() ? m_gathered.data() + m_segment[std::size_t(m_group.rank())] + b.local : nullptr;
+  // Distributed, the new values also go to this rank's segment of the exchange.
+  Scalar* copy = distributed() ? m_distributor->segment().data() + b.local : nullptr;
   // Two roundings as the reference: p += -step_size u, then p *= 1 - lr weight_decay.
   Kokkos::parallel_for(
       "Lather::soap::apply_update", Kokkos::RangePolicy<ExecutionSpace>(space, 0, b.block.elements()),
@@ -304,8 +283,8 @@ void soap_copy(const ExecutionSpace& space, std::int64_t n, const Scalar* g, Sca
 
 /// Adam's moments: m of the gradient g, v of the rotated gradient u; then u = m.
 template <class ExecutionSpace, class Scalar>
-void soap_moments(const ExecutionSpace& space, std::int64_t n, const Scalar* g, Scalar* m, Scalar* v,
-                  Scalar* u, Scalar b1, Scalar b2) {
+void soap_moments(const ExecutionSpace& space, std::int64_t n, const Scalar* g, Scalar* m, Scalar* v, Scalar* u,
+                  Scalar b1, Scalar b2) {
   Kokkos::parallel_for(
       "Lather::soap::moments", Kokkos::RangePolicy<ExecutionSpace>(space, 0, n), KOKKOS_LAMBDA(std::int64_t e) {
         m[e] = b1 * m[e] + (Scalar(1) - b1) * g[e];
@@ -343,13 +322,7 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   const Scalar shampoo_beta = Scalar(o.shampoo_beta < 0 ? o.beta2 : o.shampoo_beta);
   m_launches = 0;
   // One rank: exceptions propagate as they are. Distributed: this rank's verdict, agreed on below.
-  const auto local = [&](auto&& work) -> std::string {
-    if (!distributed()) {
-      work();
-      return {};
-    }
-    return ::lather::Impl::local_failure(nullptr, work);
-  };
+  const auto local = [&](const std::function<void()>& work) { return m_distributor->run_share(nullptr, work); };
   const auto own_gradients = [&] {
     ::lather::Impl::fault_point("soap.distributed_step");
     for (const auto& b : m_blocks)
@@ -365,7 +338,7 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
       if (quantized()) store_matrices(space, false);
       refresh_bases(space, true);
     });
-    if (distributed()) m_group.agree_on_failure(context, error);
+    m_distributor->agree(context, error);
     ++m_step;
     return;
   }
@@ -418,10 +391,8 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
       ::lather::Impl::fence(space, "Lather::soap: block sums on the host");
     }
     sums.back() = error.empty() ? 0.0 : 1.0;
-    if (distributed()) {
-      m_group.allreduce(sums.data(), sums.size(), comm::Combine::sum);  // x + 0 + ... = x exactly
-      if (sums.back() != 0.0) m_group.agree_on_failure(context, error);
-    }
+    m_distributor->combine(sums, comm::Combine::sum);  // x + 0 + ... = x exactly
+    if (sums.back() != 0.0) m_distributor->agree(context, error);
     for (std::size_t p = 0; p < values.size(); ++p) {
       const auto [first, last] = m_parameter_blocks[p];
       const auto [begin, end] = m_parameter_packed[p];
@@ -447,38 +418,21 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
       if (quantized()) store_matrices(space, false);  // the factors stay in m_matrix_work
       if (t % o.precondition_frequency == 0) refresh_bases(space, false);
     });
-  if (distributed()) gather_values(space, values, error, context);
+  gather_values(space, values, error, context);
   ++m_step;
 }
 
 template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::gather_values(const ExecutionSpace& space, const Tensors& values,
                                                  const std::string& error, const std::string& context) {
-  // The flag closes this rank's segment; after the all-gather every rank reads every flag, so all
-  // agree on a failure without another collective (the message costs one more, on failure only).
-  const auto rank = std::size_t(m_group.rank());
-  const std::size_t first = m_segment[rank], last = m_segment[rank + 1];
-  Kokkos::deep_copy(space, Kokkos::subview(m_gathered, last - 1), Scalar(error.empty() ? 0 : 1));
-  m_group.allgatherv(space, Kokkos::View<const Scalar*, memory_space>(Kokkos::subview(m_gathered, std::make_pair(first, last))),
-                     m_gathered, m_counts);
-  {
-    const auto positions = m_flag_positions;
-    const auto flags = m_flags;
-    const Scalar* gathered = m_gathered.data();
-    Kokkos::parallel_for(
-        "Lather::soap::collect_flags", Kokkos::RangePolicy<ExecutionSpace>(space, 0, positions.extent(0)),
-        KOKKOS_LAMBDA(std::size_t r) { flags(r) = gathered[positions(r)]; });
-  }
-  Kokkos::deep_copy(space, m_flags_host, m_flags);
-  ::lather::Impl::fence(space, "Lather::soap: failure flags on the host");
-  bool failed = false;
-  for (std::size_t r = 0; r < m_flags_host.extent(0); ++r) failed = failed || m_flags_host(r) != Scalar(0);
-  if (failed) m_group.agree_on_failure(context, error);
+  m_distributor->exchange(space, error, context);
+  if (!distributed()) return;
+  const auto rank = std::size_t(m_distributor->part());
   // Every other rank's blocks into the parameters.
   for (const auto& b : m_blocks) {
     if (std::size_t(b.owner) == rank) continue;
     const Impl::SoapBlockMap map = Impl::soap_block_map(b, m_merged[std::size_t(b.parameter)]);
-    const Scalar* in = m_gathered.data() + m_segment[std::size_t(b.owner)] + b.local;
+    const Scalar* in = m_distributor->buffer().data() + m_distributor->offset(b.owner) + b.local;
     Scalar* out = values[std::size_t(b.parameter)].data();
     Kokkos::parallel_for(
         "Lather::soap::unpack_values", Kokkos::RangePolicy<ExecutionSpace>(space, 0, b.block.elements()),
@@ -490,14 +444,14 @@ template <class ExecutionSpace, class Scalar>
 std::vector<std::pair<std::string, std::string>> Soap<ExecutionSpace, Scalar>::describe() const {
   const auto& o = m_options;
   const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
-  using Impl::soap_text;
+  using ::lather::Impl::concat;
   return {{"optimizer", "soap"},
           {"learning_rate", o.learning_rate.describe()},
-          {"beta1", soap_text(o.beta1)},
-          {"beta2", soap_text(o.beta2)},
-          {"shampoo_beta", soap_text(o.shampoo_beta)},
-          {"epsilon", soap_text(o.epsilon)},
-          {"weight_decay", soap_text(o.weight_decay)},
+          {"beta1", concat(o.beta1)},
+          {"beta2", concat(o.beta2)},
+          {"shampoo_beta", concat(o.shampoo_beta)},
+          {"epsilon", concat(o.epsilon)},
+          {"weight_decay", concat(o.weight_decay)},
           {"precondition_frequency", std::to_string(o.precondition_frequency)},
           {"max_precond_dim", std::to_string(o.max_precond_dim)},
           {"block_size", std::to_string(o.block_size)},

@@ -3,6 +3,10 @@
 // per-class batched products (rotations into and out of the eigenbases, factor updates) and the
 // eigh/QR refresh of this rank's bases.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/optim/impl/soap_impl.hpp>
 
 namespace lather::optim {
@@ -18,7 +22,7 @@ void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const Sha
   using ::lather::Impl::gemm_strided_batched;
   const auto& size = c.size;
   const std::int64_t count = std::int64_t(c.blocks.size()), elements = c.elements;
-  const int threads = m_host_threads;  // on a host backend (gemm_strided_batched)
+  const int threads = m_host_threads;                // on a host backend (gemm_strided_batched)
   const bool by_work = m_options.host_threads == 0;  // automatic: as many as the flops pay for
   Scalar* in = from;
   Scalar* out = scratch;
@@ -37,14 +41,14 @@ void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const Sha
                                          out, elements, int(count), threads, by_work);
     } else if (count <= outer) {
       for (std::int64_t i = 0; i < count; ++i)
-        m_launches += gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q + i * nn, 0,
-                                           in + i * elements, n * inner, Scalar(0), out + i * elements, n * inner,
-                                           int(outer), threads, by_work);
+        m_launches +=
+            gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q + i * nn, 0, in + i * elements,
+                                 n * inner, Scalar(0), out + i * elements, n * inner, int(outer), threads, by_work);
     } else {
       for (std::int64_t a = 0; a < outer; ++a)
-        m_launches += gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q, nn, in + a * n * inner,
-                                           elements, Scalar(0), out + a * n * inner, elements, int(count),
-                                           threads, by_work);
+        m_launches +=
+            gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q, nn, in + a * n * inner, elements,
+                                 Scalar(0), out + a * n * inner, elements, int(count), threads, by_work);
     }
     std::swap(in, out);
   }
@@ -57,14 +61,14 @@ void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const Sha
 }
 
 template <class ExecutionSpace, class Scalar>
-void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& space, const ShapeClass& c,
-                                                      const Scalar* g, Scalar beta) {
+void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& space, const ShapeClass& c, const Scalar* g,
+                                                      Scalar beta) {
   // GG = beta GG + (1 - beta) sum_a X[a] X[a]^T over each block's [outer, n, inner] view, every
   // block of the class in one batched product (per slice a when inner > 1 and outer > 1).
   using ::lather::Impl::gemm_strided_batched;
   const auto& size = c.size;
   const std::int64_t count = std::int64_t(c.blocks.size()), elements = c.elements;
-  const int threads = m_host_threads;  // on a host backend (gemm_strided_batched)
+  const int threads = m_host_threads;                // on a host backend (gemm_strided_batched)
   const bool by_work = m_options.host_threads == 0;  // automatic: as many as the flops pay for
   for (std::size_t d = 0; d < size.size(); ++d) {
     if (c.factor[d] < 0) continue;
@@ -78,9 +82,9 @@ void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& spac
     } else {
       for (std::int64_t a = 0; a < outer; ++a) {
         const Scalar* x = g + a * n * inner;
-        m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(inner), Scalar(1) - beta, x, elements, x,
-                                           elements, a == 0 ? beta : Scalar(1), factor, nn, int(count), threads,
-                                           by_work);
+        m_launches +=
+            gemm_strided_batched(space, 'N', 'T', n, n, int(inner), Scalar(1) - beta, x, elements, x, elements,
+                                 a == 0 ? beta : Scalar(1), factor, nn, int(count), threads, by_work);
       }
     }
   }

@@ -14,6 +14,10 @@
 // or / 127 (int8). The checkpoint arrays hold the same codes and scales in the replicated
 // optimizer's block order, so a restore reproduces the state bit for bit on any rank count.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/optim/impl/soap_impl.hpp>
 #include <lather/optim/quantization.hpp>
 
@@ -60,7 +64,9 @@ template <class Value>
 struct SoapMatrices {
   Value* data;
   std::int64_t n;
-  KOKKOS_INLINE_FUNCTION Value& operator()(int k, int i, int j) const { return data[(std::int64_t(k) * n + i) * n + j]; }
+  KOKKOS_INLINE_FUNCTION Value& operator()(int k, int i, int j) const {
+    return data[(std::int64_t(k) * n + i) * n + j];
+  }
 };
 
 }  // namespace Impl
@@ -213,8 +219,8 @@ void Soap<ExecutionSpace, Scalar>::load_matrices(const ExecutionSpace& space, bo
     const Index slots(m_q_index.data(), std::size_t(count)), sizes(m_q_index.data() + c.sizes[d], std::size_t(count));
     Impl::dequantize_symmetric_matrices<ExecutionSpace, Impl::SoapMatrices<Scalar>, Scalar>(
         space, Codes(m_factor_codes.data() + c.factor[d], count, n, n),
-        Rows(m_factor_diagonal.data() + c.diagonal[d], count, n), Rows(m_factor_scales.data() + c.diagonal[d], count, n),
-        slots, sizes, Impl::SoapMatrices<Scalar>{work, n});
+        Rows(m_factor_diagonal.data() + c.diagonal[d], count, n),
+        Rows(m_factor_scales.data() + c.diagonal[d], count, n), slots, sizes, Impl::SoapMatrices<Scalar>{work, n});
   });
 }
 
@@ -233,7 +239,8 @@ void Soap<ExecutionSpace, Scalar>::store_matrices(const ExecutionSpace& space, b
     const Index slots(m_q_index.data(), std::size_t(count)), sizes(m_q_index.data() + c.sizes[d], std::size_t(count));
     Impl::quantize_symmetric_matrices<ExecutionSpace, Impl::SoapMatrices<const Scalar>, Scalar>(
         space, Impl::SoapMatrices<const Scalar>{work, n}, slots, sizes,
-        Codes(m_factor_codes.data() + c.factor[d], count, n, n), Rows(m_factor_diagonal.data() + c.diagonal[d], count, n),
+        Codes(m_factor_codes.data() + c.factor[d], count, n, n),
+        Rows(m_factor_diagonal.data() + c.diagonal[d], count, n),
         Rows(m_factor_scales.data() + c.diagonal[d], count, n));
   });
 }
@@ -248,7 +255,7 @@ StateMemoryReport Soap<ExecutionSpace, Scalar>::quantized_memory_report() const 
   r.quantized_bytes = bytes(m_avg_codes) + bytes(m_avg_scales) + bytes(m_factor_codes) + bytes(m_factor_diagonal) +
                       bytes(m_factor_scales) + bytes(m_basis_codes) + bytes(m_basis_scales);
   r.workspace_bytes = bytes(m_gradient) + bytes(m_update) + bytes(m_scratch_a) + bytes(m_block_sums) +
-                      bytes(m_gathered) + bytes(m_avg_work) + bytes(m_matrix_work) + bytes(m_q_index) +
+                      bytes(m_distributor->buffer()) + bytes(m_avg_work) + bytes(m_matrix_work) + bytes(m_q_index) +
                       bytes(m_state_full) + bytes(m_state_gathered);
   return r;
 }

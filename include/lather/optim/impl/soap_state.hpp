@@ -4,6 +4,10 @@
 // the replicated optimizer and taken back from it. Float and quantized state take one path: each
 // is a list of kinds (state_kinds()), arrays of bytes whose per-block pieces for_each_piece finds.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/optim/impl/soap_impl.hpp>
 
 namespace lather::optim {
@@ -32,11 +36,13 @@ template <class ExecutionSpace, class Scalar>
 StateMemoryReport Soap<ExecutionSpace, Scalar>::memory_report() const {
   if (quantized()) return quantized_memory_report();
   StateMemoryReport r;
-  const auto bytes = [](const auto& b) { return std::int64_t(b.size() * sizeof(typename std::decay_t<decltype(b)>::value_type)); };
+  const auto bytes = [](const auto& b) {
+    return std::int64_t(b.size() * sizeof(typename std::decay_t<decltype(b)>::value_type));
+  };
   r.local_bytes = bytes(m_exp_avg) + bytes(m_exp_avg_sq);
   r.stack_bytes = bytes(m_factors) + bytes(m_bases);
   r.workspace_bytes = bytes(m_gradient) + bytes(m_update) + bytes(m_scratch_a) + bytes(m_block_sums) +
-                      bytes(m_gathered) + bytes(m_state_full) + bytes(m_state_gathered);
+                      bytes(m_distributor->buffer()) + bytes(m_state_full) + bytes(m_state_gathered);
   return r;
 }
 
@@ -73,12 +79,21 @@ void Soap<ExecutionSpace, Scalar>::for_each_piece(std::size_t k, Impl::SoapState
   const BlockInfo& b = m_blocks[k];
   const bool codes = b.avg_columns > 0;
   switch (piece) {
-    case Piece::avg_codes: if (codes) f(b.avg_local, b.packed, b.block.elements()); return;
-    case Piece::avg_floats: if (!codes) f(b.avg_local, b.packed, b.block.elements()); return;
-    case Piece::avg_scales: if (codes) f(b.local_avg_scales, b.avg_scales, b.avg_columns); return;
-    case Piece::packed: f(b.local, b.packed, b.block.elements()); return;
+    case Piece::avg_codes:
+      if (codes) f(b.avg_local, b.packed, b.block.elements());
+      return;
+    case Piece::avg_floats:
+      if (!codes) f(b.avg_local, b.packed, b.block.elements());
+      return;
+    case Piece::avg_scales:
+      if (codes) f(b.local_avg_scales, b.avg_scales, b.avg_columns);
+      return;
+    case Piece::packed:
+      f(b.local, b.packed, b.block.elements());
+      return;
     case Piece::matrix:
-    case Piece::diagonal: break;
+    case Piece::diagonal:
+      break;
   }
   for (std::size_t d = 0; d < b.factor.size(); ++d) {
     if (b.factor[d] < 0) continue;
@@ -198,7 +213,8 @@ auto Soap<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> 
       a.shape = {range.second - range.first};
       a.writer = rank == 0;
       const std::pair<std::int64_t, std::int64_t> bytes(bases[i] + range.first * size, bases[i] + range.second * size);
-      a.device_bytes = as_bytes<memory_space>(Kokkos::subview(m_state_full, bytes), std::size_t(bytes.second - bytes.first));
+      a.device_bytes =
+          as_bytes<memory_space>(Kokkos::subview(m_state_full, bytes), std::size_t(bytes.second - bytes.first));
       arrays.push_back(a);
     }
   }

@@ -14,6 +14,10 @@
 // one body either way (nvcc rejects a generic __host__ __device__ lambda). column_maxima, whose
 // atomics have to be Kokkos's, stays a lambda in teams.
 
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
+#error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
+#endif
+
 #include <lather/optim/impl/shampoo_kernels.hpp>
 #include <lather/optim/quantization.hpp>
 
@@ -24,7 +28,7 @@
 namespace lather::optim::Impl {
 
 template <class MemorySpace>
-using Norms = Kokkos::View<Sums2*, MemorySpace>;
+using Norms = Kokkos::View<SquaredNorms*, MemorySpace>;
 
 /// What a pass over the parameters' tensors reads: the units, the tensors (gradients or values)
 /// through their pointers, and the per-parameter scalars.
@@ -37,7 +41,7 @@ struct TensorUnits {
 };
 
 /// packed(i) = gradient, and (when `packed_t` is not empty) packed_t(i) = T(gradient) for the
-/// preconditioned units; norms(k).a = squared norm of unit k's gradient. `host_threads`: see
+/// preconditioned units; norms(k).plain = squared norm of unit k's gradient. `host_threads`: see
 /// run_units.
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
 struct PackPass : TensorUnits<Scalar, MemorySpace> {
@@ -54,8 +58,8 @@ struct PackPass : TensorUnits<Scalar, MemorySpace> {
     const int p = int(table.units(k, Table::parameter));
     const Scalar* g = tensor<Scalar>(gradients(p));
     const bool to_t = convert && per_parameter(p).preconditioned;
-    const Sums2 total =
-        reduce_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n, Sums2& s) {
+    const SquaredNorms total = reduce_unit_runs<ExecutionSpace>(
+        member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n, SquaredNorms& s) {
           const Scalar* KOKKOS_RESTRICT from = g + flat;
           Scalar* KOKKOS_RESTRICT to = packed.data() + i;
           for (std::int64_t e = 0; e < n; ++e) to[e] = from[e];
@@ -63,7 +67,7 @@ struct PackPass : TensorUnits<Scalar, MemorySpace> {
             T* KOKKOS_RESTRICT to_t_ = packed_t.data() + i;
             for (std::int64_t e = 0; e < n; ++e) to_t_[e] = T(from[e]);
           }
-          s.a += sum_of_squares(from, n);
+          s.plain += sum_of_squares(from, n);
         });
     once_per_unit(member, [&] { norms(k) = total; });
   }
@@ -106,8 +110,8 @@ struct GraftPass {
     const Scalar d1 = (kind == 1 || kind == 5) ? Scalar(1) : w1, d2 = (kind == 1 || kind == 5) ? Scalar(1) : w2;
     const Scalar epsilon = eps;
     const int graft_kind = kind;
-    const Sums2 total =
-        reduce_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t, std::int64_t n, Sums2& s) {
+    const SquaredNorms total = reduce_unit_runs<ExecutionSpace>(
+        member, table, k, [&](std::int64_t i, std::int64_t, std::int64_t n, SquaredNorms& s) {
           Scalar* KOKKOS_RESTRICT x = graft.data() + i;  // the gradient in, the graft out
           if ((graft_kind >= 1 && graft_kind <= 3) || graft_kind == 5) {
             Scalar* KOKKOS_RESTRICT diag = diagonal.data() + i;
@@ -130,8 +134,8 @@ struct GraftPass {
             for (std::int64_t e = 0; e < n; ++e)
               x[e] = x[e] > Scalar(0) ? Scalar(1) : (x[e] < Scalar(0) ? Scalar(-1) : Scalar(0));
           }
-          s.a += sum_of_squares(graft.data() + i, n);
-          if (preconditioned) s.b += sum_of_squares(direction.data() + i, n);
+          s.plain += sum_of_squares(graft.data() + i, n);
+          if (preconditioned) s.preconditioned += sum_of_squares(direction.data() + i, n);
         });
     once_per_unit(member, [&] { norms(k) = total; });
   }
@@ -140,7 +144,8 @@ struct GraftPass {
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
 void graft_and_norms(const ExecutionSpace& space, const UnitTable<MemorySpace>& table, const StepScalars<Scalar>& c,
                      const Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace>& per_parameter,
-                     const Kokkos::View<const T*, MemorySpace>& direction, const Kokkos::View<Scalar*, MemorySpace>& diagonal,
+                     const Kokkos::View<const T*, MemorySpace>& direction,
+                     const Kokkos::View<Scalar*, MemorySpace>& diagonal,
                      const Kokkos::View<Scalar*, MemorySpace>& graft, const Norms<MemorySpace>& norms,
                      int host_threads = 1) {
   const GraftPass<ExecutionSpace, Scalar, T, MemorySpace> pass{
@@ -229,9 +234,9 @@ struct UpdateElement {
   }
 
   template <bool ShampooOnly, class D>
-  KOKKOS_FORCEINLINE_FUNCTION static void float_run(const StepScalars<Scalar>& c, Scalar gm, Scalar sm,
-                                                    const Scalar* g, const D* d, Scalar* m, Scalar* dm, Scalar* x,
-                                                    Scalar* out, std::int64_t n) {
+  KOKKOS_FORCEINLINE_FUNCTION static void float_run(const StepScalars<Scalar>& c, Scalar gm, Scalar sm, const Scalar* g,
+                                                    const D* d, Scalar* m, Scalar* dm, Scalar* x, Scalar* out,
+                                                    std::int64_t n) {
     if (out)
       float_run<true, ShampooOnly>(c, gm, sm, g, d, m, dm, x, out, n);
     else
@@ -304,14 +309,13 @@ void column_maxima(const ExecutionSpace& space, const UnitTable<MemorySpace>& ta
         const Scalar* x = tensor<Scalar>(values(p));
         const std::int64_t state = table.units(k, Table::state) - table.units(k, Table::packed);
         for_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) {
-          element.for_quantized_run(pp, i, state + i, flat, n, x + flat,
-                                    [&](std::int64_t e, Scalar m, Scalar dm, Scalar) {
-                                      const std::int64_t column = pp.column_base + (flat + e) % pp.columns;
-                                      Kokkos::atomic_fetch_max(&element.new_scales(column),
-                                                               kmath::fabs(m) / Scalar(max_code<std::int8_t>()));
-                                      Kokkos::atomic_fetch_max(&element.new_diagonal_scales(column),
-                                                               kmath::fabs(dm) / Scalar(max_code<std::int8_t>()));
-                                    });
+          element.for_quantized_run(
+              pp, i, state + i, flat, n, x + flat, [&](std::int64_t e, Scalar m, Scalar dm, Scalar) {
+                const std::int64_t column = pp.column_base + (flat + e) % pp.columns;
+                Kokkos::atomic_fetch_max(&element.new_scales(column), kmath::fabs(m) / Scalar(max_code<std::int8_t>()));
+                Kokkos::atomic_fetch_max(&element.new_diagonal_scales(column),
+                                         kmath::fabs(dm) / Scalar(max_code<std::int8_t>()));
+              });
         });
       });
 }
@@ -341,14 +345,15 @@ struct UpdatePass : TensorUnits<Scalar, MemorySpace> {
       }
       std::int8_t* m1 = element.momentum_codes.data() + state + i;
       std::int8_t* dm1 = element.diagonal_momentum_codes.data() + state + i;
-      element.for_quantized_run(pp, i, state + i, flat, n, x + flat, [&](std::int64_t e, Scalar m, Scalar dm, Scalar u) {
-        const std::int64_t column = pp.column_base + (flat + e) % pp.columns;
-        m1[e] = element.code(m, element.new_scales(column));
-        dm1[e] = element.code(dm, element.new_diagonal_scales(column));
-        const Scalar value = x[flat + e] + u;
-        x[flat + e] = value;
-        if (target) target[e] = value;
-      });
+      element.for_quantized_run(pp, i, state + i, flat, n, x + flat,
+                                [&](std::int64_t e, Scalar m, Scalar dm, Scalar u) {
+                                  const std::int64_t column = pp.column_base + (flat + e) % pp.columns;
+                                  m1[e] = element.code(m, element.new_scales(column));
+                                  dm1[e] = element.code(dm, element.new_diagonal_scales(column));
+                                  const Scalar value = x[flat + e] + u;
+                                  x[flat + e] = value;
+                                  if (target) target[e] = value;
+                                });
     });
   }
 };
@@ -357,8 +362,8 @@ template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
 void update_parameters(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
                        const Kokkos::View<const std::uintptr_t*, MemorySpace>& values,
                        const Kokkos::View<const ParameterScalars<Scalar>*, MemorySpace>& per_parameter,
-                       const UpdateElement<Scalar, T, MemorySpace>& element, const Kokkos::View<Scalar*, MemorySpace>& out,
-                       int host_threads = 1) {
+                       const UpdateElement<Scalar, T, MemorySpace>& element,
+                       const Kokkos::View<Scalar*, MemorySpace>& out, int host_threads = 1) {
   const UpdatePass<ExecutionSpace, Scalar, T, MemorySpace> pass{
       {table, values, per_parameter}, element, out, out.extent(0) > 0};
   run_units(space, "Lather::Shampoo::update", table.count, host_threads, pass);
@@ -402,7 +407,8 @@ void scatter(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
 /// checkpoints).
 template <class ExecutionSpace, class Scalar, class Packed, class MemorySpace>
 void gather(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
-            const Kokkos::View<const std::uintptr_t*, MemorySpace>& values, const Kokkos::View<Packed*, MemorySpace>& packed) {
+            const Kokkos::View<const std::uintptr_t*, MemorySpace>& values,
+            const Kokkos::View<Packed*, MemorySpace>& packed) {
   const CopyPass<ExecutionSpace, Scalar, Packed, MemorySpace, true> pass{table, values, packed};
   run_units(space, "Lather::Shampoo::gather", table.count, 1, pass);
 }
