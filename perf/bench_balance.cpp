@@ -24,28 +24,28 @@ void run_balance(const BalanceOptions& o) {
   const auto doc = read_parameter_sets(path);
   optim::ShampooOptions options = shampoo_options_of(doc);
   for (const auto& set : o.sets)
-  for (int block_size : o.block_sizes) {
-    options.block_size = block_size;
-    const auto specs = parameter_specs_of(doc, set, path);
-    optim::Shampoo<Kokkos::DefaultExecutionSpace, float> shampoo(Kokkos::DefaultExecutionSpace(), specs, options);
-    std::vector<int> sizes;
-    for (const auto& m : shampoo.metrics()) sizes.push_back(m.size);
-    for (int ranks : o.ranks) {
-      LATHER_REQUIRE(ranks >= 1, "--ranks values must be >= 1, got ", ranks);
-      const auto even = optim::assign_statistics(sizes, ranks, optim::RootAssignment::even);
-      const auto balanced = optim::assign_statistics(sizes, ranks, optim::RootAssignment::balanced);
-      const double even_imbalance = optim::load_imbalance(sizes, even, ranks);
-      const double balanced_imbalance = optim::load_imbalance(sizes, balanced, ranks);
-      emit({{"bench", "balance"},
-            {"set", set},
-            {"block_size", block_size},
-            {"ranks", ranks},
-            {"statistics", sizes.size()},
-            {"even_imbalance", even_imbalance},
-            {"balanced_imbalance", balanced_imbalance},
-            {"ratio", balanced_imbalance / even_imbalance}});
+    for (int block_size : o.block_sizes) {
+      options.block_size = block_size;
+      const auto specs = parameter_specs_of(doc, set, path);
+      optim::Shampoo<Kokkos::DefaultExecutionSpace, float> shampoo(Kokkos::DefaultExecutionSpace(), specs, options);
+      std::vector<int> sizes;
+      for (const auto& m : shampoo.metrics()) sizes.push_back(m.size);
+      for (int ranks : o.ranks) {
+        LATHER_REQUIRE(ranks >= 1, "--ranks values must be >= 1, got ", ranks);
+        const auto even = optim::assign_statistics(sizes, ranks, optim::RootAssignment::even);
+        const auto balanced = optim::assign_statistics(sizes, ranks, optim::RootAssignment::balanced);
+        const double even_imbalance = optim::load_imbalance(sizes, even, ranks);
+        const double balanced_imbalance = optim::load_imbalance(sizes, balanced, ranks);
+        emit({{"bench", "balance"},
+              {"set", set},
+              {"block_size", block_size},
+              {"ranks", ranks},
+              {"statistics", sizes.size()},
+              {"even_imbalance", even_imbalance},
+              {"balanced_imbalance", balanced_imbalance},
+              {"ratio", balanced_imbalance / even_imbalance}});
+      }
     }
-  }
 }
 
 }  // namespace

@@ -145,7 +145,7 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
   }
   world.barrier();
   const std::int64_t m = 128, row = m * m;  // 64 KiB float rows: statistics of block size 128
-  long step = 0;  // rising over all sizes, so pruning (keep_last 1) never removes the newest
+  long step = 0;                            // rising over all sizes, so pruning (keep_last 1) never removes the newest
   long raw_files = 0;
   for (double requested : o.bytes) {
     LATHER_REQUIRE(requested >= double(row * 4), "--bytes must be at least one 64 KiB row, got ", requested);
@@ -163,7 +163,8 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     if (o.scattered)
       for (std::int64_t r = rank; r < stack_rows; r += ranks) stack.rows.push_back(r);
     else
-      for (std::int64_t r = stack_rows * rank / ranks; r < stack_rows * (rank + 1) / ranks; ++r) stack.rows.push_back(r);
+      for (std::int64_t r = stack_rows * rank / ranks; r < stack_rows * (rank + 1) / ranks; ++r)
+        stack.rows.push_back(r);
     checkpoint::PageAlignedVector<float> stack_data(stack.rows.size() * row);
     for (std::size_t k = 0; k < stack_data.size(); ++k) stack_data[k] = float(k % 1000) * 1e-3f;
     stack.data = stack_data.data();
@@ -185,7 +186,8 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     const std::size_t mine = stack_data.size() * 4 + std::size_t(parameter_share) * 4;
     RawBytes raw(mine, char(1));
     auto raw_path = [&](const char* kind, long k) {
-      return (fs::path(o.directory) / ("raw-" + std::string(kind) + "-" + std::to_string(rank) + "-" + std::to_string(k) + ".bin"))
+      return (fs::path(o.directory) /
+              ("raw-" + std::string(kind) + "-" + std::to_string(rank) + "-" + std::to_string(k) + ".bin"))
           .string();
     };
 
@@ -197,10 +199,12 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
       const long raw_step = ++raw_files;
       for (int direct = 0; direct < 2; ++direct) {
         const std::string path = raw_path(kinds[direct], raw_step);
-        best_raw_write[direct] = std::min(best_raw_write[direct], timed(world, [&] { write_raw(path, raw, direct == 1); }));
+        best_raw_write[direct] =
+            std::min(best_raw_write[direct], timed(world, [&] { write_raw(path, raw, direct == 1); }));
         remove_file(raw_path(kinds[direct], raw_step - 1));  // untimed, as the checkpoint's pruning
         evict(path);
-        best_raw_read[direct] = std::min(best_raw_read[direct], timed(world, [&] { read_raw(path, raw, direct == 1); }));
+        best_raw_read[direct] =
+            std::min(best_raw_read[direct], timed(world, [&] { read_raw(path, raw, direct == 1); }));
       }
       const std::string path = raw_path(kinds[0], raw_step);
       best_raw_cached_read = std::min(best_raw_cached_read, timed(world, [&] { read_raw(path, raw, false); }));
@@ -208,7 +212,9 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     };
     auto time_checkpoint = [&] {
       std::string file;
-      best_write = std::min(best_write, timed(world, [&] { file = checkpointer.save(++step, {stack, parameters}, {}); }));
+      best_write = std::min(best_write, timed(world, [&] {
+                              file = checkpointer.save(++step, {stack, parameters}, {});
+                            }));
       // The previous checkpoint is deleted on a helper thread after the save returns; in training
       // the next steps overlap it, here it is waited for (untimed) so that it does not slow the read.
       checkpointer.list();
@@ -216,8 +222,9 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
       auto read_parameters = parameters;  // every rank reads the replicated part back
       best_read = std::min(best_read, timed(world, [&] { checkpointer.load(file, {stack, read_parameters}); }));
       if (rank == 0) warm(file);
-      best_cached_read =
-          std::min(best_cached_read, timed(world, [&] { checkpointer.load(file, {stack, read_parameters}); }));
+      best_cached_read = std::min(best_cached_read, timed(world, [&] {
+                                    checkpointer.load(file, {stack, read_parameters});
+                                  }));
     };
     for (int repeat = 0; repeat < o.repeats; ++repeat) {
       if (repeat % 2 == 0) {
@@ -273,7 +280,9 @@ void register_checkpoint(CLI::App& app) {
   sub->add_flag("--scattered", options->scattered,
                 "Statistic rows owned round-robin (worst case of the balanced root assignment) instead of in "
                 "contiguous ranges");
-  sub->add_option("--repeats", options->repeats, "Best of this many runs")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--repeats", options->repeats, "Best of this many runs")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   sub->callback([options] { run_checkpoint(*options); });
 }
 

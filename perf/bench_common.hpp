@@ -45,8 +45,7 @@ double batched_gemm_gflops(int n, int batch, int host_threads, double seconds);
 
 /// Parses "a,b,c" into numbers; CLI11 does the per-item conversion and reports bad items.
 template <class T>
-void add_list_option(CLI::App& app, const std::string& name, std::vector<T>& values,
-                     const std::string& help) {
+void add_list_option(CLI::App& app, const std::string& name, std::vector<T>& values, const std::string& help) {
   app.add_option(name, values, help)->delimiter(',')->capture_default_str();
 }
 

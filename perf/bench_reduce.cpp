@@ -31,7 +31,7 @@ namespace {
 using Space = Kokkos::DefaultExecutionSpace;
 using Tensors = TensorList<float, Space::memory_space>;
 
-const std::vector<std::string> all_ops = {"raw",           "mean",     "grouped_mean",      "adasum",
+const std::vector<std::string> all_ops = {"raw",           "mean",     "grouped_mean",       "adasum",
                                           "adasum_approx", "model200", "model200_scattered", "allgather"};
 
 struct ReduceBenchOptions {
@@ -55,10 +55,14 @@ std::size_t parse_bytes(const std::string& text) {
   }
   const std::string suffix = text.substr(used);
   double scale = 1;
-  if (suffix == "K" || suffix == "KiB") scale = 1024.0;
-  else if (suffix == "M" || suffix == "MiB") scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
-  else LATHER_REQUIRE(suffix.empty() || suffix == "B", "--bytes: unknown suffix in '", text, "'");
+  if (suffix == "K" || suffix == "KiB")
+    scale = 1024.0;
+  else if (suffix == "M" || suffix == "MiB")
+    scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB")
+    scale = 1024.0 * 1024 * 1024;
+  else
+    LATHER_REQUIRE(suffix.empty() || suffix == "B", "--bytes: unknown suffix in '", text, "'");
   const double bytes = value * scale;
   LATHER_REQUIRE(bytes >= 4, "--bytes: '", text, "' is less than one float");
   return std::size_t(bytes);
@@ -117,7 +121,8 @@ Tensors make_tensors(const std::vector<std::size_t>& sizes, float value) {
 Tensors make_contiguous_tensors(const std::vector<std::size_t>& sizes, float value) {
   std::size_t total = 0;
   for (auto n : sizes) total += n;
-  Kokkos::View<float*, Space::memory_space> buffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "bench::gradients"), total);
+  Kokkos::View<float*, Space::memory_space> buffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "bench::gradients"),
+                                                   total);
   Tensors tensors;
   std::size_t offset = 0;
   for (std::size_t t = 0; t < sizes.size(); ++t) {
@@ -144,8 +149,8 @@ std::vector<std::size_t> model_sizes(std::size_t elements) {
   return sizes;
 }
 
-void emit_result(const std::string& op, int world, int group, std::size_t bytes, std::size_t tensors,
-                 const Timing& t, const ReduceBenchOptions& o, nlohmann::json extra = nlohmann::json::object()) {
+void emit_result(const std::string& op, int world, int group, std::size_t bytes, std::size_t tensors, const Timing& t,
+                 const ReduceBenchOptions& o, nlohmann::json extra = nlohmann::json::object()) {
   const double bus = group > 1 ? 2.0 * (group - 1) / group * double(bytes) / t.seconds / 1e9 : 0.0;
   nlohmann::json record = {{"bench", "reduce"},
                            {"op", op},
@@ -177,8 +182,9 @@ long messages_of_one_call(comm::GradientReducer<Space, float>& reducer, const st
 
 void run_reduce(const ReduceBenchOptions& o) {
   for (const auto& op : o.ops)
-    LATHER_REQUIRE(std::find(all_ops.begin(), all_ops.end(), op) != all_ops.end(), "--op: unknown operation '",
-                   op, "' (expected raw, mean, grouped_mean, adasum, adasum_approx, model200, model200_scattered or allgather)");
+    LATHER_REQUIRE(
+        std::find(all_ops.begin(), all_ops.end(), op) != all_ops.end(), "--op: unknown operation '", op,
+        "' (expected raw, mean, grouped_mean, adasum, adasum_approx, model200, model200_scattered or allgather)");
   std::vector<std::size_t> sizes;
   for (const auto& text : o.bytes) sizes.push_back(parse_bytes(text));
   auto wants = [&](const std::string& op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
@@ -202,9 +208,12 @@ void run_reduce(const ReduceBenchOptions& o) {
     mesh = std::make_unique<comm::Mesh>(world, 2);
     grouped = std::make_unique<comm::GradientReducer<Space, float>>(mesh->data_parallel(), options);
   } else if (wants("grouped_mean") && print) {
-    emit({{"bench", "reduce"}, {"op", "grouped_mean"}, {"ranks", n},
-          {"skipped", "grouped_mean needs an even rank count of at least 4 (a Mesh with 2 weight "
-                      "shards and at least 2 replicas)"}});
+    emit({{"bench", "reduce"},
+          {"op", "grouped_mean"},
+          {"ranks", n},
+          {"skipped",
+           "grouped_mean needs an even rank count of at least 4 (a Mesh with 2 weight "
+           "shards and at least 2 replicas)"}});
   }
 
   for (const std::size_t bytes : sizes) {
@@ -233,8 +242,8 @@ void run_reduce(const ReduceBenchOptions& o) {
       const int group = mesh->data_parallel().size();
       const auto tensors = make_tensors({count}, 1.0f);
       // The baseline runs on the same group: raw MPI_Allreduce over the data-parallel communicator.
-      const auto t = time_against_raw(world, o, raw_on(mesh->data_parallel(), count),
-                                      [&] { grouped->mean(Space(), tensors); });
+      const auto t =
+          time_against_raw(world, o, raw_on(mesh->data_parallel(), count), [&] { grouped->mean(Space(), tensors); });
       if (print) emit_result("grouped_mean", n, group, bytes, 1, t, o, {{"weight_shards", 2}});
     }
     if (wants("adasum")) {
@@ -310,10 +319,10 @@ void run_reduce(const ReduceBenchOptions& o) {
 
 void register_reduce(CLI::App& app) {
   auto options = std::make_shared<ReduceBenchOptions>();
-  auto* sub = app.add_subcommand(
-      "reduce",
-      "Gradient reductions (mean, grouped mean over a 2-shard Mesh, Adasum, approximate Adasum, a "
-      "200-tensor model) beside a same-run raw MPI_Allreduce of the same bytes. Run under mpiexec.");
+  auto* sub =
+      app.add_subcommand("reduce",
+                         "Gradient reductions (mean, grouped mean over a 2-shard Mesh, Adasum, approximate Adasum, a "
+                         "200-tensor model) beside a same-run raw MPI_Allreduce of the same bytes. Run under mpiexec.");
   add_list_option(*sub, "--op", options->ops,
                   "Operations: raw, mean, grouped_mean, adasum, adasum_approx, model200 (200 tensors in one buffer), "
                   "model200_scattered (200 separate allocations), allgather (the distributed Shampoo step's parameter "

@@ -19,8 +19,9 @@ int main(int argc, char** argv) try {
     lather::KokkosSession kokkos(argc, argv);
     // Each rank's share of the node for the BLAS, as lather-train gives it (blas_threads.hpp).
     lather::comm::fit_host_blas_threads(lather::bench::world_group());
-    CLI::App app{"lather-bench: Lather's benchmarks. Each subcommand prints one JSON object per "
-                 "line with a baseline measured in the same run and the ratio to it."};
+    CLI::App app{
+        "lather-bench: Lather's benchmarks. Each subcommand prints one JSON object per "
+        "line with a baseline measured in the same run and the ratio to it."};
     app.require_subcommand(1);
     lather::bench::register_root(app);
     lather::bench::register_step(app);

@@ -7,7 +7,8 @@
 namespace lather::bench {
 
 std::string default_parameter_sets_file() {
-  for (const char* candidate : {LATHER_PERF_SOURCE_DIR "/parameter_sets.json", LATHER_PERF_INSTALL_DIR "/parameter_sets.json"}) {
+  for (const char* candidate :
+       {LATHER_PERF_SOURCE_DIR "/parameter_sets.json", LATHER_PERF_INSTALL_DIR "/parameter_sets.json"}) {
     std::ifstream in(candidate);
     if (in) return candidate;
   }

@@ -103,7 +103,8 @@ int info(const std::string& path) {
   const std::vector<std::string> known = {"format", "library_version", "created", "optimizer", "optimizer_options"};
   for (const auto& [name, value] : a.strings)
     if (std::find(known.begin(), known.end(), name) == known.end())
-      std::printf("%-16s %s\n", (name + ":").c_str(), value.size() > 120 ? (std::to_string(value.size()) + " characters").c_str() : value.c_str());
+      std::printf("%-16s %s\n", (name + ":").c_str(),
+                  value.size() > 120 ? (std::to_string(value.size()) + " characters").c_str() : value.c_str());
   std::int64_t total = 0;
   for (const auto& d : summary.datasets) total += d.bytes;
   std::printf("arrays:          %zu, %.2f MiB\n", summary.datasets.size(), double(total) / 1048576.0);
@@ -128,8 +129,9 @@ int main(int argc, char** argv) try {
       ->required()
       ->check(CLI::ExistingPath);
   auto* info_command = app.add_subcommand(
-      "info", "Step, ranks, shards, optimizer options, version and arrays of a checkpoint file, or of a directory's "
-              "newest intact one (the one --resume takes)");
+      "info",
+      "Step, ranks, shards, optimizer options, version and arrays of a checkpoint file, or of a directory's "
+      "newest intact one (the one --resume takes)");
   info_command->add_option("path", file, "A checkpoint file or directory")->required()->check(CLI::ExistingPath);
   try {
     app.parse(argc, argv);

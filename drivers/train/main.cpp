@@ -29,7 +29,8 @@ int main(int argc, char** argv) try {
     CLI::App app{"lather-train " LATHER_VERSION_STRING
                  ": train a multilayer perceptron on Fashion-MNIST, or a character-level transformer on a text "
                  "(--model transformer), with Lather's optimizers, data parallel over MPI ranks and tensor parallel "
-                 "over --weight-shards. Run under mpiexec or srun; Kokkos options (--kokkos-num-threads, ...) are accepted too."};
+                 "over --weight-shards. Run under mpiexec or srun; Kokkos options (--kokkos-num-threads, ...) are "
+                 "accepted too."};
     lather::train::TrainOptions options;
     lather::train::add_options(app, options);
     try {
@@ -51,7 +52,8 @@ int main(int argc, char** argv) try {
       const std::string what = e.what(), prefix = "INI was not able to parse ";
       if (rank == 0) {
         if (what.rfind(prefix, 0) == 0)
-          std::fprintf(stderr, "lather-train: --config: unknown key '%s' (keys are the long option names, see --help)\n",
+          std::fprintf(stderr,
+                       "lather-train: --config: unknown key '%s' (keys are the long option names, see --help)\n",
                        what.substr(prefix.size()).c_str());
         else
           std::fprintf(stderr, "lather-train: --config: %s (see --help)\n", what.c_str());

@@ -68,14 +68,17 @@ double ProgressLog::report(long epoch, long step, long planned, long first_step,
   if (!m_options.quiet) {
     char line[256];
     std::snprintf(line, sizeof line, "epoch %ld/%d step %ld/%ld loss %.4f train accuracy %.2f%% %.0f samples/s ETA %s",
-                  epoch + 1, m_options.epochs, step, planned, loss, 100 * accuracy, rate,
-                  format_duration(eta).c_str());
+                  epoch + 1, m_options.epochs, step, planned, loss, 100 * accuracy, rate, format_duration(eta).c_str());
     say(line);
   }
-  nlohmann::json values = {{"epoch", epoch + 1},   {"step", step},
-                           {"loss", loss},         {"train_accuracy", accuracy},
-                           {"seconds", elapsed},   {"training_seconds", training_seconds()},
-                           {"samples_per_second", rate}, {"learning_rate", m_options.learning_rate()}};
+  nlohmann::json values = {{"epoch", epoch + 1},
+                           {"step", step},
+                           {"loss", loss},
+                           {"train_accuracy", accuracy},
+                           {"seconds", elapsed},
+                           {"training_seconds", training_seconds()},
+                           {"samples_per_second", rate},
+                           {"learning_rate", m_options.learning_rate()}};
   values.update(extra);
   record(values);
   m_window[0] = m_window[1] = m_window[2] = 0;

@@ -36,7 +36,8 @@ Position resume(const Space& space, const TrainOptions& o, const checkpoint::Che
   if (!state) return {};
   log.say("resumed from " + state->file + " (step " + std::to_string(optimizer.step_count()) + ", epoch " +
           std::to_string(state->epoch + 1) + ", sample " + std::to_string(state->sample_offset) + "; written by " +
-          std::to_string(state->world_size) + " ranks with " + std::to_string(state->weight_shards) + " weight shards)");
+          std::to_string(state->world_size) + " ranks with " + std::to_string(state->weight_shards) +
+          " weight shards)");
   return {state->epoch, state->sample_offset};
 }
 

@@ -15,17 +15,17 @@ namespace lather::train {
 struct TrainResult {
   long steps = 0;
   long epochs_completed = 0;
-  double seconds = 0;          ///< wall time of the training loop (evaluations included)
-  double training_seconds = 0; ///< the same without the time spent in evaluations
-  double test_accuracy = 0;    ///< of the last evaluation
+  double seconds = 0;           ///< wall time of the training loop (evaluations included)
+  double training_seconds = 0;  ///< the same without the time spent in evaluations
+  double test_accuracy = 0;     ///< of the last evaluation
   double test_loss = 0;
-  double train_loss = 0;       ///< mean over the last logging window
+  double train_loss = 0;  ///< mean over the last logging window
   bool reached_target = false;
-  long target_step = 0;        ///< first step at which the target accuracy was reached
-  double target_seconds = 0;   ///< seconds of the loop until then (evaluations included)
+  long target_step = 0;                ///< first step at which the target accuracy was reached
+  double target_seconds = 0;           ///< seconds of the loop until then (evaluations included)
   double target_training_seconds = 0;  ///< the same without the evaluations
-  bool interrupted = false;    ///< stopped by SIGTERM (after writing a checkpoint)
-  double tokens_per_second = 0;       ///< transformer: training tokens per second (evaluations excluded)
+  bool interrupted = false;            ///< stopped by SIGTERM (after writing a checkpoint)
+  double tokens_per_second = 0;        ///< transformer: training tokens per second (evaluations excluded)
 
   /// Records the first evaluation that met the target: its step and the loop's seconds then.
   void reach_target(long step, double loop_seconds, double loop_training_seconds) {

@@ -29,7 +29,7 @@ struct StepParts {
 /// The gradient reducer of a run (--wire-precision), over the mesh's data-parallel group; it
 /// refuses a NaN or Inf in any rank's gradients, naming the rank and the parameter.
 std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o,
-                                                                   const std::vector<ParameterSpec>& parameters);
+                                                                  const std::vector<ParameterSpec>& parameters);
 
 /// Moves the model's gradients into the memory the reducer sums in place, where it has one (the
 /// data-parallel group on one node): the mean then copies nothing. Collective over the group.

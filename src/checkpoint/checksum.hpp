@@ -40,8 +40,7 @@ struct ChunkGrid {
   std::size_t element_bytes = 4;
 
   /// Rows of about `chunk_bytes` per chunk (at least one row).
-  static ChunkGrid of(const std::vector<std::int64_t>& stored_dims, std::size_t element_bytes,
-                      std::size_t chunk_bytes);
+  static ChunkGrid of(const std::vector<std::int64_t>& stored_dims, std::size_t element_bytes, std::size_t chunk_bytes);
   std::int64_t chunks() const { return rows == 0 ? 0 : (rows + rows_per_chunk - 1) / rows_per_chunk; }
   std::int64_t chunk_elements() const { return rows_per_chunk * row_elements; }
   /// Rows [first_row(c), first_row(c + 1)) form chunk c.

@@ -32,8 +32,8 @@ std::size_t total(const std::vector<std::size_t>& counts) {
 }  // namespace
 
 std::pair<std::vector<std::int64_t>, PageAlignedVector<char>> gather_contiguous_rows(const comm::Group& group,
-                                                                                    const ArraySlice& a,
-                                                                                    const char* data) {
+                                                                                     const ArraySlice& a,
+                                                                                     const char* data) {
   const int size = group.size();
   const std::int64_t n = a.shape[0];
   const std::size_t bytes_per_row = row_bytes(a);
@@ -72,8 +72,8 @@ bool rows_in_place(const comm::Group& group, const ArraySlice& a, bool writing) 
   return group.allreduce(here, comm::Combine::min) == 1;
 }
 
-void scatter_contiguous_rows(const comm::Group& group, const ArraySlice& a, const char* range,
-                             std::int64_t range_first, char* out) {
+void scatter_contiguous_rows(const comm::Group& group, const ArraySlice& a, const char* range, std::int64_t range_first,
+                             char* out) {
   const int size = group.size();
   const std::int64_t n = a.shape[0];
   const std::size_t bytes_per_row = row_bytes(a);

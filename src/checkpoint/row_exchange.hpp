@@ -21,15 +21,15 @@ inline std::int64_t first_row(std::int64_t k, std::int64_t n, int size) { return
 /// writes (sorted) and their bytes.
 /// The bytes are page-aligned, so that their whole pages go to the disk without a copy.
 std::pair<std::vector<std::int64_t>, PageAlignedVector<char>> gather_contiguous_rows(const comm::Group& group,
-                                                                                    const ArraySlice& a,
-                                                                                    const char* data);
+                                                                                     const ArraySlice& a,
+                                                                                     const char* data);
 /// Whether every rank's rows (for writing: only a writer's) are exactly its range, in order -- the
 /// layout of a restart on the same rank count -- so that rows go straight between the caller's
 /// buffer and the file. One small allreduce.
 bool rows_in_place(const comm::Group& group, const ArraySlice& a, bool writing);
 /// After reading: rank k has read its range into `range` (`range_first` = first_row(k)); every
 /// rank receives the rows it asked for, sorted, into `out`.
-void scatter_contiguous_rows(const comm::Group& group, const ArraySlice& a, const char* range,
-                             std::int64_t range_first, char* out);
+void scatter_contiguous_rows(const comm::Group& group, const ArraySlice& a, const char* range, std::int64_t range_first,
+                             char* out);
 
 }  // namespace lather::checkpoint::Impl

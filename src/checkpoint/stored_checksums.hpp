@@ -21,7 +21,9 @@ namespace lather::checkpoint::Impl {
 
 /// The group holding the checksum datasets.
 inline constexpr const char* checksum_group = "_checksums";
-inline std::string checksum_path(const std::string& array_path) { return std::string(checksum_group) + "/" + array_path; }
+inline std::string checksum_path(const std::string& array_path) {
+  return std::string(checksum_group) + "/" + array_path;
+}
 
 /// The chunk grid of an array as saved with `chunk_bytes`.
 ChunkGrid grid_of(const ArraySlice& a, std::size_t chunk_bytes);
@@ -109,8 +111,8 @@ class SelectionChecksums {
   std::vector<StoredChecksums> m_stored;  ///< the grid, and when loading the stored sums
   std::vector<std::vector<ChunkSum>> m_sums;
   std::vector<std::pair<std::int64_t, std::int64_t>> m_share;    ///< (first block row, rows) this rank adds
-  std::vector<char> m_whole_everywhere;                           ///< whole_on_every_rank()
-  std::vector<std::vector<char>> m_coverage;                      ///< per chunk: 0 none, 1 exactly once, 2 partly
+  std::vector<char> m_whole_everywhere;                          ///< whole_on_every_rank()
+  std::vector<std::vector<char>> m_coverage;                     ///< per chunk: 0 none, 1 exactly once, 2 partly
   std::vector<std::vector<std::vector<std::int64_t>>> m_blocks;  ///< distinct blocks: offsets, then counts
 };
 

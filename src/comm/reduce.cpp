@@ -4,28 +4,34 @@ namespace lather::comm {
 
 std::string to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::mean: return "mean";
-    case ReduceOp::weighted_mean: return "weighted_mean";
-    case ReduceOp::adasum: return "adasum";
-    case ReduceOp::adasum_approx: return "adasum_approx";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::mean:
+      return "mean";
+    case ReduceOp::weighted_mean:
+      return "weighted_mean";
+    case ReduceOp::adasum:
+      return "adasum";
+    case ReduceOp::adasum_approx:
+      return "adasum_approx";
   }
   return "unknown";
 }
 
 ReduceOp parse_reduce_op(const std::string& name) {
-  for (auto op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::weighted_mean, ReduceOp::adasum,
-                  ReduceOp::adasum_approx})
+  for (auto op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::weighted_mean, ReduceOp::adasum, ReduceOp::adasum_approx})
     if (name == to_string(op)) return op;
-  LATHER_FAIL("unknown reduction '", name,
-              "' (expected sum, mean, weighted_mean, adasum or adasum_approx)");
+  LATHER_FAIL("unknown reduction '", name, "' (expected sum, mean, weighted_mean, adasum or adasum_approx)");
 }
 
 std::string to_string(WirePrecision precision) {
   switch (precision) {
-    case WirePrecision::native: return "native";
-    case WirePrecision::bfloat16: return "bfloat16";
-    case WirePrecision::float16: return "float16";
+    case WirePrecision::native:
+      return "native";
+    case WirePrecision::bfloat16:
+      return "bfloat16";
+    case WirePrecision::float16:
+      return "float16";
   }
   return "unknown";
 }

@@ -23,9 +23,7 @@ Error::Error(std::string message, const char* file, int line)
     : std::runtime_error(with_location(message, file, line)), m_message(std::move(message)) {}
 
 namespace Impl {
-void throw_error(const char* file, int line, std::string message) {
-  throw Error(std::move(message), file, line);
-}
+void throw_error(const char* file, int line, std::string message) { throw Error(std::move(message), file, line); }
 }  // namespace Impl
 
 }  // namespace lather

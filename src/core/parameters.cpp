@@ -14,15 +14,14 @@ void ParameterSpec::validate() const {
   LATHER_REQUIRE(split_axis < int(shape.size()), "parameter '", name, "': split_axis ", split_axis,
                  " out of range for shape ", lather::to_string(shape));
   LATHER_REQUIRE(global_shape.size() == shape.size(), "parameter '", name, "': global shape ",
-                 lather::to_string(global_shape), " and local shape ", lather::to_string(shape),
-                 " differ in rank");
+                 lather::to_string(global_shape), " and local shape ", lather::to_string(shape), " differ in rank");
   for (std::size_t d = 0; d < shape.size(); ++d)
     if (int(d) != split_axis)
       LATHER_REQUIRE(global_shape[d] == shape[d], "parameter '", name, "': dimension ", d, " of the local shape ",
                      lather::to_string(shape), " differs from the global shape ", lather::to_string(global_shape));
-  LATHER_REQUIRE(split_offset >= 0 && split_offset + shape[split_axis] <= global_shape[split_axis],
-                 "parameter '", name, "': slice [", split_offset, ", ", split_offset + shape[split_axis],
-                 ") outside dimension ", split_axis, " of extent ", global_shape[split_axis]);
+  LATHER_REQUIRE(split_offset >= 0 && split_offset + shape[split_axis] <= global_shape[split_axis], "parameter '", name,
+                 "': slice [", split_offset, ", ", split_offset + shape[split_axis], ") outside dimension ", split_axis,
+                 " of extent ", global_shape[split_axis]);
 }
 
 }  // namespace lather

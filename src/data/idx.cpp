@@ -99,11 +99,11 @@ IdxArray read_idx(const std::string& path, std::int64_t max_elements) {
   if (compressed) {
     LATHER_REQUIRE(needed / max_deflate_expansion <= file_bytes, "IDX file '", path, "' declares ",
                    describe_dims(out.dims), " = ", elements, " values, but as gzip of ", file_bytes,
-                   " bytes it cannot hold more than ", file_bytes * max_deflate_expansion,
-                   " (deflate expands at most ", max_deflate_expansion, ":1)");
+                   " bytes it cannot hold more than ", file_bytes * max_deflate_expansion, " (deflate expands at most ",
+                   max_deflate_expansion, ":1)");
   } else {
-    LATHER_REQUIRE(needed <= file_bytes, "IDX file '", path, "' declares ", describe_dims(out.dims), " = ",
-                   elements, " values but holds only ", file_bytes - std::min(file_bytes, needed - elements),
+    LATHER_REQUIRE(needed <= file_bytes, "IDX file '", path, "' declares ", describe_dims(out.dims), " = ", elements,
+                   " values but holds only ", file_bytes - std::min(file_bytes, needed - elements),
                    " bytes after its header (truncated?)");
   }
   // Grown piece by piece (a gzip file shows how much it holds only by being decompressed), the

@@ -98,12 +98,18 @@ std::string describe(char32_t c) {
   char code[16];
   std::snprintf(code, sizeof code, "U+%04X", unsigned(c));
   switch (c) {
-    case '\n': return std::string("'\\n' (") + code + ")";
-    case '\t': return std::string("'\\t' (") + code + ")";
-    case '\r': return std::string("'\\r' (") + code + ")";
-    case '\'': return std::string("'\\'' (") + code + ")";
-    case '\\': return std::string("'\\\\' (") + code + ")";
-    default: break;
+    case '\n':
+      return std::string("'\\n' (") + code + ")";
+    case '\t':
+      return std::string("'\\t' (") + code + ")";
+    case '\r':
+      return std::string("'\\r' (") + code + ")";
+    case '\'':
+      return std::string("'\\'' (") + code + ")";
+    case '\\':
+      return std::string("'\\\\' (") + code + ")";
+    default:
+      break;
   }
   if (!printable(c)) return std::string(code) + " (not printable)";
   std::string out = "'";
@@ -265,8 +271,8 @@ TextCorpus load_text_corpus(const std::string& path, double validation_fraction,
     corpus.vocabulary = Vocabulary(symbols_of(train_text, train_what));
     corpus.train = corpus.vocabulary.encode(train_text, train_what);
     require_length(corpus.train.size(), train_what);
-    corpus.validation = corpus.vocabulary.encode(read_text_file(validation_path, max_bytes, "validation text"),
-                                                 validation_what);
+    corpus.validation =
+        corpus.vocabulary.encode(read_text_file(validation_path, max_bytes, "validation text"), validation_what);
     require_length(corpus.validation.size(), validation_what);
     corpus.source = "'" + path + "' (train.txt, validation.txt)";
     return corpus;

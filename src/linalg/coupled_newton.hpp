@@ -37,9 +37,8 @@ class CoupledNewton {
                  alloc("Lather::CoupledNewton::power_b")};
     m_v = Array2<C, memory_space>("Lather::CoupledNewton::v", capacity, n);
     m_av = Array2<C, memory_space>("Lather::CoupledNewton::av", capacity, n);
-    m_batched_max = options.batched_gemm_max_size >= 0
-                        ? options.batched_gemm_max_size
-                        : default_batched_gemm_max_size<ExecutionSpace>();
+    m_batched_max = options.batched_gemm_max_size >= 0 ? options.batched_gemm_max_size
+                                                       : default_batched_gemm_max_size<ExecutionSpace>();
     const auto start = power_iteration_start_vector(n);
     m_start = Array1<C, memory_space>("Lather::CoupledNewton::start_vector", n);
     auto start_host = Kokkos::create_mirror_view(m_start);
@@ -55,8 +54,8 @@ class CoupledNewton {
   /// size n and exponent p. Fills the result entries at those positions.
   template <class S>
   void solve(const Stack3<const S, memory_space>& input, const Stack3<S, memory_space>& output,
-             const std::vector<RootTask>& tasks, const std::vector<int>& positions, int p,
-             InverseRootResult& result, GemmCount& count) {
+             const std::vector<RootTask>& tasks, const std::vector<int>& positions, int p, InverseRootResult& result,
+             GemmCount& count) {
     const int slots = int(positions.size());
     const int n = m_n;
     const auto& opt = m_options;
@@ -67,8 +66,7 @@ class CoupledNewton {
 
     // Load and check the input.
     Array1<int, memory_space> nonfinite("Lather::CoupledNewton::nonfinite", slots);
-    load_matrices<ExecutionSpace, S, C, memory_space>(m_space, input, matrix_of, slots, n, m_m[0],
-                                                      nonfinite);
+    load_matrices<ExecutionSpace, S, C, memory_space>(m_space, input, matrix_of, slots, n, m_m[0], nonfinite);
     const auto nonfinite_host = to_host(nonfinite);
     std::vector<int> good;
     for (int s = 0; s < slots; ++s) {
@@ -92,15 +90,12 @@ class CoupledNewton {
       Array1<int, memory_space> power_iterations("Lather::CoupledNewton::power_iterations", slots);
       if constexpr (host_accessible<memory_space>) {
         fence(m_space, "Lather::CoupledNewton: matrices loaded");
-        power_iteration_host<C, memory_space>(m_m[0], good, n, m_start, m_v, m_av,
-                                              opt.power_iteration_max_iterations,
-                                              C(opt.power_iteration_tolerance), lambda,
-                                              power_iterations);
+        power_iteration_host<C, memory_space>(m_m[0], good, n, m_start, m_v, m_av, opt.power_iteration_max_iterations,
+                                              C(opt.power_iteration_tolerance), lambda, power_iterations);
       } else {
-        power_iteration<ExecutionSpace, C, memory_space>(
-            m_space, m_m[0], good_dev, int(good.size()), n, m_start, m_v, m_av,
-            opt.power_iteration_max_iterations, C(opt.power_iteration_tolerance), lambda,
-            power_iterations);
+        power_iteration<ExecutionSpace, C, memory_space>(m_space, m_m[0], good_dev, int(good.size()), n, m_start, m_v,
+                                                         m_av, opt.power_iteration_max_iterations,
+                                                         C(opt.power_iteration_tolerance), lambda, power_iterations);
       }
       const auto steps = to_host(power_iterations);
       for (int s : good) result.power_iterations[positions[s]] = steps(s);
@@ -109,8 +104,7 @@ class CoupledNewton {
     auto ridge_host = Kokkos::create_mirror_view(lambda);
     for (int s : good) {
       const double lambda_max = double(lambda_host(s));
-      const double ridge = opt.relative_ridge ? opt.ridge_epsilon * std::max(lambda_max, 1e-6)
-                                              : opt.ridge_epsilon;
+      const double ridge = opt.relative_ridge ? opt.ridge_epsilon * std::max(lambda_max, 1e-6) : opt.ridge_epsilon;
       ridge_host(s) = C(ridge);
       result.lambda_max[positions[s]] = opt.relative_ridge ? lambda_max : std::nan("");
       result.ridge[positions[s]] = double(C(ridge));
@@ -120,8 +114,8 @@ class CoupledNewton {
 
     Array1<C, memory_space> error("Lather::CoupledNewton::error", slots);
     // T lives in scratch 0 from here on: each error pass writes the next step's T.
-    newton_start<ExecutionSpace, C, memory_space>(m_space, m_m[0], m_h[0], m_scratch[0], good_dev,
-                                                  int(good.size()), n, p, ridge, error);
+    newton_start<ExecutionSpace, C, memory_space>(m_space, m_m[0], m_h[0], m_scratch[0], good_dev, int(good.size()), n,
+                                                  p, ridge, error);
     auto error_host = to_host(error);
     std::vector<double> previous_error(slots);
     std::vector<int> active, done_new, done_old;
@@ -133,8 +127,7 @@ class CoupledNewton {
         active.push_back(s);
       const int t = positions[s];
       result.error[t] = previous_error[s];
-      result.status[t] =
-          previous_error[s] > opt.tolerance ? RootStatus::max_iterations : RootStatus::converged;
+      result.status[t] = previous_error[s] > opt.tolerance ? RootStatus::max_iterations : RootStatus::converged;
     }
     int current = 0;
     store(done_old, m_h[current], matrix_of, output);
@@ -145,13 +138,13 @@ class CoupledNewton {
       const int next = 1 - current;
       const Stack& t_matrix = m_scratch[0];
       // H <- H T before T is consumed by the power.
-      gemm_slots<ExecutionSpace, C, memory_space>(m_space, active, active_dev, m_h[current],
-                                                  t_matrix, m_h[next], n, m_batched_max, count);
+      gemm_slots<ExecutionSpace, C, memory_space>(m_space, active, active_dev, m_h[current], t_matrix, m_h[next], n,
+                                                  m_batched_max, count);
       const Stack power = matrix_power(active, active_dev, p, count);
-      gemm_slots<ExecutionSpace, C, memory_space>(m_space, active, active_dev, power,
-                                                  m_m[current], m_m[next], n, m_batched_max, count);
-      newton_error_and_step<ExecutionSpace, C, memory_space>(m_space, m_m[next], m_scratch[0],
-                                                             active_dev, count_active, n, p, error);
+      gemm_slots<ExecutionSpace, C, memory_space>(m_space, active, active_dev, power, m_m[current], m_m[next], n,
+                                                  m_batched_max, count);
+      newton_error_and_step<ExecutionSpace, C, memory_space>(m_space, m_m[next], m_scratch[0], active_dev, count_active,
+                                                             n, p, error);
       Kokkos::deep_copy(m_space, error_host, error);
       fence(m_space, "Lather::CoupledNewton: errors on the host");
 
@@ -192,8 +185,7 @@ class CoupledNewton {
 
  private:
   Array1<const int, memory_space> to_device(const std::string& label, const std::vector<int>& values) const {
-    Array1<int, memory_space> view(Kokkos::view_alloc(Kokkos::WithoutInitializing, label),
-                                   values.size());
+    Array1<int, memory_space> view(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), values.size());
     auto host = Kokkos::create_mirror_view(view);
     for (std::size_t k = 0; k < values.size(); ++k) host(k) = values[k];
     Kokkos::deep_copy(m_space, view, host);
@@ -214,14 +206,13 @@ class CoupledNewton {
              const Stack3<S, memory_space>& output) const {
     if (slots.empty()) return;
     const auto slots_dev = to_device("Lather::CoupledNewton::finished", slots);
-    store_roots<ExecutionSpace, S, C, memory_space>(m_space, h, slots_dev, int(slots.size()),
-                                                    matrix_of, m_n, output);
+    store_roots<ExecutionSpace, S, C, memory_space>(m_space, h, slots_dev, int(slots.size()), matrix_of, m_n, output);
   }
 
   /// T^p by repeated squaring over the scratch buffers (T itself is consumed). Multiplications by
   /// the identity are skipped, so p = 2^k costs k GEMMs.
-  Stack matrix_power(const std::vector<int>& slots_host, const Array1<const int, memory_space>& slots,
-                     int p, GemmCount& count) {
+  Stack matrix_power(const std::vector<int>& slots_host, const Array1<const int, memory_space>& slots, int p,
+                     GemmCount& count) {
     int base = 0, result = -1;
     const auto free_buffer = [&](int a, int b) {
       for (int k = 0; k < 3; ++k)
@@ -234,18 +225,16 @@ class CoupledNewton {
           result = base;
         } else {
           const int out = free_buffer(result, base);
-          gemm_slots<ExecutionSpace, C, memory_space>(m_space, slots_host, slots, m_scratch[result],
-                                                      m_scratch[base], m_scratch[out], m_n,
-                                                      m_batched_max, count);
+          gemm_slots<ExecutionSpace, C, memory_space>(m_space, slots_host, slots, m_scratch[result], m_scratch[base],
+                                                      m_scratch[out], m_n, m_batched_max, count);
           result = out;
         }
       }
       p >>= 1;
       if (p == 0) break;
       const int out = free_buffer(result, base);
-      gemm_slots<ExecutionSpace, C, memory_space>(m_space, slots_host, slots, m_scratch[base],
-                                                  m_scratch[base], m_scratch[out], m_n,
-                                                  m_batched_max, count);
+      gemm_slots<ExecutionSpace, C, memory_space>(m_space, slots_host, slots, m_scratch[base], m_scratch[base],
+                                                  m_scratch[out], m_n, m_batched_max, count);
       base = out;
     }
     return m_scratch[result];

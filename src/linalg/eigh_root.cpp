@@ -7,12 +7,10 @@
 
 // LAPACK's Fortran symbols, with the hidden string-length arguments that gfortran and ifort pass.
 extern "C" {
-void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
-             double* work, const int* lwork, int* iwork, const int* liwork, int* info,
-             std::size_t jobz_len, std::size_t uplo_len);
-void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const int* lda, float* w,
-             float* work, const int* lwork, int* iwork, const int* liwork, int* info,
-             std::size_t jobz_len, std::size_t uplo_len);
+void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w, double* work,
+             const int* lwork, int* iwork, const int* liwork, int* info, std::size_t jobz_len, std::size_t uplo_len);
+void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const int* lda, float* w, float* work,
+             const int* lwork, int* iwork, const int* liwork, int* info, std::size_t jobz_len, std::size_t uplo_len);
 }
 
 namespace lather::linalg::Impl {
@@ -42,8 +40,7 @@ void syevd(int n, C* a, C* w, EighWorkspace<C>& ws, int& info) {
 }
 
 template <class C>
-using HostMatrix = Kokkos::View<C**, Kokkos::LayoutRight, Kokkos::HostSpace,
-                                Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+using HostMatrix = Kokkos::View<C**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
 /// out = w^T w (n x n, row-major): BLAS syrk's upper triangle, mirrored into the lower one.
 template <class C>
@@ -84,8 +81,8 @@ EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const Invers
     return outcome;
   }
   const double lambda_max = double(eigenvalues[n - 1]);
-  const double ridge = options.relative_ridge ? options.ridge_epsilon * std::max(lambda_max, 1e-6)
-                                              : options.ridge_epsilon;
+  const double ridge =
+      options.relative_ridge ? options.ridge_epsilon * std::max(lambda_max, 1e-6) : options.ridge_epsilon;
   outcome.lambda_max = lambda_max;
   outcome.ridge = double(C(ridge));
 
@@ -147,8 +144,7 @@ EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const Invers
 
 template EighOutcome eigh_inverse_root<float>(std::vector<float>&, int, int, const InverseRootOptions&,
                                               std::vector<float>&, GemmCount&, EighWorkspace<float>&);
-template EighOutcome eigh_inverse_root<double>(std::vector<double>&, int, int,
-                                               const InverseRootOptions&, std::vector<double>&,
-                                               GemmCount&, EighWorkspace<double>&);
+template EighOutcome eigh_inverse_root<double>(std::vector<double>&, int, int, const InverseRootOptions&,
+                                               std::vector<double>&, GemmCount&, EighWorkspace<double>&);
 
 }  // namespace lather::linalg::Impl

@@ -39,8 +39,7 @@ void load_matrices(const ExecutionSpace& space, const Stack3<const S, MemorySpac
                    const Stack3<C, MemorySpace>& work, const Array1<int, MemorySpace>& nonfinite) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   Kokkos::parallel_for(
-      "Lather::linalg::load_matrices", per_slot_policy(space, slots),
-      KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::load_matrices", per_slot_policy(space, slots), KOKKOS_LAMBDA(const member_type& member) {
         const int s = member.league_rank();
         const int b = matrix_of(s);
         int bad = 0;
@@ -68,17 +67,14 @@ void load_matrices(const ExecutionSpace& space, const Stack3<const S, MemorySpac
 template <class ExecutionSpace, class C, class MemorySpace>
 void power_iteration(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& matrices,
                      const Array1<const int, MemorySpace>& slot_list, int count, int n,
-                     const Array1<const C, MemorySpace>& start,
-                     const Array2<C, MemorySpace>& v_work, const Array2<C, MemorySpace>& av_work,
-                     int max_iterations, C tolerance, const Array1<C, MemorySpace>& eigenvalue,
-                     const Array1<int, MemorySpace>& iterations) {
+                     const Array1<const C, MemorySpace>& start, const Array2<C, MemorySpace>& v_work,
+                     const Array2<C, MemorySpace>& av_work, int max_iterations, C tolerance,
+                     const Array1<C, MemorySpace>& eigenvalue, const Array1<int, MemorySpace>& iterations) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   Kokkos::parallel_for(
-      "Lather::linalg::power_iteration", per_slot_policy(space, count),
-      KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::power_iteration", per_slot_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n),
-                             [&](int i) { v_work(s, i) = start(i); });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) { v_work(s, i) = start(i); });
         member.team_barrier();
         C rayleigh = 0;
         int it = 0;
@@ -86,32 +82,28 @@ void power_iteration(const ExecutionSpace& space, const Stack3<const C, MemorySp
         while (run && it < max_iterations) {
           C norm2 = 0;
           Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(member, n),
-              [&](int i, C& sum) { sum += v_work(s, i) * v_work(s, i); }, norm2);
+              Kokkos::TeamThreadRange(member, n), [&](int i, C& sum) { sum += v_work(s, i) * v_work(s, i); }, norm2);
           if (!(norm2 > C(0))) break;  // v fell into the null space: s is already exact
           const C scale = C(1) / kmath::sqrt(norm2);
           member.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n),
-                               [&](int i) { v_work(s, i) *= scale; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) { v_work(s, i) *= scale; });
           member.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) {
             C row = 0;
             Kokkos::parallel_reduce(
-                Kokkos::ThreadVectorRange(member, n),
-                [&](int j, C& sum) { sum += matrices(s, i, j) * v_work(s, j); }, row);
+                Kokkos::ThreadVectorRange(member, n), [&](int j, C& sum) { sum += matrices(s, i, j) * v_work(s, j); },
+                row);
             Kokkos::single(Kokkos::PerThread(member), [&]() { av_work(s, i) = row; });
           });
           member.team_barrier();
           C next = 0;
           Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(member, n),
-              [&](int i, C& sum) { sum += v_work(s, i) * av_work(s, i); }, next);
+              Kokkos::TeamThreadRange(member, n), [&](int i, C& sum) { sum += v_work(s, i) * av_work(s, i); }, next);
           run = kmath::fabs(next - rayleigh) > tolerance;
           rayleigh = next;
           ++it;
           member.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n),
-                               [&](int i) { v_work(s, i) = av_work(s, i); });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) { v_work(s, i) = av_work(s, i); });
           member.team_barrier();
         }
         Kokkos::single(Kokkos::PerTeam(member), [&]() {
@@ -124,17 +116,15 @@ void power_iteration(const ExecutionSpace& space, const Stack3<const C, MemorySp
 /// Power iteration on the host, one matrix at a time with BLAS gemv for A v: the same arithmetic
 /// as the team kernel above, which a scalar matrix-vector loop would make cost ~10% of a root.
 template <class C, class MemorySpace>
-void power_iteration_host(const Stack3<const C, MemorySpace>& matrices, const std::vector<int>& slots,
-                          int n, const Array1<const C, MemorySpace>& start,
-                          const Array2<C, MemorySpace>& v_work, const Array2<C, MemorySpace>& av_work,
-                          int max_iterations, C tolerance, const Array1<C, MemorySpace>& eigenvalue,
-                          const Array1<int, MemorySpace>& iterations) {
+void power_iteration_host(const Stack3<const C, MemorySpace>& matrices, const std::vector<int>& slots, int n,
+                          const Array1<const C, MemorySpace>& start, const Array2<C, MemorySpace>& v_work,
+                          const Array2<C, MemorySpace>& av_work, int max_iterations, C tolerance,
+                          const Array1<C, MemorySpace>& eigenvalue, const Array1<int, MemorySpace>& iterations) {
   using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   for (int s : slots) {
     // A is symmetric, so its row-major storage read column-major is A itself: LayoutLeft views
     // throughout are what the BLAS TPL of KokkosBlas::gemv accepts.
-    const Kokkos::View<const C**, Kokkos::LayoutLeft, Kokkos::HostSpace, Unmanaged> a(
-        &matrices(s, 0, 0), n, n);
+    const Kokkos::View<const C**, Kokkos::LayoutLeft, Kokkos::HostSpace, Unmanaged> a(&matrices(s, 0, 0), n, n);
     const Kokkos::View<C*, Kokkos::LayoutLeft, Kokkos::HostSpace, Unmanaged> v(&v_work(s, 0), n);
     const Kokkos::View<C*, Kokkos::LayoutLeft, Kokkos::HostSpace, Unmanaged> av(&av_work(s, 0), n);
     for (int i = 0; i < n; ++i) v(i) = start(i);
@@ -164,8 +154,8 @@ void power_iteration_host(const Stack3<const C, MemorySpace>& matrices, const st
 /// the slot's other matrices), t(s) = (1 - alpha) I + alpha x, and the return value max |x - I|
 /// (+inf when an entry is not finite), the error that decides whether the slot goes on.
 template <class Member, class C, class MemorySpace, class Element>
-KOKKOS_INLINE_FUNCTION C error_and_step(const Member& member, int s, int n, C alpha,
-                                        const Stack3<C, MemorySpace>& t, const Element& element) {
+KOKKOS_INLINE_FUNCTION C error_and_step(const Member& member, int s, int n, C alpha, const Stack3<C, MemorySpace>& t,
+                                        const Element& element) {
   C worst = 0;
   Kokkos::parallel_reduce(
       Kokkos::TeamThreadRange(member, n),
@@ -190,18 +180,14 @@ KOKKOS_INLINE_FUNCTION C error_and_step(const Member& member, int s, int n, C al
 /// Newton start: M0 = z (A + ridge I), H0 = z^(1/p) I with z = (1 + p) / (2 ||A + ridge I||_F);
 /// error(s) = max |M0 - I|, and the first step matrix T = (1 - alpha) I + alpha M0 (alpha = -1/p).
 template <class ExecutionSpace, class C, class MemorySpace>
-void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m,
-                  const Stack3<C, MemorySpace>& h, const Stack3<C, MemorySpace>& t,
-                  const Array1<const int, MemorySpace>& slot_list,
-                  int count, int n, int p, const Array1<const C, MemorySpace>& ridge,
-                  const Array1<C, MemorySpace>& error) {
+void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m, const Stack3<C, MemorySpace>& h,
+                  const Stack3<C, MemorySpace>& t, const Array1<const int, MemorySpace>& slot_list, int count, int n,
+                  int p, const Array1<const C, MemorySpace>& ridge, const Array1<C, MemorySpace>& error) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   Kokkos::parallel_for(
-      "Lather::linalg::newton_start", per_slot_policy(space, count),
-      KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::newton_start", per_slot_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n),
-                             [&](int i) { m(s, i, i) += ridge(s); });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) { m(s, i, i) += ridge(s); });
         member.team_barrier();
         C norm2 = 0;
         Kokkos::parallel_reduce(
@@ -209,8 +195,8 @@ void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m,
             [&](int i, C& sum) {
               C row = 0;
               Kokkos::parallel_reduce(
-                  Kokkos::ThreadVectorRange(member, n),
-                  [&](int j, C& row_sum) { row_sum += m(s, i, j) * m(s, i, j); }, row);
+                  Kokkos::ThreadVectorRange(member, n), [&](int j, C& row_sum) { row_sum += m(s, i, j) * m(s, i, j); },
+                  row);
               sum += row;
             },
             norm2);
@@ -232,14 +218,12 @@ void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m,
 /// step matrix t(s) = (1 - alpha) I + alpha m(s), alpha = -1/p (unused if the slot stops).
 template <class ExecutionSpace, class C, class MemorySpace>
 void newton_error_and_step(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& m,
-                           const Stack3<C, MemorySpace>& t,
-                           const Array1<const int, MemorySpace>& slot_list, int count, int n, int p,
-                           const Array1<C, MemorySpace>& error) {
+                           const Stack3<C, MemorySpace>& t, const Array1<const int, MemorySpace>& slot_list, int count,
+                           int n, int p, const Array1<C, MemorySpace>& error) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   const C alpha = C(-1) / C(p);
   Kokkos::parallel_for(
-      "Lather::linalg::newton_error_and_step", per_slot_policy(space, count),
-      KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::newton_error_and_step", per_slot_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
         const C worst = error_and_step(member, s, n, alpha, t, [&](int i, int j) { return m(s, i, j); });
         Kokkos::single(Kokkos::PerTeam(member), [&]() { error(s) = worst; });
@@ -250,19 +234,16 @@ void newton_error_and_step(const ExecutionSpace& space, const Stack3<const C, Me
 template <class ExecutionSpace, class S, class C, class MemorySpace>
 void store_roots(const ExecutionSpace& space, const Stack3<const C, MemorySpace>& h,
                  const Array1<const int, MemorySpace>& slot_list, int count,
-                 const Array1<const int, MemorySpace>& matrix_of, int n,
-                 const Stack3<S, MemorySpace>& out) {
+                 const Array1<const int, MemorySpace>& matrix_of, int n, const Stack3<S, MemorySpace>& out) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   const int padded = int(out.extent(1));
   Kokkos::parallel_for(
-      "Lather::linalg::store_roots", per_slot_policy(space, count),
-      KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::store_roots", per_slot_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
         const int b = matrix_of(s);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(member, padded), [&](int i) {
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, padded), [&](int j) {
-            out(b, i, j) = (i < n && j < n) ? S(h(s, i, j)) : S(i == j);
-          });
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, padded),
+                               [&](int j) { out(b, i, j) = (i < n && j < n) ? S(h(s, i, j)) : S(i == j); });
         });
       });
 }
@@ -271,13 +252,12 @@ void store_roots(const ExecutionSpace& space, const Stack3<const C, MemorySpace>
 template <class ExecutionSpace, class S, class C, class MemorySpace>
 void scalar_roots(const ExecutionSpace& space, const Stack3<const S, MemorySpace>& input,
                   const Stack3<S, MemorySpace>& out, const Array1<const int, MemorySpace>& matrix_of,
-                  const Array1<const int, MemorySpace>& exponent, int count, C ridge_epsilon,
-                  bool relative_ridge, const Array1<C, MemorySpace>& lambda,
-                  const Array1<C, MemorySpace>& ridge_out, const Array1<int, MemorySpace>& ok) {
+                  const Array1<const int, MemorySpace>& exponent, int count, C ridge_epsilon, bool relative_ridge,
+                  const Array1<C, MemorySpace>& lambda, const Array1<C, MemorySpace>& ridge_out,
+                  const Array1<int, MemorySpace>& ok) {
   const int padded = int(out.extent(1));
   Kokkos::parallel_for(
-      "Lather::linalg::scalar_roots", Kokkos::RangePolicy<ExecutionSpace>(space, 0, count),
-      KOKKOS_LAMBDA(int t) {
+      "Lather::linalg::scalar_roots", Kokkos::RangePolicy<ExecutionSpace>(space, 0, count), KOKKOS_LAMBDA(int t) {
         const int b = matrix_of(t);
         const C a = C(input(b, 0, 0));
         const C floor = C(1e-6);

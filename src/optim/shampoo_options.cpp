@@ -15,12 +15,9 @@ namespace lather::optim {
 
 namespace {
 const std::pair<GraftType, const char*> graft_names[] = {
-    {GraftType::sgd, "SGD"},
-    {GraftType::adagrad, "ADAGRAD"},
-    {GraftType::rmsprop, "RMSPROP"},
-    {GraftType::rmsprop_normalized, "RMSPROP_NORMALIZED"},
-    {GraftType::sqrt_n, "SQRT_N"},
-    {GraftType::adagrad_normalized, "ADAGRAD_NORMALIZED"},
+    {GraftType::sgd, "SGD"},         {GraftType::adagrad, "ADAGRAD"},
+    {GraftType::rmsprop, "RMSPROP"}, {GraftType::rmsprop_normalized, "RMSPROP_NORMALIZED"},
+    {GraftType::sqrt_n, "SQRT_N"},   {GraftType::adagrad_normalized, "ADAGRAD_NORMALIZED"},
 };
 }  // namespace
 
@@ -42,9 +39,12 @@ GraftType parse_graft_type(const std::string& name) {
 
 std::string to_string(PreconditionerType type) {
   switch (type) {
-    case PreconditionerType::all: return "ALL";
-    case PreconditionerType::input: return "INPUT";
-    case PreconditionerType::output: return "OUTPUT";
+    case PreconditionerType::all:
+      return "ALL";
+    case PreconditionerType::input:
+      return "INPUT";
+    case PreconditionerType::output:
+      return "OUTPUT";
   }
   return "ALL";
 }
@@ -70,9 +70,12 @@ std::vector<int> preconditioned_dimensions(int rank, PreconditionerType type) {
 
 std::string to_string(StepMode mode) {
   switch (mode) {
-    case StepMode::automatic: return "auto";
-    case StepMode::replicated: return "replicated";
-    case StepMode::distributed: return "distributed";
+    case StepMode::automatic:
+      return "auto";
+    case StepMode::replicated:
+      return "replicated";
+    case StepMode::distributed:
+      return "distributed";
   }
   return "auto";
 }
@@ -84,9 +87,7 @@ StepMode parse_step_mode(const std::string& name) {
   LATHER_FAIL("unknown step mode '", name, "' (expected auto, replicated or distributed)");
 }
 
-bool graft_has_diagonal_statistics(GraftType graft) {
-  return graft != GraftType::sgd && graft != GraftType::sqrt_n;
-}
+bool graft_has_diagonal_statistics(GraftType graft) { return graft != GraftType::sgd && graft != GraftType::sqrt_n; }
 
 void ShampooOptions::validate() const {
   learning_rate.validate();
@@ -96,16 +97,16 @@ void ShampooOptions::validate() const {
   LATHER_REQUIRE(finite(beta2) && beta2 > 0 && beta2 <= 1, "ShampooOptions::beta2 must be in (0, 1], got ", beta2);
   LATHER_REQUIRE(finite(diagonal_epsilon) && diagonal_epsilon >= 0,
                  "ShampooOptions::diagonal_epsilon must be >= 0, got ", diagonal_epsilon);
-  LATHER_REQUIRE(finite(matrix_epsilon) && matrix_epsilon >= 0,
-                 "ShampooOptions::matrix_epsilon must be >= 0, got ", matrix_epsilon);
-  LATHER_REQUIRE(finite(weight_decay) && weight_decay >= 0,
-                 "ShampooOptions::weight_decay must be >= 0, got ", weight_decay);
-  LATHER_REQUIRE(start_preconditioning_step >= 0,
-                 "ShampooOptions::start_preconditioning_step must be >= 0, got ", start_preconditioning_step);
-  LATHER_REQUIRE(preconditioning_compute_steps >= 1,
-                 "ShampooOptions::preconditioning_compute_steps must be >= 1, got ", preconditioning_compute_steps);
-  LATHER_REQUIRE(statistics_compute_steps >= 1,
-                 "ShampooOptions::statistics_compute_steps must be >= 1, got ", statistics_compute_steps);
+  LATHER_REQUIRE(finite(matrix_epsilon) && matrix_epsilon >= 0, "ShampooOptions::matrix_epsilon must be >= 0, got ",
+                 matrix_epsilon);
+  LATHER_REQUIRE(finite(weight_decay) && weight_decay >= 0, "ShampooOptions::weight_decay must be >= 0, got ",
+                 weight_decay);
+  LATHER_REQUIRE(start_preconditioning_step >= 0, "ShampooOptions::start_preconditioning_step must be >= 0, got ",
+                 start_preconditioning_step);
+  LATHER_REQUIRE(preconditioning_compute_steps >= 1, "ShampooOptions::preconditioning_compute_steps must be >= 1, got ",
+                 preconditioning_compute_steps);
+  LATHER_REQUIRE(statistics_compute_steps >= 1, "ShampooOptions::statistics_compute_steps must be >= 1, got ",
+                 statistics_compute_steps);
   LATHER_REQUIRE(exponent_override >= 0, "ShampooOptions::exponent_override must be >= 0, got ", exponent_override);
   LATHER_REQUIRE(finite(inverse_failure_threshold) && inverse_failure_threshold > 0,
                  "ShampooOptions::inverse_failure_threshold must be > 0, got ", inverse_failure_threshold);
@@ -118,18 +119,19 @@ void ShampooOptions::validate() const {
   LATHER_REQUIRE(unpreconditioned_block_size >= 0,
                  "ShampooOptions::unpreconditioned_block_size must be >= 0 (0: block_size), got ",
                  unpreconditioned_block_size);
-  LATHER_REQUIRE(merge_small_dims_block_size >= 1,
-                 "ShampooOptions::merge_small_dims_block_size must be >= 1, got ", merge_small_dims_block_size);
-  LATHER_REQUIRE(skip_preconditioning_rank_lt >= 0,
-                 "ShampooOptions::skip_preconditioning_rank_lt must be >= 0, got ", skip_preconditioning_rank_lt);
-  LATHER_REQUIRE(max_consecutive_root_failures >= 0,
-                 "ShampooOptions::max_consecutive_root_failures must be >= 0, got ", max_consecutive_root_failures);
+  LATHER_REQUIRE(merge_small_dims_block_size >= 1, "ShampooOptions::merge_small_dims_block_size must be >= 1, got ",
+                 merge_small_dims_block_size);
+  LATHER_REQUIRE(skip_preconditioning_rank_lt >= 0, "ShampooOptions::skip_preconditioning_rank_lt must be >= 0, got ",
+                 skip_preconditioning_rank_lt);
+  LATHER_REQUIRE(max_consecutive_root_failures >= 0, "ShampooOptions::max_consecutive_root_failures must be >= 0, got ",
+                 max_consecutive_root_failures);
   LATHER_REQUIRE(!(shard_optimizer_states && step_mode == StepMode::replicated),
                  "ShampooOptions: shard_optimizer_states = true asks for the distributed step, but step_mode is "
                  "replicated");
   LATHER_REQUIRE(!async_roots || root.method == linalg::RootMethod::eigh,
                  "ShampooOptions::async_roots needs root_method eigh (the host thread computes eigendecompositions; "
-                 "Newton runs on the execution space), got root_method ", linalg::to_string(root.method));
+                 "Newton runs on the execution space), got root_method ",
+                 linalg::to_string(root.method));
   root.validate();
   LATHER_REQUIRE(product_host_threads >= 0 && product_host_threads <= 1024,
                  "ShampooOptions::product_host_threads must be in [0, 1024], got ", product_host_threads);
@@ -165,8 +167,8 @@ long parse_long(const std::string& name, const std::string& value) {
 /// The options held as int: a value past int's range is refused, not truncated.
 int parse_int(const std::string& name, const std::string& value) {
   const long x = parse_long(name, value);
-  LATHER_REQUIRE(x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max(), "Shampoo option ",
-                 name, ": ", x, " is out of the range of an int");
+  LATHER_REQUIRE(x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max(), "Shampoo option ", name,
+                 ": ", x, " is out of the range of an int");
   return int(x);
 }
 
@@ -192,18 +194,48 @@ bool parse_bool(const std::string& name, const std::string& value) {
 }  // namespace
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {
-      "learning_rate", "block_size", "beta1", "beta2", "diagonal_epsilon", "matrix_epsilon", "weight_decay",
-      "start_preconditioning_step", "preconditioning_compute_steps", "statistics_compute_steps",
-      "best_effort_shape_interpretation", "graft_type", "nesterov", "exponent_override", "precondtioner_type",
-      "shard_optimizer_states", "best_effort_memory_usage_reduction", "inverse_failure_threshold",
-      "moving_average_for_momentum", "skip_preconditioning_dim_size_gt", "clip_by_scaled_gradient_norm",
-      "relative_matrix_epsilon", "merge_small_dims_block_size", "skip_preconditioning_rank_lt",
-      "decoupled_learning_rate", "decoupled_weight_decay", "generate_training_metrics", "unpreconditioned_block_size",
-      "root_method",
-      "root_compute_precision", "root_max_iterations", "root_tolerance", "root_host_threads", "product_host_threads", "retry_failed_roots_in_double",
-      "max_consecutive_root_failures", "statistics_precision", "balance_root_work", "step_mode", "async_roots", "async_roots_in_background",
-      "shared_memory_gather"};
+  static const std::vector<std::string> names = {"learning_rate",
+                                                 "block_size",
+                                                 "beta1",
+                                                 "beta2",
+                                                 "diagonal_epsilon",
+                                                 "matrix_epsilon",
+                                                 "weight_decay",
+                                                 "start_preconditioning_step",
+                                                 "preconditioning_compute_steps",
+                                                 "statistics_compute_steps",
+                                                 "best_effort_shape_interpretation",
+                                                 "graft_type",
+                                                 "nesterov",
+                                                 "exponent_override",
+                                                 "precondtioner_type",
+                                                 "shard_optimizer_states",
+                                                 "best_effort_memory_usage_reduction",
+                                                 "inverse_failure_threshold",
+                                                 "moving_average_for_momentum",
+                                                 "skip_preconditioning_dim_size_gt",
+                                                 "clip_by_scaled_gradient_norm",
+                                                 "relative_matrix_epsilon",
+                                                 "merge_small_dims_block_size",
+                                                 "skip_preconditioning_rank_lt",
+                                                 "decoupled_learning_rate",
+                                                 "decoupled_weight_decay",
+                                                 "generate_training_metrics",
+                                                 "unpreconditioned_block_size",
+                                                 "root_method",
+                                                 "root_compute_precision",
+                                                 "root_max_iterations",
+                                                 "root_tolerance",
+                                                 "root_host_threads",
+                                                 "product_host_threads",
+                                                 "retry_failed_roots_in_double",
+                                                 "max_consecutive_root_failures",
+                                                 "statistics_precision",
+                                                 "balance_root_work",
+                                                 "step_mode",
+                                                 "async_roots",
+                                                 "async_roots_in_background",
+                                                 "shared_memory_gather"};
   return names;
 }
 
@@ -223,8 +255,9 @@ std::string option_help(const std::string& name) {
       {"graft_type", "SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED or SQRT_N"},
       {"nesterov", "Nesterov momentum"},
       {"exponent_override", "p of the inverse p-th root (0: 2 x preconditioned dimensions of the block)"},
-      {"precondtioner_type", "ALL, INPUT (all but the last dimension) or OUTPUT (the last only); "
-                             "alias preconditioner_type"},
+      {"precondtioner_type",
+       "ALL, INPUT (all but the last dimension) or OUTPUT (the last only); "
+       "alias preconditioner_type"},
       {"preconditioner_type", "alias of precondtioner_type (the reference's spelling)"},
       {"shard_optimizer_states", "each rank keeps only its share of the state (selects the distributed step)"},
       {"best_effort_memory_usage_reduction", "int8 momentum, int16 statistics and preconditioners"},
@@ -238,28 +271,34 @@ std::string option_help(const std::string& name) {
       {"decoupled_learning_rate", "apply the learning rate after momentum (the reference's default)"},
       {"decoupled_weight_decay", "weight decay added after momentum, times the learning rate"},
       {"generate_training_metrics", "keep per-statistic inverse-root errors"},
-      {"unpreconditioned_block_size", "one-sided Shampoo: block extent along the dimensions without a statistic "
-                                      "(0: block_size, as the reference)"},
+      {"unpreconditioned_block_size",
+       "one-sided Shampoo: block extent along the dimensions without a statistic "
+       "(0: block_size, as the reference)"},
       {"root_method", "newton (coupled Newton iteration) or eigh (eigendecomposition)"},
       {"root_compute_precision", "float32 or float64 for the inverse roots"},
       {"root_max_iterations", "Newton iteration limit"},
       {"root_tolerance", "Newton stops at max|M - I| <= this"},
-      {"root_host_threads", "eigh: host threads taking the roots at once (0: the CPUs this rank has to itself on its node; "
-                            "with async_roots, 0 is one thread on a host backend and those CPUs less one on a device)"},
-      {"product_host_threads", "host backends: threads sharing out the blocks' statistics and preconditioning "
-                               "products, each on one BLAS thread (0: the CPUs this rank has to itself on its node, fewer for "
-                               "small products)"},
+      {"root_host_threads",
+       "eigh: host threads taking the roots at once (0: the CPUs this rank has to itself on its node; "
+       "with async_roots, 0 is one thread on a host backend and those CPUs less one on a device)"},
+      {"product_host_threads",
+       "host backends: threads sharing out the blocks' statistics and preconditioning "
+       "products, each on one BLAS thread (0: the CPUs this rank has to itself on its node, fewer for "
+       "small products)"},
       {"retry_failed_roots_in_double", "recompute a failed float32 root in float64 before rejecting it"},
       {"max_consecutive_root_failures", "error after this many failed roots in a row of one statistic (0: never)"},
       {"statistics_precision", "float32 or float64 statistics and preconditioners"},
       {"balance_root_work", "replicated step: assign roots to ranks by n^3 cost (else even split by count)"},
       {"step_mode", "auto, replicated or distributed: how the ranks of a group share the step"},
-      {"async_roots", "install the roots of a preconditioning step at the next one, computed meanwhile on "
-                      "host threads (needs root_method eigh; root_host_threads says how many)"},
-      {"async_roots_in_background", "async_roots: compute on host threads (false: the same stale schedule "
-                                    "in the foreground)"},
-      {"shared_memory_gather", "distributed step on one node: gather the new values through node-shared memory "
-                               "(false: MPI_Allgatherv)"},
+      {"async_roots",
+       "install the roots of a preconditioning step at the next one, computed meanwhile on "
+       "host threads (needs root_method eigh; root_host_threads says how many)"},
+      {"async_roots_in_background",
+       "async_roots: compute on host threads (false: the same stale schedule "
+       "in the foreground)"},
+      {"shared_memory_gather",
+       "distributed step on one node: gather the new values through node-shared memory "
+       "(false: MPI_Allgatherv)"},
   };
   for (const auto& [key, text] : help)
     if (name == key) return text;
@@ -269,49 +308,92 @@ std::string option_help(const std::string& name) {
 std::string option_value(const ShampooOptions& o, const std::string& name) {
   std::ostringstream out;
   out << std::boolalpha;
-  if (name == "learning_rate") out << format_double(o.learning_rate.peak);
-  else if (name == "block_size") out << o.block_size;
-  else if (name == "beta1") out << format_double(o.beta1);
-  else if (name == "beta2") out << format_double(o.beta2);
-  else if (name == "diagonal_epsilon") out << format_double(o.diagonal_epsilon);
-  else if (name == "matrix_epsilon") out << format_double(o.matrix_epsilon);
-  else if (name == "weight_decay") out << format_double(o.weight_decay);
-  else if (name == "start_preconditioning_step") out << o.start_preconditioning_step;
-  else if (name == "preconditioning_compute_steps") out << o.preconditioning_compute_steps;
-  else if (name == "statistics_compute_steps") out << o.statistics_compute_steps;
-  else if (name == "best_effort_shape_interpretation") out << o.best_effort_shape_interpretation;
-  else if (name == "graft_type") out << to_string(o.graft_type);
-  else if (name == "nesterov") out << o.nesterov;
-  else if (name == "exponent_override") out << o.exponent_override;
-  else if (name == "precondtioner_type" || name == "preconditioner_type") out << to_string(o.preconditioner_type);
-  else if (name == "shard_optimizer_states") out << o.shard_optimizer_states;
-  else if (name == "best_effort_memory_usage_reduction") out << o.best_effort_memory_usage_reduction;
-  else if (name == "inverse_failure_threshold") out << format_double(o.inverse_failure_threshold);
-  else if (name == "moving_average_for_momentum") out << o.moving_average_for_momentum;
-  else if (name == "skip_preconditioning_dim_size_gt") out << o.skip_preconditioning_dim_size_gt;
-  else if (name == "clip_by_scaled_gradient_norm") out << format_double(o.clip_by_scaled_gradient_norm);
-  else if (name == "relative_matrix_epsilon") out << o.relative_matrix_epsilon;
-  else if (name == "merge_small_dims_block_size") out << o.merge_small_dims_block_size;
-  else if (name == "skip_preconditioning_rank_lt") out << o.skip_preconditioning_rank_lt;
-  else if (name == "decoupled_learning_rate") out << o.decoupled_learning_rate;
-  else if (name == "decoupled_weight_decay") out << o.decoupled_weight_decay;
-  else if (name == "generate_training_metrics") out << o.generate_training_metrics;
-  else if (name == "unpreconditioned_block_size") out << o.unpreconditioned_block_size;
-  else if (name == "root_method") out << linalg::to_string(o.root.method);
-  else if (name == "root_compute_precision") out << linalg::to_string(o.root.compute_precision);
-  else if (name == "root_max_iterations") out << o.root.max_iterations;
-  else if (name == "root_tolerance") out << format_double(o.root.tolerance);
-  else if (name == "root_host_threads") out << o.root.host_threads;
-  else if (name == "product_host_threads") out << o.product_host_threads;
-  else if (name == "retry_failed_roots_in_double") out << o.retry_failed_roots_in_double;
-  else if (name == "max_consecutive_root_failures") out << o.max_consecutive_root_failures;
-  else if (name == "statistics_precision") out << linalg::to_string(o.statistics_precision);
-  else if (name == "balance_root_work") out << o.balance_root_work;
-  else if (name == "step_mode") out << to_string(o.step_mode);
-  else if (name == "async_roots") out << o.async_roots;
-  else if (name == "async_roots_in_background") out << o.async_roots_in_background;
-  else if (name == "shared_memory_gather") out << o.shared_memory_gather;
-  else LATHER_FAIL("unknown Shampoo option '", name, "'");
+  if (name == "learning_rate")
+    out << format_double(o.learning_rate.peak);
+  else if (name == "block_size")
+    out << o.block_size;
+  else if (name == "beta1")
+    out << format_double(o.beta1);
+  else if (name == "beta2")
+    out << format_double(o.beta2);
+  else if (name == "diagonal_epsilon")
+    out << format_double(o.diagonal_epsilon);
+  else if (name == "matrix_epsilon")
+    out << format_double(o.matrix_epsilon);
+  else if (name == "weight_decay")
+    out << format_double(o.weight_decay);
+  else if (name == "start_preconditioning_step")
+    out << o.start_preconditioning_step;
+  else if (name == "preconditioning_compute_steps")
+    out << o.preconditioning_compute_steps;
+  else if (name == "statistics_compute_steps")
+    out << o.statistics_compute_steps;
+  else if (name == "best_effort_shape_interpretation")
+    out << o.best_effort_shape_interpretation;
+  else if (name == "graft_type")
+    out << to_string(o.graft_type);
+  else if (name == "nesterov")
+    out << o.nesterov;
+  else if (name == "exponent_override")
+    out << o.exponent_override;
+  else if (name == "precondtioner_type" || name == "preconditioner_type")
+    out << to_string(o.preconditioner_type);
+  else if (name == "shard_optimizer_states")
+    out << o.shard_optimizer_states;
+  else if (name == "best_effort_memory_usage_reduction")
+    out << o.best_effort_memory_usage_reduction;
+  else if (name == "inverse_failure_threshold")
+    out << format_double(o.inverse_failure_threshold);
+  else if (name == "moving_average_for_momentum")
+    out << o.moving_average_for_momentum;
+  else if (name == "skip_preconditioning_dim_size_gt")
+    out << o.skip_preconditioning_dim_size_gt;
+  else if (name == "clip_by_scaled_gradient_norm")
+    out << format_double(o.clip_by_scaled_gradient_norm);
+  else if (name == "relative_matrix_epsilon")
+    out << o.relative_matrix_epsilon;
+  else if (name == "merge_small_dims_block_size")
+    out << o.merge_small_dims_block_size;
+  else if (name == "skip_preconditioning_rank_lt")
+    out << o.skip_preconditioning_rank_lt;
+  else if (name == "decoupled_learning_rate")
+    out << o.decoupled_learning_rate;
+  else if (name == "decoupled_weight_decay")
+    out << o.decoupled_weight_decay;
+  else if (name == "generate_training_metrics")
+    out << o.generate_training_metrics;
+  else if (name == "unpreconditioned_block_size")
+    out << o.unpreconditioned_block_size;
+  else if (name == "root_method")
+    out << linalg::to_string(o.root.method);
+  else if (name == "root_compute_precision")
+    out << linalg::to_string(o.root.compute_precision);
+  else if (name == "root_max_iterations")
+    out << o.root.max_iterations;
+  else if (name == "root_tolerance")
+    out << format_double(o.root.tolerance);
+  else if (name == "root_host_threads")
+    out << o.root.host_threads;
+  else if (name == "product_host_threads")
+    out << o.product_host_threads;
+  else if (name == "retry_failed_roots_in_double")
+    out << o.retry_failed_roots_in_double;
+  else if (name == "max_consecutive_root_failures")
+    out << o.max_consecutive_root_failures;
+  else if (name == "statistics_precision")
+    out << linalg::to_string(o.statistics_precision);
+  else if (name == "balance_root_work")
+    out << o.balance_root_work;
+  else if (name == "step_mode")
+    out << to_string(o.step_mode);
+  else if (name == "async_roots")
+    out << o.async_roots;
+  else if (name == "async_roots_in_background")
+    out << o.async_roots_in_background;
+  else if (name == "shared_memory_gather")
+    out << o.shared_memory_gather;
+  else
+    LATHER_FAIL("unknown Shampoo option '", name, "'");
   return out.str();
 }
 
@@ -320,50 +402,92 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
   const auto l = [&] { return parse_long(name, value); };
   const auto i = [&] { return parse_int(name, value); };
   const auto b = [&] { return parse_bool(name, value); };
-  if (name == "learning_rate") o.learning_rate = LearningRateSchedule::constant(d());
-  else if (name == "block_size") o.block_size = i();
-  else if (name == "beta1") o.beta1 = d();
-  else if (name == "beta2") o.beta2 = d();
-  else if (name == "diagonal_epsilon") o.diagonal_epsilon = d();
-  else if (name == "matrix_epsilon") o.matrix_epsilon = d();
-  else if (name == "weight_decay") o.weight_decay = d();
-  else if (name == "start_preconditioning_step") o.start_preconditioning_step = l();
-  else if (name == "preconditioning_compute_steps") o.preconditioning_compute_steps = l();
-  else if (name == "statistics_compute_steps") o.statistics_compute_steps = l();
-  else if (name == "best_effort_shape_interpretation") o.best_effort_shape_interpretation = b();
-  else if (name == "graft_type") o.graft_type = parse_graft_type(value);
-  else if (name == "nesterov") o.nesterov = b();
-  else if (name == "exponent_override") o.exponent_override = i();
+  if (name == "learning_rate")
+    o.learning_rate = LearningRateSchedule::constant(d());
+  else if (name == "block_size")
+    o.block_size = i();
+  else if (name == "beta1")
+    o.beta1 = d();
+  else if (name == "beta2")
+    o.beta2 = d();
+  else if (name == "diagonal_epsilon")
+    o.diagonal_epsilon = d();
+  else if (name == "matrix_epsilon")
+    o.matrix_epsilon = d();
+  else if (name == "weight_decay")
+    o.weight_decay = d();
+  else if (name == "start_preconditioning_step")
+    o.start_preconditioning_step = l();
+  else if (name == "preconditioning_compute_steps")
+    o.preconditioning_compute_steps = l();
+  else if (name == "statistics_compute_steps")
+    o.statistics_compute_steps = l();
+  else if (name == "best_effort_shape_interpretation")
+    o.best_effort_shape_interpretation = b();
+  else if (name == "graft_type")
+    o.graft_type = parse_graft_type(value);
+  else if (name == "nesterov")
+    o.nesterov = b();
+  else if (name == "exponent_override")
+    o.exponent_override = i();
   else if (name == "precondtioner_type" || name == "preconditioner_type")
     o.preconditioner_type = parse_preconditioner_type(value);
-  else if (name == "shard_optimizer_states") o.shard_optimizer_states = b();
-  else if (name == "best_effort_memory_usage_reduction") o.best_effort_memory_usage_reduction = b();
-  else if (name == "inverse_failure_threshold") o.inverse_failure_threshold = d();
-  else if (name == "moving_average_for_momentum") o.moving_average_for_momentum = b();
-  else if (name == "skip_preconditioning_dim_size_gt") o.skip_preconditioning_dim_size_gt = l();
-  else if (name == "clip_by_scaled_gradient_norm") o.clip_by_scaled_gradient_norm = value == "none" ? 0.0 : d();
-  else if (name == "relative_matrix_epsilon") o.relative_matrix_epsilon = b();
-  else if (name == "merge_small_dims_block_size") o.merge_small_dims_block_size = l();
-  else if (name == "skip_preconditioning_rank_lt") o.skip_preconditioning_rank_lt = i();
-  else if (name == "decoupled_learning_rate") o.decoupled_learning_rate = b();
-  else if (name == "decoupled_weight_decay") o.decoupled_weight_decay = b();
-  else if (name == "generate_training_metrics") o.generate_training_metrics = b();
-  else if (name == "unpreconditioned_block_size") o.unpreconditioned_block_size = l();
-  else if (name == "root_method") o.root.method = linalg::parse_root_method(value);
-  else if (name == "root_compute_precision") o.root.compute_precision = linalg::parse_precision(value);
-  else if (name == "root_max_iterations") o.root.max_iterations = i();
-  else if (name == "root_tolerance") o.root.tolerance = d();
-  else if (name == "root_host_threads") o.root.host_threads = i();
-  else if (name == "product_host_threads") o.product_host_threads = i();
-  else if (name == "retry_failed_roots_in_double") o.retry_failed_roots_in_double = b();
-  else if (name == "max_consecutive_root_failures") o.max_consecutive_root_failures = i();
-  else if (name == "statistics_precision") o.statistics_precision = linalg::parse_precision(value);
-  else if (name == "balance_root_work") o.balance_root_work = b();
-  else if (name == "step_mode") o.step_mode = parse_step_mode(value);
-  else if (name == "async_roots") o.async_roots = b();
-  else if (name == "async_roots_in_background") o.async_roots_in_background = b();
-  else if (name == "shared_memory_gather") o.shared_memory_gather = b();
-  else LATHER_FAIL("unknown Shampoo option '", name, "'");
+  else if (name == "shard_optimizer_states")
+    o.shard_optimizer_states = b();
+  else if (name == "best_effort_memory_usage_reduction")
+    o.best_effort_memory_usage_reduction = b();
+  else if (name == "inverse_failure_threshold")
+    o.inverse_failure_threshold = d();
+  else if (name == "moving_average_for_momentum")
+    o.moving_average_for_momentum = b();
+  else if (name == "skip_preconditioning_dim_size_gt")
+    o.skip_preconditioning_dim_size_gt = l();
+  else if (name == "clip_by_scaled_gradient_norm")
+    o.clip_by_scaled_gradient_norm = value == "none" ? 0.0 : d();
+  else if (name == "relative_matrix_epsilon")
+    o.relative_matrix_epsilon = b();
+  else if (name == "merge_small_dims_block_size")
+    o.merge_small_dims_block_size = l();
+  else if (name == "skip_preconditioning_rank_lt")
+    o.skip_preconditioning_rank_lt = i();
+  else if (name == "decoupled_learning_rate")
+    o.decoupled_learning_rate = b();
+  else if (name == "decoupled_weight_decay")
+    o.decoupled_weight_decay = b();
+  else if (name == "generate_training_metrics")
+    o.generate_training_metrics = b();
+  else if (name == "unpreconditioned_block_size")
+    o.unpreconditioned_block_size = l();
+  else if (name == "root_method")
+    o.root.method = linalg::parse_root_method(value);
+  else if (name == "root_compute_precision")
+    o.root.compute_precision = linalg::parse_precision(value);
+  else if (name == "root_max_iterations")
+    o.root.max_iterations = i();
+  else if (name == "root_tolerance")
+    o.root.tolerance = d();
+  else if (name == "root_host_threads")
+    o.root.host_threads = i();
+  else if (name == "product_host_threads")
+    o.product_host_threads = i();
+  else if (name == "retry_failed_roots_in_double")
+    o.retry_failed_roots_in_double = b();
+  else if (name == "max_consecutive_root_failures")
+    o.max_consecutive_root_failures = i();
+  else if (name == "statistics_precision")
+    o.statistics_precision = linalg::parse_precision(value);
+  else if (name == "balance_root_work")
+    o.balance_root_work = b();
+  else if (name == "step_mode")
+    o.step_mode = parse_step_mode(value);
+  else if (name == "async_roots")
+    o.async_roots = b();
+  else if (name == "async_roots_in_background")
+    o.async_roots_in_background = b();
+  else if (name == "shared_memory_gather")
+    o.shared_memory_gather = b();
+  else
+    LATHER_FAIL("unknown Shampoo option '", name, "'");
 }
 
 }  // namespace lather::optim

@@ -19,7 +19,8 @@ using Space = Kokkos::DefaultExecutionSpace;
 using Mem = Space::memory_space;
 
 inline std::vector<optim::ParameterSpec> model_specs() {
-  return {{"scale", {}}, {"dense/bias", {6}}, {"dense/kernel", {10, 6}}, {"conv/kernel", {3, 3, 2, 4}}, {"embed", {50, 3}}};
+  return {
+      {"scale", {}}, {"dense/bias", {6}}, {"dense/kernel", {10, 6}}, {"conv/kernel", {3, 3, 2, 4}}, {"embed", {50, 3}}};
 }
 
 template <class Scalar>
@@ -60,17 +61,21 @@ TensorList<Scalar, Mem> make_like(const TensorList<Scalar, Mem>& params) {
 enum class Kind { shampoo_float, shampoo_double_statistics, shampoo_quantized, adam };
 inline const char* name(Kind k) {
   switch (k) {
-    case Kind::shampoo_float: return "shampoo_float";
-    case Kind::shampoo_double_statistics: return "shampoo_double_statistics";
-    case Kind::shampoo_quantized: return "shampoo_quantized";
-    case Kind::adam: return "adam";
+    case Kind::shampoo_float:
+      return "shampoo_float";
+    case Kind::shampoo_double_statistics:
+      return "shampoo_double_statistics";
+    case Kind::shampoo_quantized:
+      return "shampoo_quantized";
+    case Kind::adam:
+      return "adam";
   }
   return "?";
 }
 
 template <class Scalar>
 std::unique_ptr<optim::Optimizer<Space, Scalar>> make_optimizer(Kind kind, const comm::Group& group = comm::Group(),
-                                                                 optim::StepMode mode = optim::StepMode::automatic) {
+                                                                optim::StepMode mode = optim::StepMode::automatic) {
   if (kind == Kind::adam) {
     optim::AdamOptions o;
     o.learning_rate = optim::LearningRateSchedule::constant(0.01);

@@ -76,8 +76,8 @@ TEST(CheckpointReshard, ContinuesOnAnotherRankCount) {
       sensitivity = test::rounding_sensitivity(nudged, want, kind == Kind::shampoo_quantized);
     }
     for (std::size_t p = 0; p < got.size(); ++p)
-      test::expect_split_close<Space::memory_space>(got[p], want[p], std::string(name(kind)) + " parameter " + std::to_string(p),
-                                                    sensitivity[p]);
+      test::expect_split_close<Space::memory_space>(
+          got[p], want[p], std::string(name(kind)) + " parameter " + std::to_string(p), sensitivity[p]);
   }
 }
 

@@ -330,7 +330,8 @@ TEST(CheckpointRoundTrip, KeepsTheNewestKeepLast) {
     std::fill(data.begin(), data.end(), double(step));
     saved.push_back(checkpointer.save(step, {a}, {}));
     const auto files = checkpointer.list();
-    const std::vector<std::string> newest(saved.end() - std::min<std::ptrdiff_t>(2, std::ptrdiff_t(saved.size())), saved.end());
+    const std::vector<std::string> newest(saved.end() - std::min<std::ptrdiff_t>(2, std::ptrdiff_t(saved.size())),
+                                          saved.end());
     ASSERT_EQ(files, newest) << "after step " << step;
     for (const auto& old : saved)
       if (std::find(newest.begin(), newest.end(), old) == newest.end())

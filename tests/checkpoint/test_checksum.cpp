@@ -21,7 +21,8 @@ ChunkSum reference_sum(const void* data, std::size_t width, std::uint64_t first,
   const auto* bytes = static_cast<const unsigned char*>(data);
   for (std::int64_t k = 0; k < count; ++k) {
     std::uint64_t w = 0;
-    for (std::size_t b = 0; b < width; ++b) w |= std::uint64_t(bytes[std::size_t(k) * width + b]) << (8 * b);  // little endian host
+    for (std::size_t b = 0; b < width; ++b)
+      w |= std::uint64_t(bytes[std::size_t(k) * width + b]) << (8 * b);  // little endian host
     const std::uint64_t i = first + std::uint64_t(k);
     sum.plain += w;
     if (width == 8) {
@@ -47,7 +48,8 @@ TEST(CheckpointChecksum, MatchesTheDocumentedFormula) {
     for (std::uint64_t first : {std::uint64_t(0), std::uint64_t(1), std::uint64_t(12345), std::uint64_t(1) << 33})
       for (std::int64_t count : {0, 1, 7, 64, 1001}) {
         const auto bytes = random_bytes(std::size_t(count) * width + 8, unsigned(width * 31 + count));
-        EXPECT_EQ(sum_elements(bytes.data(), width, std::int64_t(first), count), reference_sum(bytes.data(), width, first, count))
+        EXPECT_EQ(sum_elements(bytes.data(), width, std::int64_t(first), count),
+                  reference_sum(bytes.data(), width, first, count))
             << "width " << width << " first " << first << " count " << count;
       }
 }
@@ -86,7 +88,7 @@ TEST(CheckpointChecksum, BlocksOfAnyShapeSumToTheWhole) {
   add_block_rows(grid, a, bytes.data(), 0, 9, whole);
   a.selection = ArraySlice::Selection::block;
   const std::vector<std::pair<std::int64_t, std::int64_t>> cuts0 = {{0, 4}, {4, 5}}, cuts1 = {{0, 1}, {1, 3}, {4, 2}},
-                                                            cuts2 = {{0, 3}, {3, 7}};
+                                                           cuts2 = {{0, 3}, {3, 7}};
   for (auto [o0, c0] : cuts0)
     for (auto [o1, c1] : cuts1)
       for (auto [o2, c2] : cuts2) {

@@ -90,7 +90,7 @@ TEST_F(CheckpointDirectory, AMissingTemporaryIsAnErrorNamingIt) {
 TEST_F(CheckpointDirectory, ListingPruningAndLeftoversKeepToTheirPrefix) {
   for (long step : {30, 4, 120}) write_text(final_name(m_directory, "ckpt", step), "x");
   write_text(final_name(m_directory, "other", 50), "x");
-  write_text(path("ckpt-12.h5"), "x");               // not 12 digits
+  write_text(path("ckpt-12.h5"), "x");                // not 12 digits
   write_text(path("ckpt-0000000000ab.h5"), "x");      // not digits
   write_text(path("ckpt-000000000001.h5.bak"), "x");  // not .h5
   write_text(temporary_name(m_directory, "ckpt", 200), "x");

@@ -24,7 +24,9 @@ constexpr int micro_batches = 3;
 
 /// Micro-batch k of rank r: salt k, so every (rank, micro-batch) has its own gradient.
 template <class T>
-double micro_value(int r, int k, int t, std::int64_t i) { return stored_input<T>(r, t, i, 100 + k); }
+double micro_value(int r, int k, int t, std::int64_t i) {
+  return stored_input<T>(r, t, i, 100 + k);
+}
 
 double tokens_of(int r, int k) { return double(1 + r + 2 * k); }
 
@@ -40,7 +42,7 @@ TYPED_TEST(Accumulate, MeanOfMicroBatchesEqualsTheBigBatch) {
   const int n = world_size(), rank = world_rank();
   GradientAccumulator<Exec, T> accumulator(MPI_COMM_WORLD, micro_batches);
   const auto gradients = make_inputs<T>(rank, sizes, 99);  // overwritten by reduce()
-  for (int cycle = 0; cycle < 2; ++cycle) {  // the second cycle reuses the accumulators
+  for (int cycle = 0; cycle < 2; ++cycle) {                // the second cycle reuses the accumulators
     for (int k = 0; k < micro_batches; ++k) accumulator.accumulate(Exec(), make_inputs<T>(rank, sizes, 100 + k));
     EXPECT_EQ(accumulator.reduce(Exec(), gradients), double(n * micro_batches));
     for (std::size_t t = 0; t < sizes.size(); ++t) {
@@ -84,8 +86,7 @@ TEST(AccumulateErrors, CountMismatchesAreClearErrors) {
   const auto gradients = make_inputs<T>(rank, sizes);
   // A step before K micro-batches: an error on every rank.
   accumulator.accumulate(Exec(), gradients);
-  expect_error([&] { accumulator.reduce(Exec(), gradients); },
-               "accumulated micro-batches must be 3 on every rank");
+  expect_error([&] { accumulator.reduce(Exec(), gradients); }, "accumulated micro-batches must be 3 on every rank");
   // One rank short while the others are complete: still an error on every rank, not a hang.
   for (int k = 1; k < micro_batches - (rank == n - 1 ? 1 : 0); ++k) accumulator.accumulate(Exec(), gradients);
   expect_error([&] { accumulator.reduce(Exec(), gradients); }, "accumulated micro-batches");
@@ -95,8 +96,11 @@ TEST(AccumulateErrors, CountMismatchesAreClearErrors) {
   // Shapes must stay those of the first micro-batch of the cycle.
   accumulator.reset();
   accumulator.accumulate(Exec(), gradients);
-  expect_error([&] { accumulator.accumulate(Exec(), make_inputs<T>(rank, {3, 251, 1})); },
-               "tensor 1 of micro-batch 2 has 251 elements");
+  expect_error(
+      [&] {
+        accumulator.accumulate(Exec(), make_inputs<T>(rank, {3, 251, 1}));
+      },
+      "tensor 1 of micro-batch 2 has 251 elements");
   expect_error([] { GradientAccumulator<Exec, T>(MPI_COMM_WORLD, 0); }, "micro_batches must be >= 1");
 }
 

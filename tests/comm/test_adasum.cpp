@@ -82,9 +82,8 @@ std::vector<Case> cases() {
   auto sign = [](double x) { return x < 0 ? -1.0 : 1.0; };
   return {
       // Disjoint supports: every dot product is 0, so Adasum is the plain sum.
-      {"orthogonal", 16, [](int r, int, std::int64_t i) {
-         return i == 2 * r ? 1.5 * (r + 1) : (i == 2 * r + 1 ? -double(r + 1) : 0.0);
-       }},
+      {"orthogonal", 16,
+       [](int r, int, std::int64_t i) { return i == 2 * r ? 1.5 * (r + 1) : (i == 2 * r + 1 ? -double(r + 1) : 0.0); }},
       // Equal vectors: every coefficient is 1/2, so the result is the vector (= the mean).
       {"equal", 33, [](int, int, std::int64_t i) { return input_value(0, 1, i); }},
       // Parallel, different lengths: coefficients 1 - |a|/(2|b|)-type, checked by the tree.
@@ -93,7 +92,8 @@ std::vector<Case> cases() {
       {"zero_on_even_ranks", 40, [](int r, int, std::int64_t i) { return r % 2 ? input_value(r, 3, i) : 0.0; }},
       {"all_zero", 9, [](int, int, std::int64_t) { return 0.0; }},
       // Magnitudes whose squares underflow float (FLT_MIN = 1.2e-38) ...
-      {"tiny", 300, [sign](int r, int, std::int64_t i) {
+      {"tiny", 300,
+       [sign](int r, int, std::int64_t i) {
          const double x = input_value(r, 5, i);
          return sign(x) * 1.5e-38 * (1.0 + std::fabs(x));
        }},
@@ -200,8 +200,7 @@ TEST(Adasum, TheExactVectorsOfTheSpecification) {
     Vec expected;
   };
   std::vector<Example> examples;
-  if (n == 2)
-    examples = {{{{1, 0}, {0, 1}}, {1, 1}}, {{{1, 2}, {2, 4}}, {1.5, 3}}, {{{1, 0}, {1, 1}}, {1.25, 0.75}}};
+  if (n == 2) examples = {{{{1, 0}, {0, 1}}, {1, 1}}, {{{1, 2}, {2, 4}}, {1.5, 3}}, {{{1, 0}, {1, 1}}, {1.25, 0.75}}};
   if (n == 4) examples = {{{{1, 0}, {1, 1}, {0, 1}, {0, 2}}, {0.9191176, 1.6764706}}};
   if (examples.empty()) GTEST_SKIP() << "the examples are for 2 and 4 ranks";
   // All examples in one call, one tensor each; by the gather shortcut and by VHDD.

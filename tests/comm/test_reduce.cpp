@@ -52,30 +52,30 @@ TYPED_TEST(Reduce, SumAndMeanEqualTheReferenceForEveryFusionSize) {
   // buffer (reduced where they are, the mean scaled piece by piece).
   // Through MPI and (the default, all ranks here sharing one node) through the node-shared window.
   for (bool shared_memory : {false, true})
-  for (std::size_t fusion_bytes : {std::size_t(4096)})
-  for (bool contiguous : {false, true}) {
-    ReduceOptions options;
-    options.fusion_bytes = fusion_bytes;
-    options.shared_memory = shared_memory;
-    GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
-    for (bool mean : {false, true}) {
-      const auto tensors = contiguous ? make_contiguous_inputs<T>(rank, mixed_sizes) : make_inputs<T>(rank, mixed_sizes);
-      if (mean)
-        reducer.mean(Exec(), tensors);
-      else
-        reducer.sum(Exec(), tensors);
-      for (std::size_t t = 0; t < mixed_sizes.size(); ++t) {
-        const auto got = read_view(tensors[t]);
-        for (std::int64_t i = 0; i < mixed_sizes[t]; ++i) {
-          const double expected = reference_sum<T>(n, int(t), i) / (mean ? n : 1);
-          ASSERT_NEAR(got[i], expected, sum_tolerance<T>(n))
-              << (mean ? "mean" : "sum") << " tensor " << t << " index " << i << " fusion "
-              << fusion_bytes << (contiguous ? " contiguous" : " separate")
-              << (shared_memory ? " shared memory" : " MPI");
+    for (std::size_t fusion_bytes : {std::size_t(4096)})
+      for (bool contiguous : {false, true}) {
+        ReduceOptions options;
+        options.fusion_bytes = fusion_bytes;
+        options.shared_memory = shared_memory;
+        GradientReducer<Exec, T> reducer(MPI_COMM_WORLD, options);
+        for (bool mean : {false, true}) {
+          const auto tensors =
+              contiguous ? make_contiguous_inputs<T>(rank, mixed_sizes) : make_inputs<T>(rank, mixed_sizes);
+          if (mean)
+            reducer.mean(Exec(), tensors);
+          else
+            reducer.sum(Exec(), tensors);
+          for (std::size_t t = 0; t < mixed_sizes.size(); ++t) {
+            const auto got = read_view(tensors[t]);
+            for (std::int64_t i = 0; i < mixed_sizes[t]; ++i) {
+              const double expected = reference_sum<T>(n, int(t), i) / (mean ? n : 1);
+              ASSERT_NEAR(got[i], expected, sum_tolerance<T>(n))
+                  << (mean ? "mean" : "sum") << " tensor " << t << " index " << i << " fusion " << fusion_bytes
+                  << (contiguous ? " contiguous" : " separate") << (shared_memory ? " shared memory" : " MPI");
+            }
+          }
         }
       }
-    }
-  }
 }
 
 // Every rank ends with the same bits, whichever rank summed an element (on two ranks each sums
@@ -137,8 +137,7 @@ TEST(ReduceStatistics, TwoHundredTensorsCostOneMessagePerBucket) {
     // the pairwise sum, the bucket being one piece); nothing is sent on one rank.
     EXPECT_EQ(stats.data_messages, n == 1 ? 0 : (n == 2 ? 2 : 1) * 200 / bucket_tensors);
     const auto last = read_view(tensors[199]);
-    for (std::int64_t i = 0; i < 100; ++i)
-      ASSERT_NEAR(last[i], reference_sum<T>(n, 199, i), sum_tolerance<T>(n));
+    for (std::int64_t i = 0; i < 100; ++i) ASSERT_NEAR(last[i], reference_sum<T>(n, 199, i), sum_tolerance<T>(n));
   }
 }
 
@@ -162,8 +161,7 @@ TEST(ReduceStatistics, OneNodeSumsThroughSharedMemoryWithoutMessages) {
   auto first = last;
   MPI_Bcast(first.data(), int(first.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
   EXPECT_EQ(std::memcmp(last.data(), first.data(), last.size() * sizeof(T)), 0);
-  for (std::int64_t i = 0; i < 100; ++i)
-    ASSERT_NEAR(last[i], reference_sum<T>(n, 199, i) / n, sum_tolerance<T>(n));
+  for (std::int64_t i = 0; i < 100; ++i) ASSERT_NEAR(last[i], reference_sum<T>(n, 199, i) / n, sum_tolerance<T>(n));
 }
 
 // A ParameterList whose gradients were placed in the reducer's window is summed where it lies,
@@ -309,22 +307,38 @@ TEST(ReduceErrors, MismatchedListsAreAnErrorOnEveryRankNotAHang) {
   GradientReducer<Exec, T> reducer(MPI_COMM_WORLD);
   const bool odd_one = rank == n - 1;
   // One tensor more on the last rank.
-  expect_error([&] { reducer.sum(Exec(), make_inputs<T>(rank, odd_one ? std::vector<std::int64_t>{3, 4, 5}
-                                                                        : std::vector<std::int64_t>{3, 4})); },
-               "tensor count differs");
+  expect_error(
+      [&] {
+        reducer.sum(Exec(), make_inputs<T>(
+                                rank, odd_one ? std::vector<std::int64_t>{3, 4, 5} : std::vector<std::int64_t>{3, 4}));
+      },
+      "tensor count differs");
   // Same count, one size different: the agreement names the tensor.
-  expect_error([&] { reducer.mean(Exec(), make_inputs<T>(rank, {3, 4, odd_one ? 6 : 5})); },
-               "element count of tensor 2 differs");
+  expect_error(
+      [&] {
+        reducer.mean(Exec(), make_inputs<T>(rank, {3, 4, odd_one ? 6 : 5}));
+      },
+      "element count of tensor 2 differs");
   // Same list, different operations.
-  expect_error([&] {
-    const auto tensors = make_inputs<T>(rank, {3});
-    if (odd_one) reducer.mean(Exec(), tensors); else reducer.sum(Exec(), tensors);
-  }, "operation");
+  expect_error(
+      [&] {
+        const auto tensors = make_inputs<T>(rank, {3});
+        if (odd_one)
+          reducer.mean(Exec(), tensors);
+        else
+          reducer.sum(Exec(), tensors);
+      },
+      "operation");
   // Different calls with different agreement records: still the operation is named.
-  expect_error([&] {
-    const auto tensors = make_inputs<T>(rank, {3});
-    if (odd_one) reducer.broadcast(Exec(), tensors, 0); else reducer.sum(Exec(), tensors);
-  }, "operation");
+  expect_error(
+      [&] {
+        const auto tensors = make_inputs<T>(rank, {3});
+        if (odd_one)
+          reducer.broadcast(Exec(), tensors, 0);
+        else
+          reducer.sum(Exec(), tensors);
+      },
+      "operation");
   // Same list, different fusion sizes (the buckets, hence the messages, would differ).
   ReduceOptions other;
   other.fusion_bytes = odd_one ? 1024 : 2048;
@@ -351,7 +365,10 @@ TYPED_TEST(Reduce, SixteenBitWiresStayWithinTheirRoundingBounds) {
     {
       const bool mean = wire == WirePrecision::float16;  // bfloat16 sums, float16 averages
       const auto tensors = make_inputs<T>(rank, sizes, 7);
-      if (mean) reducer.mean(Exec(), tensors); else reducer.sum(Exec(), tensors);
+      if (mean)
+        reducer.mean(Exec(), tensors);
+      else
+        reducer.sum(Exec(), tensors);
       const double factor = mean ? 1.0 / n : 1.0;
       for (std::size_t t = 0; t < sizes.size(); ++t) {
         const auto got = read_view(tensors[t]);
@@ -365,10 +382,9 @@ TYPED_TEST(Reduce, SixteenBitWiresStayWithinTheirRoundingBounds) {
           // for fp16 near zero), summed in float (<= n 2^-24 sum |x_r|), scaled and rounded once
           // more (<= u |result|, <= u sum|x_r| * factor): the bound below. One rank sends
           // nothing and rounds nothing.
-          const double bound = n == 1 ? sum_tolerance<T>(1)
-                                      : factor * ((2 * u + n * 0x1.0p-23) * magnitude + n * 0x1.0p-24);
-          ASSERT_NEAR(got[i], exact * factor, bound) << lather::comm::to_string(wire) << " t " << t
-                                                     << " i " << i;
+          const double bound =
+              n == 1 ? sum_tolerance<T>(1) : factor * ((2 * u + n * 0x1.0p-23) * magnitude + n * 0x1.0p-24);
+          ASSERT_NEAR(got[i], exact * factor, bound) << lather::comm::to_string(wire) << " t " << t << " i " << i;
         }
       }
     }

@@ -23,8 +23,8 @@ float float_from_bits(std::uint32_t u) {
 
 double fp16_reference_value(std::uint16_t h) {
   const int sign = h >> 15, exponent = (h >> 10) & 31, mantissa = h & 1023;
-  const double magnitude = exponent == 0 ? std::ldexp(double(mantissa), -24)
-                                         : std::ldexp(1.0 + mantissa / 1024.0, exponent - 15);
+  const double magnitude =
+      exponent == 0 ? std::ldexp(double(mantissa), -24) : std::ldexp(1.0 + mantissa / 1024.0, exponent - 15);
   return sign ? -magnitude : magnitude;
 }
 
@@ -60,10 +60,10 @@ std::vector<float> test_floats() {
   std::vector<float> values;
   for (std::uint64_t u = 0; u <= 0xffffffffull; u += 4099) values.push_back(float_from_bits(std::uint32_t(u)));
   // Edges: halfway points, the largest finite values, subnormal boundaries, signed zeros.
-  for (float x : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f, 6.103515625e-05f, 5.96046448e-08f,
-                  2.98023224e-08f, 2.98023253e-08f, 1.0f + 0x1.0p-11f, 1.0f + 0x1.0p-8f, 1.0f + 3 * 0x1.0p-11f,
-                  std::numeric_limits<float>::max(), std::numeric_limits<float>::min(),
-                  std::numeric_limits<float>::denorm_min(), 3.3961776e38f, 3.3961778e38f})
+  for (float x :
+       {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f, 6.103515625e-05f, 5.96046448e-08f, 2.98023224e-08f,
+        2.98023253e-08f, 1.0f + 0x1.0p-11f, 1.0f + 0x1.0p-8f, 1.0f + 3 * 0x1.0p-11f, std::numeric_limits<float>::max(),
+        std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min(), 3.3961776e38f, 3.3961778e38f})
     values.push_back(x), values.push_back(-x);
   return values;
 }
@@ -120,7 +120,8 @@ TEST(WirePrecision, Bfloat16RoundsToNearestEven) {
 /// device lambdas may not live in GoogleTest's private TestBody.
 Kokkos::View<float*>::HostMirror round_trip_in_kernel() {
   Kokkos::View<float*> in("in", 4), out("out", 4);
-  Kokkos::parallel_for("fill", 4, KOKKOS_LAMBDA(int i) { in(i) = 1.0f + 0x1.0p-9f * float(i); });
+  Kokkos::parallel_for(
+      "fill", 4, KOKKOS_LAMBDA(int i) { in(i) = 1.0f + 0x1.0p-9f * float(i); });
   Kokkos::parallel_for(
       "convert", 4, KOKKOS_LAMBDA(int i) { out(i) = decode_wire16(encode_wire16(in(i), i % 2 == 0), i % 2 == 0); });
   return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);

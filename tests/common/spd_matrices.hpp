@@ -42,8 +42,7 @@ struct KnownSpectrum {
 };
 
 /// Eigenvalues spaced geometrically from `largest` down to `largest / condition`.
-inline KnownSpectrum make_spectrum(int n, double largest, double condition, unsigned seed,
-                                   int reflections = 4) {
+inline KnownSpectrum make_spectrum(int n, double largest, double condition, unsigned seed, int reflections = 4) {
   KnownSpectrum s;
   s.n = n;
   s.q.assign(std::size_t(n) * n, 0.0);

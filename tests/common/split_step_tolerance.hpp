@@ -71,7 +71,8 @@ void nudge_last_bits(std::vector<T>& values, std::uint64_t salt) {
   for (std::size_t k = 0; k < values.size(); ++k) {
     std::uint64_t h = (salt + 1) * 0x9E3779B97F4A7C15ull ^ std::uint64_t(k);
     h ^= h >> 31, h *= 0xBF58476D1CE4E5B9ull, h ^= h >> 29;
-    values[k] = std::nextafter(values[k], (h & 1) ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity());
+    values[k] =
+        std::nextafter(values[k], (h & 1) ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity());
   }
 }
 
@@ -114,7 +115,8 @@ std::vector<double> rounding_sensitivity(const std::vector<std::vector<std::vect
   for (const auto& run : nudged_runs)
     for (std::size_t p = 0; p < std::min(run.size(), want.size()); ++p)
       worst[p] = std::max(worst[p], largest_deviation(run[p], want[p]).first);
-  if (model_wide && !worst.empty()) std::fill(worst.begin(), worst.end(), *std::max_element(worst.begin(), worst.end()));
+  if (model_wide && !worst.empty())
+    std::fill(worst.begin(), worst.end(), *std::max_element(worst.begin(), worst.end()));
   return worst;
 }
 
@@ -157,11 +159,16 @@ inline double state_deviation(const std::vector<char>& got, const std::vector<ch
     return worst;
   };
   switch (dtype) {
-    case optim::DType::float32: return largest_deviation(values(got, float()), values(want, float())).first;
-    case optim::DType::float64: return largest_deviation(values(got, double()), values(want, double())).first;
-    case optim::DType::int8: return codes(values(got, std::int8_t()), values(want, std::int8_t()));
-    case optim::DType::int16: return codes(values(got, std::int16_t()), values(want, std::int16_t()));
-    default: return got == want ? 0.0 : std::numeric_limits<double>::infinity();
+    case optim::DType::float32:
+      return largest_deviation(values(got, float()), values(want, float())).first;
+    case optim::DType::float64:
+      return largest_deviation(values(got, double()), values(want, double())).first;
+    case optim::DType::int8:
+      return codes(values(got, std::int8_t()), values(want, std::int8_t()));
+    case optim::DType::int16:
+      return codes(values(got, std::int16_t()), values(want, std::int16_t()));
+    default:
+      return got == want ? 0.0 : std::numeric_limits<double>::infinity();
   }
 }
 
@@ -177,7 +184,8 @@ void expect_same_state(const std::vector<char>& got, const std::vector<char>& wa
   }
   const bool codes = dtype == optim::DType::int8 || dtype == optim::DType::int16;
   const double deviation = state_deviation(got, want, dtype);
-  const double allowed = split_allowance<MemorySpace>(codes ? 1.0 : double(split_step_tolerance<MemorySpace>), sensitivity);
+  const double allowed =
+      split_allowance<MemorySpace>(codes ? 1.0 : double(split_step_tolerance<MemorySpace>), sensitivity);
   std::printf("split-step state deviation, %s: %.3g (allowed %.3g)\n", what.c_str(), deviation, allowed);
   EXPECT_LE(deviation, allowed) << what;
 }

@@ -32,7 +32,8 @@ std::vector<std::vector<char>> state_bytes(const std::vector<optim::StateArray<M
 
 /// Writes saved[i] into array i, as a checkpoint load does; each size must match its array's.
 template <class MemorySpace>
-void fill_state(const std::vector<optim::StateArray<MemorySpace>>& arrays, const std::vector<std::vector<char>>& saved) {
+void fill_state(const std::vector<optim::StateArray<MemorySpace>>& arrays,
+                const std::vector<std::vector<char>>& saved) {
   ASSERT_EQ(arrays.size(), saved.size());
   for (std::size_t i = 0; i < arrays.size(); ++i) {
     const auto& a = arrays[i];

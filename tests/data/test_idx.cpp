@@ -79,8 +79,9 @@ TEST_F(IdxFiles, AbsurdSizesAreRefusedBeforeAllocating) {
             std::string::npos);
   // Within max_elements, but the file cannot hold them: refused by its size, before reading.
   const std::string claim = write("claim", header({0x7FFFFFFF}) + bytes_counting(8));
-  EXPECT_NE(error_of([&] { read_idx(claim); })
-                .find("declares 2147483647 = 2147483647 values but holds only 8 bytes after its header"),
+  EXPECT_NE(error_of([&] {
+              read_idx(claim);
+            }).find("declares 2147483647 = 2147483647 values but holds only 8 bytes after its header"),
             std::string::npos);
   // gzip: deflate expands at most 1032:1, so a small .gz cannot hold 2^31 - 1 values.
   const std::string bomb = write_gzip("bomb.gz", header({0x7FFFFFFF}) + std::string(4096, '\0'));
@@ -95,9 +96,9 @@ TEST_F(IdxFiles, GzipClaimWithinTheDeflateBoundIsReadOnlyAsFarAsTheDataGoes) {
   for (char& c : noise) c = char((x = x * 1664525u + 1013904223u) >> 24);
   const std::string path = write_gzip("noise.gz", header({8u << 20}) + noise);
   ASSERT_GE(fs::file_size(path) * 1032, (8u << 20) + 8u) << "the claim must pass the deflate bound";
-  EXPECT_NE(error_of([&] { read_idx(path); })
-                .find("ends early while reading the values: it holds 4194304 of the 8388608"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { read_idx(path); }).find("ends early while reading the values: it holds 4194304 of the 8388608"),
+      std::string::npos);
 }
 
 TEST_F(IdxFiles, TruncatedAndOverlongFilesAreRefused) {
@@ -113,8 +114,7 @@ TEST_F(IdxFiles, TruncatedAndOverlongFilesAreRefused) {
   const std::string long_gz = write_gzip("long.gz", header({4}) + bytes_counting(5));
   EXPECT_NE(error_of([&] { read_idx(long_gz); }).find("holds more bytes than the 4 values"), std::string::npos);
   const std::string cut_header = write("cut", header({10, 10}).substr(0, 9));
-  EXPECT_NE(error_of([&] { read_idx(cut_header); }).find("ends early while reading the dimensions"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { read_idx(cut_header); }).find("ends early while reading the dimensions"), std::string::npos);
 }
 
 TEST_F(IdxFiles, DamagedGzipIsRefused) {

@@ -65,7 +65,9 @@ TEST(Vocabulary, OfTextIsSortedAndUnique) {
   EXPECT_EQ(v.size(), 9);
 
   // UTF-8 byte order is code point order: ASCII, then U+00E9, U+20AC, U+1F600.
-  const Vocabulary m = Vocabulary::of_text("\xF0\x9F\x98\x80z\xE2\x82\xAC\xC3\xA9" "a\xC3\xA9z");
+  const Vocabulary m = Vocabulary::of_text(
+      "\xF0\x9F\x98\x80z\xE2\x82\xAC\xC3\xA9"
+      "a\xC3\xA9z");
   EXPECT_EQ(m.symbols(), (std::vector<std::string>{"a", "z", "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80"}));
   EXPECT_EQ(Vocabulary::of_text("").size(), 0);
   EXPECT_EQ(Vocabulary().size(), 0);
@@ -100,8 +102,12 @@ TEST(Vocabulary, RoundTripMultiByte) {
 
 TEST(Vocabulary, UnseenCharacterNamesItsLineAndColumn) {
   const Vocabulary v = Vocabulary::of_text("abc\n");
-  std::string message =
-      error_of([&] { v.encode("ab\nca\nb\xC3\xA9" "c", "validation text '/data/validation.txt'"); });
+  std::string message = error_of([&] {
+    v.encode(
+        "ab\nca\nb\xC3\xA9"
+        "c",
+        "validation text '/data/validation.txt'");
+  });
   EXPECT_NE(message.find("character '\xC3\xA9' (U+00E9) at line 3, column 2 of validation text "
                          "'/data/validation.txt' is not in the vocabulary (4 characters)"),
             std::string::npos)
@@ -119,10 +125,10 @@ TEST(Vocabulary, InvalidUtf8IsRefusedWithItsByteOffset) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {std::string("ab\x80", 3), "byte offset 2: byte 0x80 is a continuation byte"},
       {std::string("a\xE2\x82", 3), "byte offset 1: lead byte 0xE2 starts a 3-byte sequence"},
-      {std::string("xy\xC0\xAF", 4), "byte offset 2: byte 0xC0 never occurs"},           // overlong '/'
+      {std::string("xy\xC0\xAF", 4), "byte offset 2: byte 0xC0 never occurs"},                 // overlong '/'
       {std::string("\xE0\x80\xAF", 3), "byte offset 0: byte 0x80 at offset 1 cannot follow"},  // overlong
       {std::string("\xED\xA0\x80", 3), "byte offset 0: byte 0xA0 at offset 1 cannot follow"},  // surrogate
-      {std::string("\xF4\x90\x80\x80", 4), "byte offset 0: byte 0x90"},                   // past U+10FFFF
+      {std::string("\xF4\x90\x80\x80", 4), "byte offset 0: byte 0x90"},                        // past U+10FFFF
       {std::string("\xC3(", 2), "byte offset 0: byte 0x28 at offset 1"},
       {std::string("\xFF", 1), "byte 0xFF never occurs in UTF-8"},
   };
@@ -139,7 +145,9 @@ TEST(Vocabulary, InvalidUtf8IsRefusedWithItsByteOffset) {
 
 TEST(Vocabulary, ConstructorChecksItsSymbols) {
   EXPECT_EQ(Vocabulary({"\n", "a", "\xC3\xA9"}).size(), 3);
-  EXPECT_NE(error_of([] { Vocabulary({"b", "a"}); }).find("symbol 1 'a' (U+0061) does not come after symbol 0"),
+  EXPECT_NE(error_of([] {
+              Vocabulary({"b", "a"});
+            }).find("symbol 1 'a' (U+0061) does not come after symbol 0"),
             std::string::npos);
   EXPECT_NE(error_of([] { Vocabulary({"a", "a"}); }).find("distinct and sorted"), std::string::npos);
   EXPECT_NE(error_of([] { Vocabulary({"a", "bc"}); }).find("symbol 1 holds 2 bytes"), std::string::npos);
@@ -151,8 +159,9 @@ TEST(Vocabulary, ConstructorChecksItsSymbols) {
 TEST(Vocabulary, DecodeRefusesIdsOutOfRange) {
   const Vocabulary v = Vocabulary::of_text("abc");
   EXPECT_EQ(v.decode(std::vector<std::int32_t>{2, 0, 1}), "cab");
-  EXPECT_NE(error_of([&] { v.decode(std::vector<std::int32_t>{0, 3}); })
-                .find("token id 3 at position 1 is out of the vocabulary's range [0, 3)"),
+  EXPECT_NE(error_of([&] {
+              v.decode(std::vector<std::int32_t>{0, 3});
+            }).find("token id 3 at position 1 is out of the vocabulary's range [0, 3)"),
             std::string::npos);
   EXPECT_NE(error_of([&] { v.decode(std::int32_t(-1)); }).find("token id -1"), std::string::npos);
 }
@@ -166,8 +175,9 @@ TEST(Vocabulary, StringRoundTrip) {
   EXPECT_EQ(Vocabulary::from_string("").size(), 0);
   EXPECT_NE(Vocabulary::from_string("ab"), Vocabulary::from_string("abc"));
   EXPECT_NE(error_of([] { Vocabulary::from_string("ba"); }).find("does not come after"), std::string::npos);
-  EXPECT_NE(error_of([] { Vocabulary::from_string(std::string("a\xE2", 2)); })
-                .find("invalid UTF-8 in the vocabulary string at byte offset 1"),
+  EXPECT_NE(error_of([] {
+              Vocabulary::from_string(std::string("a\xE2", 2));
+            }).find("invalid UTF-8 in the vocabulary string at byte offset 1"),
             std::string::npos);
 }
 
@@ -216,17 +226,17 @@ TEST_F(TextFiles, ValidationCharacterMissingFromTrainingIsNamedWithItsFilePositi
   // 19 characters, the last round(1.9) = 2 for validation: 'z' at line 3, column 2 of the file.
   const std::string path = write("t.txt", "aaaaaaa\nbbbbbbbb\naz");
   const std::string message = error_of([&] { load_text_corpus(path); });
-  EXPECT_NE(message.find("character 'z' (U+007A) at line 3, column 2 of the validation part of text file '" +
-                         path + "' (from character 18 on) is not in the vocabulary (3 characters)"),
+  EXPECT_NE(message.find("character 'z' (U+007A) at line 3, column 2 of the validation part of text file '" + path +
+                         "' (from character 18 on) is not in the vocabulary (3 characters)"),
             std::string::npos)
       << message;
 
   write("dir/train.txt", "abc\n");
   const std::string validation = write("dir/validation.txt", "cab\nc\xC3\xA9");
   const std::string in_directory = error_of([&] { load_text_corpus((m_dir / "dir").string()); });
-  EXPECT_NE(in_directory.find("character '\xC3\xA9' (U+00E9) at line 2, column 2 of validation text '" +
-                              validation + "'"),
-            std::string::npos)
+  EXPECT_NE(
+      in_directory.find("character '\xC3\xA9' (U+00E9) at line 2, column 2 of validation text '" + validation + "'"),
+      std::string::npos)
       << in_directory;
 }
 
@@ -241,8 +251,7 @@ TEST_F(TextFiles, RefusesBadInput) {
   // Invalid UTF-8 names the file and the byte offset.
   const std::string bad = write("bad.txt", std::string("abcdefghij\nklm\xFE", 15));
   const std::string message = error_of([&] { load_text_corpus(bad); });
-  EXPECT_NE(message.find("invalid UTF-8 in text file '" + bad + "' at byte offset 14"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("invalid UTF-8 in text file '" + bad + "' at byte offset 14"), std::string::npos) << message;
 
   // Too short: 5 characters leave round(0.5) = 1 for validation; an empty validation.txt.
   const std::string five = write("five.txt", "abcab");
@@ -255,8 +264,9 @@ TEST_F(TextFiles, RefusesBadInput) {
             std::string::npos);
   write("empty/train.txt", "abc");
   const std::string empty = write("empty/validation.txt", "");
-  EXPECT_NE(error_of([&] { load_text_corpus((m_dir / "empty").string()); })
-                .find("validation text '" + empty + "' has 0 characters, fewer than min_tokens = 2"),
+  EXPECT_NE(error_of([&] {
+              load_text_corpus((m_dir / "empty").string());
+            }).find("validation text '" + empty + "' has 0 characters, fewer than min_tokens = 2"),
             std::string::npos);
 
   // The fraction must leave both parts.
@@ -267,8 +277,9 @@ TEST_F(TextFiles, RefusesBadInput) {
 
 TEST_F(TextFiles, TooLargeIsRefusedBeforeReading) {
   const std::string path = write("large.txt", std::string(1000, 'x'));
-  EXPECT_NE(error_of([&] { load_text_corpus(path, 0.1, 2, 999); })
-                .find("text file '" + path + "' has 1000 bytes, more than max_bytes = 999"),
+  EXPECT_NE(error_of([&] {
+              load_text_corpus(path, 0.1, 2, 999);
+            }).find("text file '" + path + "' has 1000 bytes, more than max_bytes = 999"),
             std::string::npos);
   EXPECT_EQ(load_text_corpus(path, 0.1, 2, 1000).train.size(), 900u);
 
@@ -282,8 +293,7 @@ TEST_F(TextFiles, TooLargeIsRefusedBeforeReading) {
   write("dir/validation.txt", "abc");
   fs::resize_file(m_dir / "dir/validation.txt", std::uintmax_t(1) << 40, error);
   ASSERT_FALSE(error);
-  EXPECT_NE(error_of([&] { load_text_corpus((m_dir / "dir").string()); }).find("validation text '"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { load_text_corpus((m_dir / "dir").string()); }).find("validation text '"), std::string::npos);
 }
 
 /// The fetched corpus, when scripts/fetch-shakespeare has run (the tests never need it): its split is
@@ -344,11 +354,11 @@ TEST(WindowOffsets, DeterministicAndInRange) {
 }
 
 TEST(WindowOffsets, RefusesTooShortText) {
-  EXPECT_NE(error_of([] { window_offsets(1, 0, 1, 128, 128); })
-                .find("a text of 128 tokens is shorter than one window of block_size + 1 = 129 tokens"),
+  EXPECT_NE(error_of([] {
+              window_offsets(1, 0, 1, 128, 128);
+            }).find("a text of 128 tokens is shorter than one window of block_size + 1 = 129 tokens"),
             std::string::npos);
-  EXPECT_NE(error_of([] { window_offsets(1, 0, -1, 1000, 8); }).find("count must be >= 0, got -1"),
-            std::string::npos);
+  EXPECT_NE(error_of([] { window_offsets(1, 0, -1, 1000, 8); }).find("count must be >= 0, got -1"), std::string::npos);
   EXPECT_NE(error_of([] { window_offsets(1, 0, 1, 1000, 0); }).find("block_size must be >= 1, got 0"),
             std::string::npos);
 }
@@ -356,8 +366,8 @@ TEST(WindowOffsets, RefusesTooShortText) {
 TEST(WindowOffsets, FollowTheDocumentedRecipe) {
   for (const std::uint64_t seed : {0ull, 1ull, 0xDEADBEEFull, ~0ull})
     for (const std::int64_t step : {std::int64_t(0), std::int64_t(1), std::int64_t(123456), std::int64_t(-1)})
-      for (const std::int64_t tokens : {std::int64_t(2), std::int64_t(1000), std::int64_t(4551589),
-                                        (std::int64_t(3) << 61) + 8})
+      for (const std::int64_t tokens :
+           {std::int64_t(2), std::int64_t(1000), std::int64_t(4551589), (std::int64_t(3) << 61) + 8})
         ASSERT_EQ(window_offsets(seed, step, 50, tokens, 1), reference_offsets(seed, step, 50, tokens, 1))
             << seed << " " << step << " " << tokens;
   // Pinned, so that a change of the recipe (which would change every resumed run's data) is noticed.

@@ -94,7 +94,8 @@ void write_seeds(const std::string& directory) {
   std::ifstream in(intact, std::ios::binary);
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
   auto write = [&](const std::string& name, const std::vector<char>& content) {
-    std::ofstream(dir / name, std::ios::binary | std::ios::trunc).write(content.data(), std::streamsize(content.size()));
+    std::ofstream(dir / name, std::ios::binary | std::ios::trunc)
+        .write(content.data(), std::streamsize(content.size()));
   };
   // A flipped byte in the middle of each array's data and of one checksum dataset.
   hid_t f = H5Fopen(intact.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);

@@ -185,9 +185,9 @@ TEST(LayerNorm, GradientsMatchFiniteDifferences) {
     Matrix<double> dx("dx", rows, features);
     Vector<double> dgamma("dgamma", features), dbeta("dbeta", features);
     const auto backward = [&](bool add_to_dx, bool accumulate) {
-      lather::nn::layer_norm_backward<Space, double>(Space(), matrix(x, rows, features), vector(gamma), vector(out.mean),
-                                                     vector(out.rstd), matrix(w, rows, features), dx, add_to_dx, dgamma,
-                                                     dbeta, accumulate);
+      lather::nn::layer_norm_backward<Space, double>(Space(), matrix(x, rows, features), vector(gamma),
+                                                     vector(out.mean), vector(out.rstd), matrix(w, rows, features), dx,
+                                                     add_to_dx, dgamma, dbeta, accumulate);
     };
     backward(false, false);
     const Host analytic_x = host(dx), analytic_gamma = host(dgamma), analytic_beta = host(dbeta);

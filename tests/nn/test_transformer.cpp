@@ -78,7 +78,8 @@ TEST(Transformer, GradientsMatchCentralDifferencesOnEveryShardCount) {
   model.train_batch(Exec(), b.batch, b.time, b.inputs, b.targets, true);
   for (std::size_t i = 0; i < params.size(); ++i) {
     const auto twice = host(params.gradient(i));
-    for (std::size_t k = 0; k < twice.size(); ++k) ASSERT_NEAR(twice[k], 2 * analytic[i][k], 1e-12) << params.spec(i).name;
+    for (std::size_t k = 0; k < twice.size(); ++k)
+      ASSERT_NEAR(twice[k], 2 * analytic[i][k], 1e-12) << params.spec(i).name;
   }
   const double h = 1e-5;
   int checked = 0;

@@ -360,7 +360,6 @@ class ReferenceShampoo {
   }
 
  private:
-
   ReferenceOptions m_o;
   std::vector<Param> m_params;
   long m_count = 0;

@@ -26,8 +26,8 @@ using Mem = Space::memory_space;
 /// The whole model: "wide" is split along its columns and "tall" along its rows when sharded
 /// (slice boundaries on block boundaries, block_size 8).
 std::vector<optim::ParameterSpec> global_specs() {
-  return {{"bias", {9}},      {"dense", {20, 12}}, {"conv", {3, 3, 4, 6}}, {"wide", {8, 16}},
-          {"tall", {32, 5}},  {"scale", {}},       {"long", {70}}};
+  return {{"bias", {9}},     {"dense", {20, 12}}, {"conv", {3, 3, 4, 6}}, {"wide", {8, 16}},
+          {"tall", {32, 5}}, {"scale", {}},       {"long", {70}}};
 }
 
 /// This shard's view of the model: split parameters become their slice.
@@ -93,8 +93,8 @@ struct Mode {
   int shards;
   optim::PreconditionerType side = optim::PreconditionerType::all;
   bool async_roots = false;
-  bool mpi_gather = false;  // the parameter all-gather through MPI even on one node
-  int host_threads = 0;     // product_host_threads (0: from the node; the element-wise passes follow)
+  bool mpi_gather = false;               // the parameter all-gather through MPI even on one node
+  int host_threads = 0;                  // product_host_threads (0: from the node; the element-wise passes follow)
   long unpreconditioned_block_size = 0;  // one-sided blocks' extent along the dimensions without a statistic
 };
 
@@ -186,34 +186,32 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
 using optim::StepMode;
 INSTANTIATE_TEST_SUITE_P(
     Modes, DistributedShampoo,
-    ::testing::Values(Mode{"replicated_balanced", StepMode::replicated, true, false, 1},
-                      Mode{"replicated_even_quantized", StepMode::replicated, false, true, 1},
-                      Mode{"distributed", StepMode::distributed, true, false, 1},
-                      Mode{"distributed_quantized", StepMode::distributed, true, true, 1},
-                      Mode{"distributed_mpi_gather", StepMode::distributed, true, false, 1,
-                           optim::PreconditionerType::all, false, true},
-                      Mode{"replicated_shards2", StepMode::replicated, true, false, 2},
-                      Mode{"distributed_shards2", StepMode::distributed, true, false, 2},
-                      Mode{"distributed_shards2_quantized", StepMode::distributed, true, true, 2},
-                      Mode{"distributed_one_sided_input", StepMode::distributed, true, false, 1,
-                           optim::PreconditionerType::input},
-                      Mode{"replicated_shards2_one_sided_output", StepMode::replicated, true, false, 2,
-                           optim::PreconditionerType::output},
-                      Mode{"replicated_async_roots", StepMode::replicated, true, false, 1,
-                           optim::PreconditionerType::all, true},
-                      Mode{"distributed_async_roots", StepMode::distributed, true, false, 1,
-                           optim::PreconditionerType::all, true},
-                      // On a serial host backend the products and the element-wise passes (the
-                      // gathered parameters' scatter among them) on 3 host threads.
-                      Mode{"distributed_quantized_host_threads3", StepMode::distributed, true, true, 1,
-                           optim::PreconditionerType::all, false, false, 3},
-                      // One-sided blocks whole along their last dimension ("dense" 8 x 12 blocks,
-                      // "tall" 8 x 5), and cut at 4 there with weight shards ("wide"'s slices of 8
-                      // columns hold two such blocks each).
-                      Mode{"distributed_one_sided_input_whole_rows", StepMode::distributed, true, false, 1,
-                           optim::PreconditionerType::input, false, false, 0, 1000},
-                      Mode{"distributed_shards2_quantized_one_sided_input_extent4", StepMode::distributed, true,
-                           true, 2, optim::PreconditionerType::input, false, false, 0, 4}),
+    ::testing::Values(
+        Mode{"replicated_balanced", StepMode::replicated, true, false, 1},
+        Mode{"replicated_even_quantized", StepMode::replicated, false, true, 1},
+        Mode{"distributed", StepMode::distributed, true, false, 1},
+        Mode{"distributed_quantized", StepMode::distributed, true, true, 1},
+        Mode{"distributed_mpi_gather", StepMode::distributed, true, false, 1, optim::PreconditionerType::all, false,
+             true},
+        Mode{"replicated_shards2", StepMode::replicated, true, false, 2},
+        Mode{"distributed_shards2", StepMode::distributed, true, false, 2},
+        Mode{"distributed_shards2_quantized", StepMode::distributed, true, true, 2},
+        Mode{"distributed_one_sided_input", StepMode::distributed, true, false, 1, optim::PreconditionerType::input},
+        Mode{"replicated_shards2_one_sided_output", StepMode::replicated, true, false, 2,
+             optim::PreconditionerType::output},
+        Mode{"replicated_async_roots", StepMode::replicated, true, false, 1, optim::PreconditionerType::all, true},
+        Mode{"distributed_async_roots", StepMode::distributed, true, false, 1, optim::PreconditionerType::all, true},
+        // On a serial host backend the products and the element-wise passes (the
+        // gathered parameters' scatter among them) on 3 host threads.
+        Mode{"distributed_quantized_host_threads3", StepMode::distributed, true, true, 1,
+             optim::PreconditionerType::all, false, false, 3},
+        // One-sided blocks whole along their last dimension ("dense" 8 x 12 blocks,
+        // "tall" 8 x 5), and cut at 4 there with weight shards ("wide"'s slices of 8
+        // columns hold two such blocks each).
+        Mode{"distributed_one_sided_input_whole_rows", StepMode::distributed, true, false, 1,
+             optim::PreconditionerType::input, false, false, 0, 1000},
+        Mode{"distributed_shards2_quantized_one_sided_input_extent4", StepMode::distributed, true, true, 2,
+             optim::PreconditionerType::input, false, false, 0, 4}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A NaN or Inf in one rank's gradient only (replicas should agree, but nothing may hang when they
@@ -295,8 +293,8 @@ TEST(DistributedShampooConstruction, WhatOneRankWasGivenOtherwiseIsAnErrorOnEver
     };
     auto other_shape = specs, invalid = specs;
     if (last) {
-      other_shape[1].shape = {20, 11};     // "dense": never split
-      invalid[2].name = invalid[0].name;   // a name used twice
+      other_shape[1].shape = {20, 11};    // "dense": never split
+      invalid[2].name = invalid[0].name;  // a name used twice
     }
     expect_everywhere("another shape", other_shape, o, "other parameters");
     expect_everywhere("a name used twice", invalid, o, "is used twice");

@@ -37,7 +37,8 @@ Svd svd(std::vector<double> a, int m, int n) {
   Svd out{std::vector<double>(std::size_t(m) * r), std::vector<double>(r), std::vector<double>(std::size_t(r) * n)};
   int lwork = -1, info = 0;
   double query = 0;
-  dgesvd_("S", "S", &m, &n, a.data(), &m, out.s.data(), out.u.data(), &m, out.vt.data(), &r, &query, &lwork, &info, 1, 1);
+  dgesvd_("S", "S", &m, &n, a.data(), &m, out.s.data(), out.u.data(), &m, out.vt.data(), &r, &query, &lwork, &info, 1,
+          1);
   lwork = int(query);
   std::vector<double> work(std::size_t(std::max(lwork, 1)));
   dgesvd_("S", "S", &m, &n, a.data(), &m, out.s.data(), out.u.data(), &m, out.vt.data(), &r, work.data(), &lwork, &info,
@@ -52,13 +53,15 @@ std::vector<double> compose(const Svd& f, const std::vector<double>& d, int m, i
   std::vector<double> out(std::size_t(m) * n, 0.0);
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j)
-      for (int k = 0; k < r; ++k) out[std::size_t(i) * n + j] += f.u[std::size_t(k) * m + i] * d[k] * f.vt[std::size_t(j) * r + k];
+      for (int k = 0; k < r; ++k)
+        out[std::size_t(i) * n + j] += f.u[std::size_t(k) * m + i] * d[k] * f.vt[std::size_t(j) * r + k];
   return out;
 }
 
 double relative_difference(const std::vector<double>& got, const std::vector<double>& want) {
   double diff = 0, norm = 0;
-  for (std::size_t k = 0; k < want.size(); ++k) diff += (got[k] - want[k]) * (got[k] - want[k]), norm += want[k] * want[k];
+  for (std::size_t k = 0; k < want.size(); ++k)
+    diff += (got[k] - want[k]) * (got[k] - want[k]), norm += want[k] * want[k];
   return std::sqrt(diff / std::max(norm, 1e-300));
 }
 
@@ -85,7 +88,8 @@ TYPED_TEST(NewtonSchulz, MatchesTheSingularValuePolynomial) {
   for (const auto& [m, n] : std::vector<std::pair<int, int>>{{12, 9}, {9, 12}, {16, 16}, {5, 40}, {40, 3}, {1, 7}}) {
     // Random singular vectors (the SVD of a deterministic matrix), singular values 0.3 .. 1.
     std::vector<double> g(std::size_t(m) * n);
-    for (std::size_t k = 0; k < g.size(); ++k) g[k] = std::sin(1.7 * double(k) + 0.3 * m) + 0.5 * std::cos(0.9 * double(k * k % 97));
+    for (std::size_t k = 0; k < g.size(); ++k)
+      g[k] = std::sin(1.7 * double(k) + 0.3 * m) + 0.5 * std::cos(0.9 * double(k * k % 97));
     const auto factors = svd(g, m, n);
     const int r = std::min(m, n);
     std::vector<double> s(r);
@@ -201,7 +205,8 @@ TEST_P(ReferenceTrajectory, ThirtyStepsMatchOptax) {
   const auto& records = doc.at("records");
   for (std::size_t p = 0; p < count; ++p) {
     std::vector<float> initial(std::size_t(lather::element_count(specs[p].shape)));
-    for (std::size_t k = 0; k < initial.size(); ++k) initial[k] = float(std::cos(0.23 * double(k + 1) + 0.7 * double(p)));
+    for (std::size_t k = 0; k < initial.size(); ++k)
+      initial[k] = float(std::cos(0.23 * double(k + 1) + 0.7 * double(p)));
     ASSERT_EQ(records[0]["params"][specs[p].name].get<std::vector<float>>(), initial) << specs[p].name;
     params.set_value(Space(), p, initial);
   }
@@ -230,8 +235,8 @@ TEST_P(ReferenceTrajectory, ThirtyStepsMatchOptax) {
     }
   }
   EXPECT_EQ(next_record, records.size()) << "not every record was compared";
-  std::printf("%s: worst relative error vs optax %.3g over %d steps\n", doc.at("name").get<std::string>().c_str(), worst,
-              steps);
+  std::printf("%s: worst relative error vs optax %.3g over %d steps\n", doc.at("name").get<std::string>().c_str(),
+              worst, steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Optax, ReferenceTrajectory, ::testing::ValuesIn(reference_files()),
@@ -245,7 +250,7 @@ TEST(ReferenceTrajectory, DataIsPresent) { EXPECT_GE(reference_files().size(), 2
 TEST(Muon, PlanFlattensAndBalances) {
   MuonOptions options;
   options.adamw_parameters = {"embedding"};
-  const std::vector<ParameterSpec> specs{{"bias", {7}},       {"scalar", {}},        {"dense", {12, 9}},
+  const std::vector<ParameterSpec> specs{{"bias", {7}},          {"scalar", {}},         {"dense", {12, 9}},
                                          {"conv", {3, 3, 4, 5}}, {"embedding", {50, 8}}, {"big", {32, 32}}};
   const auto plan = plan_muon(specs, options, 2);
   EXPECT_FALSE(plan[0].matrix);
@@ -294,7 +299,8 @@ TEST(Muon, CheckpointRoundTrip) {
   EXPECT_EQ(second.step_count(), 3);
   run(first, a, 3, 4);
   run(second, b, 3, 4);
-  for (std::size_t p = 0; p < specs.size(); ++p) EXPECT_EQ(a.host_value(Space(), p), b.host_value(Space(), p)) << specs[p].name;
+  for (std::size_t p = 0; p < specs.size(); ++p)
+    EXPECT_EQ(a.host_value(Space(), p), b.host_value(Space(), p)) << specs[p].name;
 }
 
 TEST(Muon, ReportsAndDescribes) {
@@ -318,7 +324,10 @@ TEST(Muon, BadOptionsAreNamed) {
       {"MuonOptions::adam_beta2", [](MuonOptions& o) { o.adam_beta2 = 1.5; }},
       {"MuonOptions::adam_epsilon", [](MuonOptions& o) { o.adam_epsilon = -1; }},
       {"MuonOptions::adamw_parameters", [](MuonOptions& o) { o.adamw_parameters = {"v"}; }},  // not a parameter
-      {"MuonOptions::adamw_parameters", [](MuonOptions& o) { o.adamw_parameters = {"w", "w"}; }},
+      {"MuonOptions::adamw_parameters",
+       [](MuonOptions& o) {
+         o.adamw_parameters = {"w", "w"};
+       }},
       {"learning rate", [](MuonOptions& o) { o.learning_rate = -1.0; }},
   };
   for (const auto& [field, change] : cases) {

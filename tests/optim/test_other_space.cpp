@@ -33,7 +33,8 @@ lather::ParameterList<float, typename Space::memory_space> make_parameters(const
       gradient[k] = float(std::cos(0.37 * double(k) + 0.5 * step + double(i)));
     }
     p.set_value(space, i, value);
-    Kokkos::deep_copy(space, p.gradient(i), Kokkos::View<const float*, Kokkos::HostSpace>(gradient.data(), gradient.size()));
+    Kokkos::deep_copy(space, p.gradient(i),
+                      Kokkos::View<const float*, Kokkos::HostSpace>(gradient.data(), gradient.size()));
     space.fence();
   }
   return p;

@@ -31,7 +31,8 @@ std::string error_of(const std::string& name, const std::string& value) {
 
 TEST(ShampooOptionText, IntegersPastTheirFieldAreRefusedNotTruncated) {
   // 2^32 + 1 used to become block_size 1.
-  EXPECT_EQ(error_of("block_size", "4294967297"), "Shampoo option block_size: 4294967297 is out of the range of an int");
+  EXPECT_EQ(error_of("block_size", "4294967297"),
+            "Shampoo option block_size: 4294967297 is out of the range of an int");
   EXPECT_EQ(error_of("root_max_iterations", "-2147483649"),
             "Shampoo option root_max_iterations: -2147483649 is out of the range of an int");
   EXPECT_EQ(error_of("start_preconditioning_step", "99999999999999999999"),

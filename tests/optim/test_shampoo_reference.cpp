@@ -67,8 +67,7 @@ TEST_P(ReferenceTrajectory, ThirtyStepsMatchJax) {
   }
   for (std::size_t p = 0; p < count; ++p) {
     auto host = Kokkos::create_mirror_view(device_params[p]);
-    for (std::size_t k = 0; k < params[p].size(); ++k)
-      host(k) = params[p][k];
+    for (std::size_t k = 0; k < params[p].size(); ++k) host(k) = params[p][k];
     Kokkos::deep_copy(device_params[p], host);
   }
 

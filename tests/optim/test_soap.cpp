@@ -27,7 +27,9 @@ using lather::optim::SoapOptions;
 namespace fs = std::filesystem;
 
 // The problem of scripts/soap_reference.py, term by term in IEEE double, rounded once to float.
-float initial_value(std::int64_t k, std::size_t pidx) { return float(std::cos(0.23 * double(k + 1) + 0.7 * double(pidx))); }
+float initial_value(std::int64_t k, std::size_t pidx) {
+  return float(std::cos(0.23 * double(k + 1) + 0.7 * double(pidx)));
+}
 float gradient_value(float p, std::int64_t k, std::size_t pidx, int t) {
   const double kk = double(k + 1);
   return float(0.1 * double(p) + std::sin(0.37 * kk + 1.3 * double(t + 1) + 0.61 * double(pidx)) +
@@ -57,7 +59,8 @@ struct Problem {
     for (std::size_t p = 0; p < specs.size(); ++p) {
       const auto x = host(p);
       auto g = Kokkos::create_mirror_view(gradients[p]);
-      for (std::size_t k = 0; k < x.size(); ++k) g(k) = gradient_value(x[k], std::int64_t(k), pidx.empty() ? p : pidx[p], t);
+      for (std::size_t k = 0; k < x.size(); ++k)
+        g(k) = gradient_value(x[k], std::int64_t(k), pidx.empty() ? p : pidx[p], t);
       Kokkos::deep_copy(gradients[p], g);
     }
   }
@@ -367,7 +370,8 @@ std::pair<double, double> quantized_deviation(const std::vector<lather::optim::P
         movement = std::max(movement, std::fabs(double(want[k]) - initial[p][k]) / (std::fabs(initial[p][k]) + 0.1));
       }
     }
-    if (std::getenv("LATHER_TRACE")) std::printf("  step %2d deviation %.3g movement %.3g\n", t + 1, deviation, movement);
+    if (std::getenv("LATHER_TRACE"))
+      std::printf("  step %2d deviation %.3g movement %.3g\n", t + 1, deviation, movement);
   }
   return {deviation, movement};
 }
@@ -412,7 +416,8 @@ TEST(SoapQuantized, FollowsFloatSoapOnTheReferenceProblems) {
     std::ifstream in(file);
     const auto doc = nlohmann::json::parse(in);
     std::vector<lather::optim::ParameterSpec> specs;
-    for (const auto& p : doc.at("parameters")) specs.push_back({p.at("name"), p.at("shape").get<lather::TensorShape>()});
+    for (const auto& p : doc.at("parameters"))
+      specs.push_back({p.at("name"), p.at("shape").get<lather::TensorShape>()});
     const auto [deviation, movement] = quantized_deviation(specs, options_from(doc.at("options")), doc.at("steps"));
     std::printf("%s: quantized vs float %.3g, movement %.3g\n", doc.at("name").get<std::string>().c_str(), deviation,
                 movement);

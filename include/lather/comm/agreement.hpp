@@ -29,8 +29,8 @@ class Agreement {
  public:
   /// Collective over `group`: one MPI_Allreduce, plus one MPI_Bcast of the message when some rank
   /// passed a non-empty `local_error` (then every rank throws that message, naming its rank).
-  Agreement(const Group& group, std::string context, std::vector<AgreementField> fields,
-            std::vector<double> sums = {}, const std::string& local_error = std::string());
+  Agreement(const Group& group, std::string context, std::vector<AgreementField> fields, std::vector<double> sums = {},
+            const std::string& local_error = std::string());
 
   std::int64_t min(std::size_t field) const { return m_min[field]; }
   std::int64_t max(std::size_t field) const { return m_max[field]; }

@@ -74,8 +74,8 @@ class Transport {
   void broadcast(const ExecutionSpace& space, const view& data, int root) {
     const bool sends = m_group.rank() == root;
     for_chunks(data.extent(0), [&](std::size_t begin, std::size_t count) {
-      T* buffer = sends ? stage_out(space, data, begin, count, m_send)
-                        : receive_buffer(space, data, begin, count, m_send);
+      T* buffer =
+          sends ? stage_out(space, data, begin, count, m_send) : receive_buffer(space, data, begin, count, m_send);
       m_group.broadcast(buffer, count, root);
       if (!sends) stage_in(space, data, begin, count, m_send);
       count_call(count);
@@ -152,8 +152,7 @@ class Transport {
   }
 
   /// Pointer MPI may read data[begin, begin + count) from, with the data ready.
-  T* stage_out(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count,
-               host_view& host) {
+  T* stage_out(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count, host_view& host) {
     if constexpr (direct) {
       (void)host;
       ::lather::Impl::fence(space, "Lather::comm: data ready before sending");
@@ -179,8 +178,7 @@ class Transport {
     }
   }
 
-  void stage_in(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count,
-                host_view& host) {
+  void stage_in(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count, host_view& host) {
     if constexpr (!direct) {
       Kokkos::deep_copy(space, Kokkos::subview(data, range(begin, count)), Kokkos::subview(host, range(0, count)));
     } else {

@@ -34,12 +34,10 @@ std::string concat(Args&&... args) {
 }  // namespace lather
 
 /// LATHER_REQUIRE(condition, message parts...): throws lather::Error with the concatenated message.
-#define LATHER_REQUIRE(condition, ...)                                                     \
-  do {                                                                                     \
-    if (!(condition)) ::lather::Impl::throw_error(__FILE__, __LINE__,                      \
-                                                  ::lather::Impl::concat(__VA_ARGS__));    \
+#define LATHER_REQUIRE(condition, ...)                                                                      \
+  do {                                                                                                      \
+    if (!(condition)) ::lather::Impl::throw_error(__FILE__, __LINE__, ::lather::Impl::concat(__VA_ARGS__)); \
   } while (false)
 
 /// LATHER_FAIL(message parts...): throws unconditionally.
-#define LATHER_FAIL(...) \
-  ::lather::Impl::throw_error(__FILE__, __LINE__, ::lather::Impl::concat(__VA_ARGS__))
+#define LATHER_FAIL(...) ::lather::Impl::throw_error(__FILE__, __LINE__, ::lather::Impl::concat(__VA_ARGS__))

@@ -88,8 +88,8 @@ void host_gram_upper(bool transpose, int n, int k, double alpha, const double* x
 /// so host threads may run several at once (Shampoo's products on host threads). Host memory only.
 void host_gemm(char ta, char tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
                float beta, float* c, int ldc);
-void host_gemm(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
-               int ldb, double beta, double* c, int ldc);
+void host_gemm(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
+               double beta, double* c, int ldc);
 
 /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count: row-major m x n products of inner size k,
 /// A_i at a + i stride_a (m x k, or k x m when ta is 'T'), B_i at b + i stride_b (k x n, or n x k),
@@ -103,8 +103,8 @@ void host_gemm(char ta, char tb, int m, int n, int k, double alpha, const double
 /// Returns the launches made.
 template <class ExecutionSpace, class T>
 long gemm_strided_batched(const ExecutionSpace& space, char ta, char tb, int m, int n, int k, T alpha, const T* a,
-                          std::int64_t stride_a, const T* b, std::int64_t stride_b, T beta, T* c,
-                          std::int64_t stride_c, int count, int host_threads = 1, bool by_work = true) {
+                          std::int64_t stride_a, const T* b, std::int64_t stride_b, T beta, T* c, std::int64_t stride_c,
+                          int count, int host_threads = 1, bool by_work = true) {
   using memory_space = typename ExecutionSpace::memory_space;
   using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   using Const = Kokkos::View<const T**, Kokkos::LayoutRight, memory_space, Unmanaged>;

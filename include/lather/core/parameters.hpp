@@ -101,8 +101,8 @@ class ParameterList {
     LATHER_REQUIRE(m_gradient_buffer.data() != nullptr || m_specs.empty(),
                    "ParameterList::place_gradients: the list does not own a gradient buffer (built with add())");
     const std::size_t total = m_gradient_buffer.extent(0);
-    LATHER_REQUIRE(storage.extent(0) >= total, "ParameterList::place_gradients: the storage holds ",
-                   storage.extent(0), " elements; the gradients need ", total);
+    LATHER_REQUIRE(storage.extent(0) >= total, "ParameterList::place_gradients: the storage holds ", storage.extent(0),
+                   " elements; the gradients need ", total);
     const tensor placed = Kokkos::subview(storage, std::make_pair(std::size_t(0), total));
     Kokkos::deep_copy(space, placed, m_gradient_buffer);
     Impl::fence(space, "Lather::ParameterList::place_gradients: copied");
