@@ -70,9 +70,10 @@ void run_tta(const TtaOptions& o) {
       if (pair.substr(0, eq) != name) continue;
       char* end = nullptr;
       const std::string value = pair.substr(eq + 1);
-      t.lr = std::strtod(value.c_str(), &end);
-      LATHER_REQUIRE(!value.empty() && *end == '\0' && t.lr > 0, "--lr ", name, ": expected a positive number, got '",
+      const double lr = std::strtod(value.c_str(), &end);
+      LATHER_REQUIRE(!value.empty() && *end == '\0' && lr > 0, "--lr ", name, ": expected a positive number, got '",
                      value, "'");
+      t.lr = lr;
     }
     const auto result = train::train(t, world, [](const std::string&) {});
     const double steps = result.reached_target ? double(result.target_step) : -1.0;

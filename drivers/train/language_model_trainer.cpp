@@ -126,6 +126,11 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   o.schedule_steps = std::max(1L, planned);  // the learning-rate schedule spans this run
   ProgressLog log(o, mesh.world_rank() == 0, log_sink);
 
+  // What sampling reads is checked now, not after the training it follows.
+  if (o.sample > 0)
+    LATHER_REQUIRE(!corpus.vocabulary.encode(o.prompt, "--prompt").empty(),
+                   "--prompt is empty: give at least one character to continue");
+
   nn::TransformerConfig config;
   // The vocabulary is padded to a multiple of 128 (Megatron's make-vocab-size-divisible-by): the
   // shards' slices of the embedding and the head then align with Shampoo's blocks on any shard

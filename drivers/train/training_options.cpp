@@ -78,7 +78,7 @@ double default_learning_rate(OptimizerKind optimizer) {
   LATHER_FAIL("--optimizer value ", int(optimizer), " has no default learning rate");
 }
 
-double TrainOptions::learning_rate() const { return lr >= 0 ? lr : default_learning_rate(optimizer); }
+double TrainOptions::learning_rate() const { return lr ? *lr : default_learning_rate(optimizer); }
 
 namespace {
 optim::LearningRateSchedule schedule_of(const TrainOptions& o, long total_steps) {
@@ -227,7 +227,7 @@ void TrainOptions::validate() const {
   // A transformer run may train for no step at all: --resume --epochs 0 --sample N samples from a checkpoint.
   require_range("--epochs", epochs, transformer ? 0 : 1, max_epochs);
   require_range("--batch-size", batch_size, 1, max_batch_size);
-  LATHER_REQUIRE(std::isfinite(lr), "--lr must be finite, got ", lr);
+  LATHER_REQUIRE(!lr || (std::isfinite(*lr) && *lr > 0), "--lr must be a finite number > 0, got ", lr ? *lr : 0.0);
   require_range("--warmup-steps", warmup_steps, 0L, max_steps_limit);
   require_range("--schedule-steps", schedule_steps, 0L, max_steps_limit);
   require_finite("--weight-decay", weight_decay, 0);
@@ -325,7 +325,7 @@ void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
   if (unset("--eval-every")) o.eval_every = 250;
   if (unset("--log-every")) o.log_every = 50;
   if (unset("--optimizer")) o.optimizer = OptimizerKind::shampoo;
-  if (unset("--lr") && o.lr < 0) o.lr = default_transformer_learning_rate(o.optimizer);
+  if (unset("--lr") && !o.lr) o.lr = default_transformer_learning_rate(o.optimizer);
   // Shampoo's blocks must not straddle the shards' slices: the largest power of two up to 128
   // dividing this shard count's slices of d_model and 4 d_model (the vocabulary is padded to
   // 128). 128 on one shard, where larger blocks precondition better at the same step time; a
@@ -415,9 +415,11 @@ void add_options(CLI::App& app, TrainOptions& o) {
                  "Global batch: samples per optimizer step over all replicas, whatever the rank count")
       ->capture_default_str();
   add_choice(app, "--optimizer", o.optimizer, optimizer_names(), "shampoo, soap, muon, adam, adamw, adagrad or sgd");
-  app.add_option("--lr", o.lr,
-                 "Learning rate (peak of the schedule); default per optimizer: shampoo 6e-3, soap 1e-3, muon 1e-2, "
-                 "adam/adamw 2e-3, adagrad 3e-2, sgd 5e-2 (transformer: see docs/reference/driver.md)");
+  app.add_option_function<double>(
+         "--lr", [&o](double value) { o.lr = value; },
+         "Learning rate (peak of the schedule); default per optimizer: shampoo 6e-3, soap 1e-3, muon 1e-2, "
+         "adam/adamw 2e-3, adagrad 3e-2, sgd 5e-2 (transformer: see docs/reference/driver.md)")
+      ->type_name("FLOAT");
   app.add_option("--schedule", o.schedule, "Learning-rate schedule: constant, warmup, cosine, linear or rsqrt")
       ->check(CLI::IsMember({"constant", "warmup", "cosine", "linear", "rsqrt"}))
       ->capture_default_str();

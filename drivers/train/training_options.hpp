@@ -11,6 +11,7 @@
 #include <lather/optim/soap.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,7 +53,9 @@ struct TrainOptions {
   int epochs = 3;
   int batch_size = 128;  ///< global: samples per optimizer step over all replicas
   OptimizerKind optimizer = OptimizerKind::shampoo;
-  double lr = -1;  ///< < 0: the optimizer's default (default_learning_rate)
+  /// --lr; unset: the optimizer's tuned default for the model (default_learning_rate,
+  /// default_transformer_learning_rate). Finite and > 0.
+  std::optional<double> lr;
   std::string schedule = "cosine";
   long warmup_steps = 100;
   double weight_decay = 0;
