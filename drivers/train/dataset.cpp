@@ -1,5 +1,7 @@
 #include "dataset.hpp"
 
+#include <lather/core/error.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -9,8 +11,13 @@ namespace lather::train {
 
 DataSets load_data_sets(const TrainOptions& o) {
   DataSets sets{data::load_mnist_like(o.data, "train"), data::load_mnist_like(o.data, "t10k")};
-  if (o.train_samples > 0) sets.train.count = std::min<long>(sets.train.count, o.train_samples);
-  if (o.test_samples > 0) sets.test.count = std::min<long>(sets.test.count, o.test_samples);
+  // A count beyond the data set is refused rather than silently lowered to it.
+  LATHER_REQUIRE(o.train_samples <= long(sets.train.count), "--train-samples ", o.train_samples, " is more than the ",
+                 sets.train.count, " training samples of --data '", o.data, "'");
+  LATHER_REQUIRE(o.test_samples <= long(sets.test.count), "--test-samples ", o.test_samples, " is more than the ",
+                 sets.test.count, " test samples of --data '", o.data, "'");
+  if (o.train_samples > 0) sets.train.count = o.train_samples;
+  if (o.test_samples > 0) sets.test.count = o.test_samples;
   double sum = 0, squares = 0;
   const std::size_t n = std::size_t(sets.train.count * sets.train.features);
   for (std::size_t k = 0; k < n; ++k) {

@@ -521,8 +521,10 @@ void Group::agree_on_failure(const std::string& context, const std::string& loca
   if (st.size > 1)
     where = ::lather::Impl::concat(" (on group rank ", failing, " of ", st.size,
                                    failing == st.rank ? ", this rank" : "", ")");
-  // The message already names the object and where it failed.
-  throw Error((context.empty() ? std::string() : context + ": ") + message + where, nullptr, 0);
+  // A message that already names the context ("Shampoo: ...") is not prefixed with it twice.
+  const std::string prefix = context.empty() ? std::string() : context + ": ";
+  const bool named = !prefix.empty() && message.compare(0, prefix.size(), prefix) == 0;
+  throw Error((named ? std::string() : prefix) + message + where, nullptr, 0);
 }
 
 #define LATHER_COMM_GROUP_INSTANTIATE(T)                                                   \
