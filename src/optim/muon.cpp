@@ -40,8 +40,7 @@ double MuonParameterPlan::cost() const {
 }
 
 std::vector<MuonParameterPlan> plan_muon(const std::vector<ParameterSpec>& parameters, const MuonOptions& options,
-                                         int ranks) {
-  LATHER_REQUIRE(ranks >= 1, "plan_muon: ranks must be >= 1, got ", ranks);
+                                         const PartAssignment& assign) {
   std::set<std::string> forced(options.adamw_parameters.begin(), options.adamw_parameters.end());
   std::vector<MuonParameterPlan> plan(parameters.size());
   for (std::size_t p = 0; p < parameters.size(); ++p) {
@@ -60,14 +59,20 @@ std::vector<MuonParameterPlan> plan_muon(const std::vector<ParameterSpec>& param
   }
   LATHER_REQUIRE(forced.empty(), "MuonOptions::adamw_parameters names '", forced.empty() ? "" : *forced.begin(),
                  "', which is not a parameter");
-  // The matrices by longest processing time on their cost (the distributed step's assignment).
   std::vector<std::size_t> matrices;
   std::vector<double> costs;
   for (std::size_t p = 0; p < plan.size(); ++p)
     if (plan[p].matrix) matrices.push_back(p), costs.push_back(plan[p].cost());
-  const std::vector<int> owners = longest_processing_time(costs, ranks);
+  const std::vector<int> owners = assign(costs);
   for (std::size_t k = 0; k < matrices.size(); ++k) plan[matrices[k]].owner = owners[k];
   return plan;
+}
+
+std::vector<MuonParameterPlan> plan_muon(const std::vector<ParameterSpec>& parameters, const MuonOptions& options,
+                                         int ranks) {
+  LATHER_REQUIRE(ranks >= 1, "plan_muon: ranks must be >= 1, got ", ranks);
+  return plan_muon(parameters, options,
+                   [ranks](const std::vector<double>& costs) { return longest_processing_time(costs, ranks); });
 }
 
 template class Muon<DefaultExecutionSpace, float>;

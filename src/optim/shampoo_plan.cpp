@@ -124,7 +124,7 @@ double unit_cost(const ParameterPlan& pp, const WorkUnit& unit, const ShampooOpt
 }  // namespace
 
 StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, int ranks, int parts, int part,
-                        const UnitAssignment& assign) {
+                        const PartAssignment& assign) {
   StepPlan step;
   step.distributed = parts > 1;
   step.parts = parts;

@@ -41,6 +41,10 @@ namespace lather::optim {
 /// same on every rank.
 std::vector<int> longest_processing_time(const std::vector<double>& costs, int parts);
 
+/// An assignment of items to parts from their costs: Distributor::assign, or
+/// longest_processing_time over a given part count.
+using PartAssignment = std::function<std::vector<int>(const std::vector<double>& costs)>;
+
 /// How a step is spread over the ranks of the group.
 enum class Placement {
   replicated,   ///< every rank updates every block

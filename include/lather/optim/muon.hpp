@@ -80,8 +80,12 @@ struct MuonParameterPlan {
   double cost() const;                 ///< rows columns min(rows, columns): the Newton-Schulz flops / 6 per step
 };
 
-/// For each parameter: Muon matrix or AdamW, and (matrices) the owning rank of `ranks`, by greedy
-/// longest-processing-time on cost() (ties: the lower parameter index first, the lower rank).
+/// For each parameter: Muon matrix or AdamW, and (matrices) the owning part that `assign` gives
+/// it from the matrices' cost(), in parameter order.
+std::vector<MuonParameterPlan> plan_muon(const std::vector<ParameterSpec>& parameters, const MuonOptions& options,
+                                         const PartAssignment& assign);
+/// The same with the owning rank of `ranks`, by greedy longest-processing-time on cost() (ties:
+/// the lower parameter index first, the lower rank).
 std::vector<MuonParameterPlan> plan_muon(const std::vector<ParameterSpec>& parameters, const MuonOptions& options,
                                          int ranks);
 

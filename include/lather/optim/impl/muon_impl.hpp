@@ -227,14 +227,9 @@ Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<Para
   const std::string local_error = ::lather::Impl::local_failure("muon.construct", [&] {
     this->validate_parameters();
     m_options.validate();
-    m_plan = plan_muon(this->m_parameters, m_options, 1);
     // The owners of the matrices: the distributor's assignment by Newton-Schulz cost.
-    std::vector<std::size_t> matrices;
-    std::vector<double> costs;
-    for (std::size_t p = 0; p < count; ++p)
-      if (m_plan[p].matrix) matrices.push_back(p), costs.push_back(m_plan[p].cost());
-    const std::vector<int> owners = m_distributor->assign(costs);
-    for (std::size_t k = 0; k < matrices.size(); ++k) m_plan[matrices[k]].owner = owners[k];
+    m_plan = plan_muon(this->m_parameters, m_options,
+                       [this](const std::vector<double>& costs) { return m_distributor->assign(costs); });
     st.momentum.resize(count);
     st.adam_mu.resize(count);
     st.adam_nu.resize(count);

@@ -151,6 +151,41 @@ struct HostUnit {
   KOKKOS_INLINE_FUNCTION int league_rank() const { return k; }
 };
 
+/// What the run loops below read of unit k of a table, read once: where the unit starts in the
+/// packed buffer and its elements; a range of a flat tensor (rank 0) starts at flat index `begin`,
+/// a box (rank >= 1) is walked by rows of `last` elements.
+template <class MemorySpace>
+struct UnitRuns {
+  using Table = UnitTable<MemorySpace>;
+  const Table* table;
+  int k, rank, parameter = 0;
+  std::int64_t packed, elements, begin = 0, last = 1;
+
+  KOKKOS_INLINE_FUNCTION UnitRuns(const Table& t, int unit)
+      : table(&t),
+        k(unit),
+        rank(int(t.units(unit, Table::rank))),
+        packed(t.units(unit, Table::packed)),
+        elements(t.units(unit, Table::elements)) {
+    if (rank == 0) {
+      begin = t.units(unit, Table::begin);
+    } else {
+      parameter = int(t.units(unit, Table::parameter));
+      last = t.units(unit, Table::sizes + rank - 1);
+    }
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t rows() const { return elements / last; }
+  /// The flat index of the first element of row `row` of a box.
+  KOKKOS_INLINE_FUNCTION std::int64_t row_flat(std::int64_t row) const {
+    return row_start(*table, k, parameter, rank, row);
+  }
+  /// A range's runs of `run` elements: how many, and the length of the one starting at element e.
+  KOKKOS_INLINE_FUNCTION std::int64_t runs(std::int64_t run) const { return (elements + run - 1) / run; }
+  KOKKOS_INLINE_FUNCTION std::int64_t run_length(std::int64_t e, std::int64_t run) const {
+    return e + run < elements ? run : elements - e;
+  }
+};
+
 /// Calls f(packed, flat, count) over the elements of unit k of the table in runs: packed indices
 /// packed .. packed + count - 1 and flat indices flat .. flat + count - 1 are one run. A body per
 /// backend family (kokkos_compat.hpp's BodyFor): on the host a run is a row of the box (or a piece
@@ -159,43 +194,31 @@ struct HostUnit {
 template <class ExecutionSpace, class MemorySpace, class Member, class F>
 KOKKOS_INLINE_FUNCTION void for_unit_runs(::lather::Impl::HostBody, const Member& member,
                                           const UnitTable<MemorySpace>& t, int k, const F& f) {
-  using Table = UnitTable<MemorySpace>;
-  const std::int64_t packed = t.units(k, Table::packed);
-  const int rank = int(t.units(k, Table::rank));
-  const std::int64_t elements = t.units(k, Table::elements);
-  if (rank == 0) {
-    const std::int64_t begin = t.units(k, Table::begin);
+  const UnitRuns<MemorySpace> u(t, k);
+  if (u.rank == 0) {
     constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, (elements + run - 1) / run), [&](std::int64_t r) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, u.runs(run)), [&](std::int64_t r) {
       const std::int64_t e = r * run;
-      f(packed + e, begin + e, e + run < elements ? run : elements - e);
+      f(u.packed + e, u.begin + e, u.run_length(e, run));
     });
     return;
   }
-  const int p = int(t.units(k, Table::parameter));
-  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements / last),
-                       [&](std::int64_t row) { f(packed + row * last, row_start(t, k, p, rank, row), last); });
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, u.rows()),
+                       [&](std::int64_t row) { f(u.packed + row * u.last, u.row_flat(row), u.last); });
 }
 template <class ExecutionSpace, class MemorySpace, class Member, class F>
 KOKKOS_INLINE_FUNCTION void for_unit_runs(::lather::Impl::DeviceBody, const Member& member,
                                           const UnitTable<MemorySpace>& t, int k, const F& f) {
-  using Table = UnitTable<MemorySpace>;
-  const std::int64_t packed = t.units(k, Table::packed);
-  const int rank = int(t.units(k, Table::rank));
-  const std::int64_t elements = t.units(k, Table::elements);
-  if (rank == 0) {
-    const std::int64_t begin = t.units(k, Table::begin);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements),
-                         [&](std::int64_t e) { f(packed + e, begin + e, std::int64_t(1)); });
+  const UnitRuns<MemorySpace> u(t, k);
+  if (u.rank == 0) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(member, u.elements),
+                         [&](std::int64_t e) { f(u.packed + e, u.begin + e, std::int64_t(1)); });
     return;
   }
-  const int p = int(t.units(k, Table::parameter));
-  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, elements / last), [&](std::int64_t row) {
-    const std::int64_t flat = row_start(t, k, p, rank, row);
-    const std::int64_t base = packed + row * last;
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, last),
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(member, u.rows()), [&](std::int64_t row) {
+    const std::int64_t flat = u.row_flat(row);
+    const std::int64_t base = u.packed + row * u.last;
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, u.last),
                          [&](std::int64_t j) { f(base + j, flat + j, std::int64_t(1)); });
   });
 }
@@ -208,57 +231,45 @@ KOKKOS_INLINE_FUNCTION void for_unit_runs(const Member& member, const UnitTable<
 template <class ExecutionSpace, class MemorySpace, class Member, class F>
 KOKKOS_INLINE_FUNCTION SquaredNorms reduce_unit_runs(::lather::Impl::HostBody, const Member& member,
                                                      const UnitTable<MemorySpace>& t, int k, const F& f) {
-  using Table = UnitTable<MemorySpace>;
-  const std::int64_t packed = t.units(k, Table::packed);
-  const int rank = int(t.units(k, Table::rank));
-  const std::int64_t elements = t.units(k, Table::elements);
+  const UnitRuns<MemorySpace> u(t, k);
   SquaredNorms total;
-  if (rank == 0) {
-    const std::int64_t begin = t.units(k, Table::begin);
+  if (u.rank == 0) {
     constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
     Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(member, (elements + run - 1) / run),
+        Kokkos::TeamThreadRange(member, u.runs(run)),
         [&](std::int64_t r, SquaredNorms& sums) {
           const std::int64_t e = r * run;
-          f(packed + e, begin + e, e + run < elements ? run : elements - e, sums);
+          f(u.packed + e, u.begin + e, u.run_length(e, run), sums);
         },
         Kokkos::Sum<SquaredNorms>(total));
     return total;
   }
-  const int p = int(t.units(k, Table::parameter));
-  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
   Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(member, elements / last),
-      [&](std::int64_t row, SquaredNorms& sums) { f(packed + row * last, row_start(t, k, p, rank, row), last, sums); },
+      Kokkos::TeamThreadRange(member, u.rows()),
+      [&](std::int64_t row, SquaredNorms& sums) { f(u.packed + row * u.last, u.row_flat(row), u.last, sums); },
       Kokkos::Sum<SquaredNorms>(total));
   return total;
 }
 template <class ExecutionSpace, class MemorySpace, class Member, class F>
 KOKKOS_INLINE_FUNCTION SquaredNorms reduce_unit_runs(::lather::Impl::DeviceBody, const Member& member,
                                                      const UnitTable<MemorySpace>& t, int k, const F& f) {
-  using Table = UnitTable<MemorySpace>;
-  const std::int64_t packed = t.units(k, Table::packed);
-  const int rank = int(t.units(k, Table::rank));
-  const std::int64_t elements = t.units(k, Table::elements);
+  const UnitRuns<MemorySpace> u(t, k);
   SquaredNorms total;
-  if (rank == 0) {
-    const std::int64_t begin = t.units(k, Table::begin);
+  if (u.rank == 0) {
     Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(member, elements),
-        [&](std::int64_t e, SquaredNorms& sums) { f(packed + e, begin + e, std::int64_t(1), sums); },
+        Kokkos::TeamThreadRange(member, u.elements),
+        [&](std::int64_t e, SquaredNorms& sums) { f(u.packed + e, u.begin + e, std::int64_t(1), sums); },
         Kokkos::Sum<SquaredNorms>(total));
     return total;
   }
-  const int p = int(t.units(k, Table::parameter));
-  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
   Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(member, elements / last),
+      Kokkos::TeamThreadRange(member, u.rows()),
       [&](std::int64_t row, SquaredNorms& sums) {
-        const std::int64_t flat = row_start(t, k, p, rank, row);
-        const std::int64_t base = packed + row * last;
+        const std::int64_t flat = u.row_flat(row);
+        const std::int64_t base = u.packed + row * u.last;
         SquaredNorms row_sums;
         Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(member, last),
+            Kokkos::ThreadVectorRange(member, u.last),
             [&](std::int64_t j, SquaredNorms& s) { f(base + j, flat + j, std::int64_t(1), s); },
             Kokkos::Sum<SquaredNorms>(row_sums));
         sums += row_sums;
@@ -276,20 +287,14 @@ KOKKOS_INLINE_FUNCTION SquaredNorms reduce_unit_runs(const Member& member, const
 /// another.
 template <class ExecutionSpace, class MemorySpace, class F>
 void for_unit_runs(const HostUnit&, const UnitTable<MemorySpace>& t, int k, const F& f) {
-  using Table = UnitTable<MemorySpace>;
   static_assert(::lather::Impl::runs_on_host<ExecutionSpace>, "a HostUnit is taken on the host only");
-  const std::int64_t packed = t.units(k, Table::packed);
-  const int rank = int(t.units(k, Table::rank));
-  const std::int64_t elements = t.units(k, Table::elements);
-  if (rank == 0) {
-    const std::int64_t begin = t.units(k, Table::begin);
+  const UnitRuns<MemorySpace> u(t, k);
+  if (u.rank == 0) {
     constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
-    for (std::int64_t e = 0; e < elements; e += run) f(packed + e, begin + e, e + run < elements ? run : elements - e);
+    for (std::int64_t e = 0; e < u.elements; e += run) f(u.packed + e, u.begin + e, u.run_length(e, run));
     return;
   }
-  const int p = int(t.units(k, Table::parameter));
-  const std::int64_t last = t.units(k, Table::sizes + rank - 1);
-  for (std::int64_t row = 0; row < elements / last; ++row) f(packed + row * last, row_start(t, k, p, rank, row), last);
+  for (std::int64_t row = 0; row < u.rows(); ++row) f(u.packed + row * u.last, u.row_flat(row), u.last);
 }
 
 /// reduce_unit_runs for a unit a host thread took: a host team of one sums its runs into one

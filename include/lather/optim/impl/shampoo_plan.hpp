@@ -103,13 +103,10 @@ struct StepPlan {
   std::int64_t my_elements() const { return part_elements[part]; }
 };
 
-/// Assigns each unit to a part from the units' costs (Distributor::assign).
-using UnitAssignment = std::function<std::vector<int>(const std::vector<double>& costs)>;
-
 /// `ranks`: the data-parallel group (its ranks share the roots of a replicated step); `parts`,
 /// `part`, `assign`: how the distribution strategy splits the units.
 StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, int ranks, int parts, int part,
-                        const UnitAssignment& assign);
+                        const PartAssignment& assign);
 /// The same with a Distributor's parts and assignment.
 template <class ExecutionSpace, class Scalar>
 StepPlan make_step_plan(const ShampooPlan& plan, const ShampooOptions& options, int ranks,
