@@ -2,6 +2,9 @@
 //   lather-checkpoint verify PATH...   every dataset's checksum; exit 0 when all are intact, 1 if not
 //   lather-checkpoint info PATH        step, ranks, shards, optimizer options, version, the arrays of
 //                                      a file, or of the checkpoint --resume takes from a directory
+// Exit status: 0 on success; 1 when a file is damaged or cannot be read (verify: any file; info: the
+// FILE given, which it verifies before describing it and names on one line with what is wrong, or a
+// DIRECTORY without an intact checkpoint); 2 for a usage error (a path that does not exist).
 // Runs on one process: it reads files with HDF5's serial driver and needs no mpiexec.
 #include <lather/checkpoint/checkpoint.hpp>
 #include <lather/comm/mpi_session.hpp>
@@ -72,6 +75,15 @@ int info(const std::string& path) {
       return 1;
     }
     std::printf("newest intact checkpoint of %s (the one --resume takes)\n", path.c_str());
+  } else {
+    // Described only once every checksum holds: a file damaged in its data still opens, and its
+    // description alone would pass for an intact checkpoint's.
+    std::string reason = lather::checkpoint::verify_checkpoint(file);
+    if (!reason.empty()) {
+      std::replace(reason.begin(), reason.end(), '\n', ' ');
+      std::fprintf(stderr, "lather-checkpoint: DAMAGED %s: %s\n", file.c_str(), reason.c_str());
+      return 1;
+    }
   }
   const auto summary = lather::checkpoint::describe_checkpoint(file);
   const auto& a = summary.attributes;
@@ -131,7 +143,7 @@ int main(int argc, char** argv) try {
   auto* info_command = app.add_subcommand(
       "info",
       "Step, ranks, shards, optimizer options, version and arrays of a checkpoint file, or of a directory's "
-      "newest intact one (the one --resume takes)");
+      "newest intact one (the one --resume takes); exit 1 when the file is damaged (every checksum is checked)");
   info_command->add_option("path", file, "A checkpoint file or directory")->required()->check(CLI::ExistingPath);
   try {
     app.parse(argc, argv);

@@ -226,14 +226,25 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
     if (m_group.rank() != 0) return;
     publish(temporary, final, m_options.fsync);
     partial->published();
+    // keep_last counts the checkpoints that open as ours, by latest()'s check (inspect: the root
+    // attributes, a few reads per file), not by a full verify, which would read every byte of the
+    // kept files at every save: a damaged file (truncated, foreign) takes no intact one's place.
+    // Decided here, on this thread: this HDF5 is not thread-safe, and the caller may use it while
+    // the helper thread below runs.
+    std::vector<std::string> doomed;
+    try {
+      doomed = files_to_prune(m_options.directory, m_options.prefix, m_options.keep_last, [](const std::string& file) {
+        try {
+          inspect(file, {});
+          return true;
+        } catch (const Error&) {
+          return false;
+        }
+      });
+    } catch (...) {  // pruning never fails a save: a file left over goes at the next one
+    }
     // The new checkpoint is durable under its final name: the old ones go off the critical path.
-    m_pruning = std::async(std::launch::async, [directory = m_options.directory, prefix = m_options.prefix,
-                                                keep = m_options.keep_last] {
-                  try {
-                    prune(directory, prefix, keep);
-                  } catch (...) {  // as prune() itself: a file left over is deleted by the next save
-                  }
-                }).share();
+    m_pruning = std::async(std::launch::async, [doomed = std::move(doomed)] { remove_files(doomed); }).share();
   });
   return final;
 }
@@ -262,7 +273,7 @@ std::vector<std::string> Checkpointer::list(std::vector<std::string>* skipped) c
         joined += path + '\n';
       } catch (const Error& e) {
         // Not complete or not ours: never offered as a checkpoint, but reported.
-        std::string reason = e.what();
+        std::string reason = e.message();
         std::replace(reason.begin(), reason.end(), '\n', ' ');
         joined += '\x01' + path + ": " + reason + '\n';
       }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -111,10 +112,25 @@ void publish(const std::string& from, const std::string& to, bool sync) {
   }
 }
 
-void prune(const std::string& directory, const std::string& prefix, int keep) {
-  auto files = list_final(directory, prefix);
+std::vector<std::string> files_to_prune(const std::string& directory, const std::string& prefix, int keep,
+                                        const std::function<bool(const std::string&)>& opens) {
+  const auto files = list_final(directory, prefix);
+  int kept = 0;
+  std::size_t oldest_kept = files.size();
+  for (std::size_t k = files.size(); k-- > 0 && kept < keep;)
+    if (opens(files[k].second)) {
+      ++kept;
+      oldest_kept = k;
+    }
+  std::vector<std::string> doomed;
+  if (kept < keep) return doomed;
+  for (std::size_t k = 0; k < oldest_kept; ++k) doomed.push_back(files[k].second);
+  return doomed;
+}
+
+void remove_files(const std::vector<std::string>& files) {
   std::error_code ec;
-  for (std::size_t k = 0; k + std::size_t(keep) < files.size(); ++k) fs::remove(files[k].second, ec);
+  for (const auto& file : files) fs::remove(file, ec);
 }
 
 void make_directories(const std::string& directory) {

@@ -2,6 +2,7 @@
 // The checkpoint directory on rank 0's view of the file system: names, listing, atomic publishing
 // and pruning. Only complete checkpoints carry the final name `<prefix>-<step, 12 digits>.h5`.
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,8 +20,15 @@ void remove_temporaries(const std::string& directory, const std::string& prefix)
 /// removed and never renamed, and a failed fsync of the directory after the rename is an error
 /// too (throws lather::Error naming the file and the system's reason). Without `sync`, the rename.
 void publish(const std::string& from, const std::string& to, bool sync);
-/// Deletes all but the newest `keep` final-named checkpoints.
-void prune(const std::string& directory, const std::string& prefix, int keep);
+/// The final-named checkpoints that keeping the newest `keep` checkpoints deletes, oldest first:
+/// every file older than the oldest of the newest `keep` files for which `opens(file)` holds. A
+/// file that does not open is never deleted when it is newer than that (it is evidence, and
+/// resuming skips it with a warning), nor counted among the kept ones; with fewer than `keep`
+/// files that open, nothing is deleted. `opens` is called newest first, until `keep` hold.
+std::vector<std::string> files_to_prune(const std::string& directory, const std::string& prefix, int keep,
+                                        const std::function<bool(const std::string&)>& opens);
+/// Deletes `files`; a file that cannot be deleted is left for the next save's pruning.
+void remove_files(const std::vector<std::string>& files);
 void make_directories(const std::string& directory);
 
 /// The temporary file of a save in progress, held by the rank that creates it: deleted when this

@@ -11,6 +11,7 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -393,6 +394,49 @@ TEST(CheckpointIntegrity, ForeignFilesAreRefused) {
   options.directory = f.dir;
   checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
   EXPECT_EQ(checkpointer.latest(), f.file);  // neither foreign file is taken for a checkpoint
+}
+
+// keep_last counts only checkpoints that open as Lather checkpoints (latest()'s check): a damaged
+// file under a final name -- truncated, or not HDF5 at all -- newer than the oldest kept one is
+// kept as evidence (resume skips it with a warning) and costs no intact checkpoint its place;
+// damaged files older than the oldest kept one go with the intact ones there. Before, the newest
+// keep_last files went by name alone, so each damaged one pushed out an intact checkpoint.
+TEST(CheckpointIntegrity, KeepLastCountsOnlyCheckpointsThatOpen) {
+  const auto f = make_checkpoint("keep-damaged");  // step 3, intact
+  std::uintmax_t size = world_rank() == 0 ? fs::file_size(f.file) : 0;
+  MPI_Bcast(&size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  const auto not_hdf5 = [](std::vector<char>& bytes) {
+    const std::string s = "this is not HDF5\n";
+    bytes.assign(s.begin(), s.end());
+  };
+  const std::string older = copy_with(f.file, "checkpoint-000000000001.h5", not_hdf5);
+  const std::string truncated =
+      copy_with(f.file, "checkpoint-000000000004.h5", [&](std::vector<char>& bytes) { bytes.resize(size / 2); });
+  const std::string foreign = copy_with(f.file, "checkpoint-000000000005.h5", not_hdf5);
+  checkpoint::CheckpointOptions options;
+  options.directory = f.dir;
+  options.keep_last = 2;
+  checkpoint::Checkpointer checkpointer(MPI_COMM_WORLD, options);
+  const std::string sixth = checkpointer.save(6, f.arrays, {});
+  // Kept: steps 6 and 3, the two newest that open, and the damaged 4 and 5 between them.
+  EXPECT_EQ(checkpointer.list(), (std::vector<std::string>{f.file, sixth}));
+  if (world_rank() == 0) {
+    EXPECT_FALSE(fs::exists(older)) << "a damaged file older than the oldest kept checkpoint was kept";
+    EXPECT_TRUE(fs::exists(truncated)) << "a damaged file newer than the oldest kept checkpoint was deleted";
+    EXPECT_TRUE(fs::exists(foreign)) << "a damaged file newer than the oldest kept checkpoint was deleted";
+  }
+  EXPECT_EQ(try_load(f, f.file), std::make_pair(std::string(), true));
+  // The next save keeps 6 and 7; everything older goes, the damaged files included.
+  const std::string seventh = checkpointer.save(7, f.arrays, {});
+  EXPECT_EQ(checkpointer.list(), (std::vector<std::string>{sixth, seventh}));
+  if (world_rank() == 0) {
+    std::vector<std::string> left;
+    for (const auto& entry : fs::directory_iterator(f.dir)) left.push_back(entry.path().string());
+    std::sort(left.begin(), left.end());
+    EXPECT_EQ(left, (std::vector<std::string>{sixth, seventh}));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(f.dir);
 }
 
 // A file that declares a dataset of 2^40 x 2^40 elements is refused from its metadata alone.

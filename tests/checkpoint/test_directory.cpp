@@ -15,7 +15,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -102,7 +104,7 @@ TEST_F(CheckpointDirectory, ListingPruningAndLeftoversKeepToTheirPrefix) {
   EXPECT_EQ(listed[1].first, 30);
   EXPECT_EQ(listed[2].first, 120);
 
-  prune(m_directory, "ckpt", 2);
+  remove_files(files_to_prune(m_directory, "ckpt", 2, [](const std::string&) { return true; }));
   listed = list_final(m_directory, "ckpt");
   ASSERT_EQ(listed.size(), 2u);
   EXPECT_EQ(listed[0].first, 30);
@@ -114,6 +116,37 @@ TEST_F(CheckpointDirectory, ListingPruningAndLeftoversKeepToTheirPrefix) {
   EXPECT_FALSE(fs::exists(temporary_name(m_directory, "ckpt", 200)));
   EXPECT_TRUE(fs::exists(temporary_name(m_directory, "other", 200)));
   EXPECT_TRUE(list_final(path("absent"), "ckpt").empty());
+}
+
+// Pruning keeps the newest `keep` files that open (`opens`, here: not named damaged), and every
+// file newer than the oldest of them; it asks newest first and stops once `keep` opened. With
+// fewer than `keep` that open, nothing goes.
+TEST_F(CheckpointDirectory, PruningCountsOnlyFilesThatOpen) {
+  for (long step = 1; step <= 7; ++step) write_text(final_name(m_directory, "ckpt", step), "x");
+  const std::set<long> damaged = {2, 5, 6};
+  std::vector<long> asked;
+  const auto opens = [&](const std::string& file) {
+    for (const auto& [step, path] : list_final(m_directory, "ckpt"))
+      if (path == file) {
+        asked.push_back(step);
+        return damaged.count(step) == 0;
+      }
+    ADD_FAILURE() << "asked about " << file;
+    return false;
+  };
+  // Keep 2: steps 7 and 4 open; 5 and 6 between them stay; 1, 2 and 3 go, the damaged 2 too.
+  EXPECT_EQ(files_to_prune(m_directory, "ckpt", 2, opens),
+            (std::vector<std::string>{final_name(m_directory, "ckpt", 1), final_name(m_directory, "ckpt", 2),
+                                      final_name(m_directory, "ckpt", 3)}));
+  EXPECT_EQ(asked, (std::vector<long>{7, 6, 5, 4}));
+  // Keep 4: 7, 4, 3 and 1 open; only what is older than 1 would go.
+  EXPECT_TRUE(files_to_prune(m_directory, "ckpt", 4, opens).empty());
+  // Keep 5: only 4 open, nothing goes.
+  EXPECT_TRUE(files_to_prune(m_directory, "ckpt", 5, opens).empty());
+  remove_files(files_to_prune(m_directory, "ckpt", 2, opens));
+  std::vector<long> left;
+  for (const auto& listed : list_final(m_directory, "ckpt")) left.push_back(listed.first);
+  EXPECT_EQ(left, (std::vector<long>{4, 5, 6, 7}));
 }
 
 TEST_F(CheckpointDirectory, AnUnwritableDirectoryIsFoundBeforeAnySave) {

@@ -95,7 +95,10 @@ struct WriterRoles {
 struct CheckpointOptions {
   std::string directory = "checkpoints";
   std::string prefix = "checkpoint";
-  int keep_last = 3;  ///< checkpoints kept after a save (older ones are deleted, in the background); >= 1
+  /// Checkpoints kept after a save, counting those that open as Lather checkpoints (latest()'s
+  /// check); older files are deleted, in the background; damaged files newer than the oldest kept
+  /// checkpoint are kept as well. >= 1
+  int keep_last = 3;
   std::size_t chunk_bytes = std::size_t(1) << 20;  ///< rows of about this many bytes share a checksum
   bool fsync = true;                               ///< fsync the file and directory before and after the rename
   /// Write each rank's whole 4 KiB pages of the arrays with O_DIRECT, past the page cache, where

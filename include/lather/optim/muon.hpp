@@ -36,7 +36,10 @@
 // matrix value. AdamW parameters are updated on every rank (cheap and identical everywhere).
 // A failure in a rank's share travels as a flag with the all-gather, then every rank throws the
 // same lather::Error ("Muon::step <t>: <message> (on group rank k of n)"); the parameters are
-// then partly updated and must be restored from a checkpoint.
+// then partly updated and must be restored from a checkpoint. A NaN or Inf in any rank's gradient
+// is refused before any state moves: every rank scans its whole gradient (its share reads only
+// its own matrices) and the ranks agree, one small collective per step, so every rank throws the
+// same lather::Error naming the parameter and the optimizer and the parameters are unchanged.
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
 #error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"

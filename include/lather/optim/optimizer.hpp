@@ -55,7 +55,12 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
   /// One update on `space`: values += update(gradients). The lists match parameters() in count
-  /// and sizes.
+  /// and sizes. Shampoo, SOAP and Muon refuse a gradient that holds a NaN or an Inf on any rank
+  /// of their group: each rank scans its whole gradient (one pass) and the ranks agree, so every
+  /// rank throws the same lather::Error naming the parameter before any state or parameter
+  /// changes, even where the rank with the bad value does not update that parameter's blocks.
+  /// The first-order baselines (FirstOrder) do not check; ReduceOptions::check_finite does so
+  /// for any optimizer, in the gradient reduction.
   void step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) {
     check_arguments(values, gradients);
     do_step(space, values, gradients);

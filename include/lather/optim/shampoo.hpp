@@ -23,7 +23,9 @@
 // preconditioning and update after the root exchange are not agreed: no collective over the group
 // follows them, and every replica does the same work on the same data.) What is usable after:
 //  * a failure before any state moves (a NaN or Inf in a gradient, the packing of the gradients):
-//    the optimizer is unchanged, and the next step is the one it would have taken;
+//    the optimizer is unchanged, and the next step is the one it would have taken. Distributed,
+//    every rank scans its whole gradient before it packs its own blocks, so a NaN or Inf in its
+//    copy of a block that another rank updates is refused too; its verdict rides on the norms;
 //  * a failure in the inverse roots or, distributed, in a rank's share of the update: the
 //    statistics already took the step's gradient and some preconditioners or parameters may be
 //    new on some ranks only. Every rank knows, but neither the optimizer nor the parameters may

@@ -39,7 +39,10 @@
 // RMS, summed block by block in block order, so the trajectory is the same bits on any number of
 // ranks. A failure in a rank's share (a flag with the all-gather, the allreduce, or an agreement
 // on the first step) is the same lather::Error on every rank; the parameters are then partly
-// updated and must be restored from a checkpoint.
+// updated and must be restored from a checkpoint. A NaN or Inf in any rank's gradient is refused
+// before any state moves: every rank scans its whole gradient (its share reads only its own
+// blocks) and the ranks agree, one small collective per step, so every rank throws the same
+// lather::Error naming the parameter and the optimizer and the parameters are unchanged.
 //
 // Locally, a rank's blocks of one shape and factor layout (a "shape class") are consecutive in its
 // packed buffers, and their factors and bases of one dimension are consecutive matrices: the

@@ -12,6 +12,7 @@
 #include <lather/core/fault_injection.hpp>
 #include <lather/core/gemm.hpp>
 #include <lather/core/kokkos_compat.hpp>
+#include <lather/optim/impl/finite_gradients.hpp>
 #include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/muon.hpp>
 
@@ -286,6 +287,15 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   // optax's bias corrections 1 - beta^count, computed as it does: in Scalar from Scalar(beta)
   // (for beta2 = 0.999 the float32 and the double value differ by 1e-5 relative).
   const auto correction = [](double beta, long count) { return Scalar(1) - std::pow(Scalar(beta), Scalar(count)); };
+
+  // A NaN or Inf in any rank's gradient, before AdamW's moments or the momentum move: a rank's
+  // share reads only its own matrices, so every rank scans its whole gradient and the group agrees
+  // (distributed: one agreement, a collective of its own, since AdamW changes state before any
+  // other).
+  const int bad = Impl::first_non_finite(space, grads);
+  m_distributor->agree(
+      "Muon::step " + std::to_string(t),
+      bad < 0 ? std::string() : Impl::non_finite_gradient_message(this->m_parameters[std::size_t(bad)].name));
 
   // AdamW parameters: updated on every rank alike.
   Impl::AdamWStep<ExecutionSpace, Scalar> adamw{Scalar(o.adam_beta1),

@@ -22,6 +22,7 @@
 #include <lather/core/host_threads.hpp>
 #include <lather/optim/distribution.hpp>
 #include <lather/optim/impl/block_products.hpp>
+#include <lather/optim/impl/finite_gradients.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/root_exchange.hpp>
 #include <lather/optim/impl/async_roots.hpp>
@@ -157,12 +158,20 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
 
     // (1) Pack, and agree on the gradients' norms: a NaN or Inf anywhere is refused on every rank
     // before any state moves, and so is a failure of the packing on any rank (its count travels
-    // with the norms, its message in the agreement below).
-    std::string local_error = ::lather::Impl::local_failure("shampoo.pack", [&] {
-      pack_gradients<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_gradients.device(),
-                                                              m_parameter_scalars, m_packed, m_packed_t, m_unit_norms,
-                                                              m_mine_threads);
-    });
+    // with the norms, its message in the agreement below). Distributed, a rank packs only its own
+    // units: it scans its whole gradient first, and a NaN or Inf in its copy of a unit another
+    // rank updates is a failure of its packing. Replicated, the packing reads every element.
+    std::string local_error;
+    if (m_step_plan.distributed) {
+      const int bad = first_non_finite(space, grads);
+      if (bad >= 0) local_error = non_finite_gradient_message(m_plan.parameters[std::size_t(bad)].spec.name);
+    }
+    if (local_error.empty())
+      local_error = ::lather::Impl::local_failure("shampoo.pack", [&] {
+        pack_gradients<ExecutionSpace, Scalar, T, memory_space>(space, m_mine_table, m_gradients.device(),
+                                                                m_parameter_scalars, m_packed, m_packed_t, m_unit_norms,
+                                                                m_mine_threads);
+      });
     phases.end("pack");
     const AgreedNorms gradient = parameter_norms(space, !local_error.empty());
     const std::vector<SquaredNorms>& gradient_norm2 = gradient.norms;
@@ -170,8 +179,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     std::string bad_gradient;
     for (std::size_t p = 0; p < gradient_norm2.size() && bad_gradient.empty() && gradient.failures == 0; ++p)
       if (!std::isfinite(gradient_norm2[p].plain))
-        bad_gradient = ::lather::Impl::concat("the gradient of '", m_plan.parameters[p].spec.name,
-                                              "' contains NaN or Inf; the optimizer state was not changed");
+        bad_gradient = non_finite_gradient_message(m_plan.parameters[p].spec.name);
     // Distributed, the norms and the failure count were summed over the group (and the shards),
     // so its ranks see the same non-finite sum and count; they agree on a message only when some
     // rank failed. Replicated, each rank summed its own copy, and the shards each hold their own

@@ -13,6 +13,7 @@
 #include <lather/core/gemm.hpp>
 #include <lather/core/host_threads.hpp>
 #include <lather/core/kokkos_compat.hpp>
+#include <lather/optim/impl/finite_gradients.hpp>
 #include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/soap.hpp>
 
@@ -321,6 +322,12 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   const std::string context = "Soap::step " + std::to_string(t);
   const Scalar shampoo_beta = Scalar(o.shampoo_beta < 0 ? o.beta2 : o.shampoo_beta);
   m_launches = 0;
+  // A NaN or Inf in any rank's gradient, before the moments and factors move: a rank's share reads
+  // only its own blocks, so every rank scans its whole gradient and the group agrees (distributed:
+  // one agreement, a collective of its own, since the share changes state before any other).
+  const int bad = Impl::first_non_finite(space, gradients);
+  m_distributor->agree(
+      context, bad < 0 ? std::string() : Impl::non_finite_gradient_message(this->m_parameters[std::size_t(bad)].name));
   // One rank: exceptions propagate as they are. Distributed: this rank's verdict, agreed on below.
   const auto local = [&](const std::function<void()>& work) { return m_distributor->run_share(nullptr, work); };
   const auto own_gradients = [&] {
