@@ -1,6 +1,7 @@
-# cmake -DCOMMAND="a;b;c" -DEXPECT=<regex> [-DREJECT=<regex>] [-DEXIT_CODE=0] -P RunAndExpect.cmake
-# Runs COMMAND; fails unless it exits with EXIT_CODE (default 0) and its output matches EXPECT
-# (and does not match REJECT).
+# cmake -DCOMMAND="a;b;c" -DEXPECT=<regex> [-DREJECT=<regex>] [-DEXPECT_STDERR=<regex>]
+#       [-DEXIT_CODE=0] -P RunAndExpect.cmake
+# Runs COMMAND; fails unless it exits with EXIT_CODE (default 0) and its output (stdout and stderr)
+# matches EXPECT (and does not match REJECT), and its stderr alone matches EXPECT_STDERR.
 if(NOT DEFINED EXIT_CODE)
   set(EXIT_CODE 0)
 endif()
@@ -14,4 +15,7 @@ if(DEFINED EXPECT AND NOT "${out}${err}" MATCHES "${EXPECT}")
 endif()
 if(DEFINED REJECT AND "${out}${err}" MATCHES "${REJECT}")
   message(FATAL_ERROR "output matches '${REJECT}'")
+endif()
+if(DEFINED EXPECT_STDERR AND NOT "${err}" MATCHES "${EXPECT_STDERR}")
+  message(FATAL_ERROR "stderr does not match '${EXPECT_STDERR}'")
 endif()

@@ -3,6 +3,7 @@
 #include "bench_common.hpp"
 
 #include <lather/core/host_threads.hpp>
+#include <lather/core/memory_budget.hpp>
 #include <lather/linalg/inverse_root.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -46,7 +47,24 @@ Stack make_statistics(int batch, int n, unsigned seed) {
   return stack;
 }
 
+/// Refuses sizes whose stacks cannot fit, before allocating any: per case the statistics and the
+/// roots in float64, the iteration's workspace (about eight more matrices per root: Newton's
+/// iterates and products, or the eigendecomposition's vectors and LAPACK's work), and the GEMM
+/// baseline's three operands.
+void check_root_memory(const RootBenchOptions& o) {
+  std::int64_t largest = 0;
+  for (int n : o.n)
+    for (int batch : o.batch)
+      if (n >= 1 && batch >= 1) largest = std::max(largest, std::int64_t(13) * batch * n * std::int64_t(n) * 8);
+  std::string where;
+  const std::int64_t limit = rank_memory_limit(world_group().ranks_on_node(), &where);
+  LATHER_REQUIRE(limit < 0 || largest <= limit, "the largest --n x --batch case needs an estimated ",
+                 format_bytes(largest), " (13 matrices of n x n float64 per root), more than the ", format_bytes(limit),
+                 " this rank can have (", where, "); give smaller --n or --batch values");
+}
+
 void run_root(const RootBenchOptions& o) {
+  check_root_memory(o);
   std::vector<linalg::RootMethod> methods;
   if (o.method == "all" || o.method == "newton") methods.push_back(linalg::RootMethod::newton);
   if (o.method == "all" || o.method == "eigh") methods.push_back(linalg::RootMethod::eigh);
@@ -54,14 +72,14 @@ void run_root(const RootBenchOptions& o) {
   const auto precision = linalg::parse_precision(o.precision);
   const bool in_float = precision == linalg::Precision::float32;
   // The eigh roots' host threads as Shampoo takes them (optim::Impl::host_threads): asked for, else
-  // a threaded host backend's own, else the CPUs this rank has to itself on its node. Until 28
-  // November 2026 a direct call's default, one thread, which understated what Shampoo's roots get.
+  // a threaded host backend's own, else the CPUs this rank has to itself on its node (one thread,
+  // a direct call's default, would understate what Shampoo's roots get).
   const int host_threads =
       lather::Impl::host_threads_for(Space(), o.host_threads, world_group().node_occupancy().cpu_share());
   for (int n : o.n) {
     LATHER_REQUIRE(n >= 1, "--n values must be >= 1, got ", n);
-    // GEMMs in the iteration's precision (before 28 November 2026 always double, which overstated
-    // a float32 iteration's ratio by the BLAS's float-to-double rate): one at a time here, and in
+    // GEMMs in the iteration's precision (float64 GEMMs would overstate a float32 iteration's
+    // ratio by the BLAS's float-to-double rate): one at a time here, and in
     // the loop below the case's batch at once as the iteration issues them (one strided-batched
     // call on a GPU, where one small GEMM at a time measures launches; on a host one BLAS call
     // each, as Newton makes them).

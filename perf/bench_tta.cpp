@@ -42,10 +42,7 @@ void run_tta(const TtaOptions& o) {
     const bool transformer = o.model == "transformer";
     if (transformer) {
       // lather-train --model transformer's defaults, then this optimizer at its default rate.
-      t.model = train::ModelKind::transformer;
-      CLI::App defaults;
-      train::add_options(defaults, t);
-      train::apply_model_defaults(defaults, t);
+      t = train::model_defaults(train::ModelKind::transformer);
       t.text = o.text;
       t.target_loss = o.target_loss;
       if (o.max_steps > 0) t.max_steps = o.max_steps;

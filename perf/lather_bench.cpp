@@ -5,13 +5,19 @@
 #include <lather/comm/mpi_session.hpp>
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/host_blas_kernels.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdio>
+#include <exception>
+#include <string>
 
 int main(int argc, char** argv) try {
+  // Before MPI, Kokkos or the BLAS's threads start: may start the program again with the BLAS
+  // kernels this CPU runs fastest (core/host_blas_kernels.hpp); the records name the kernels.
+  const std::string blas_note = lather::choose_host_blas_kernels(argv);
   const lather::comm::MpiSession mpi(argc, argv);  // nothing without MPI
   int code = 0;
   {
@@ -35,19 +41,32 @@ int main(int argc, char** argv) try {
 #if LATHER_ENABLE_MPI
     lather::bench::register_reduce(app);
 #endif
+    const bool root = lather::bench::world_group().rank() == 0;
+    if (root && !blas_note.empty()) std::fprintf(stderr, "lather-bench: %s\n", blas_note.c_str());
+    // Every error is one line on stderr and exit status 2, as lather-train's.
     try {
       app.parse(argc, argv);  // the chosen subcommand runs in its callback
+    } catch (const CLI::CallForHelp& e) {
+      if (root) app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+      if (root) app.exit(e);
     } catch (const CLI::ParseError& e) {
-      code = app.exit(e);
-      if (code != 0) code = 2;
+      if (root) std::fprintf(stderr, "lather-bench: %s (see --help)\n", e.what());
+      code = 2;
     } catch (const lather::Error& e) {
-      std::fprintf(stderr, "lather-bench: %s\n", e.message().c_str());
-      code = 1;
+      if (root) std::fprintf(stderr, "lather-bench: %s\n", e.message().c_str());
+      code = 2;
+    } catch (const std::exception& e) {
+      // What the libraries throw (Kokkos's allocation failures are std::runtime_error with a
+      // paragraph): its first line.
+      const std::string what = e.what();
+      std::fprintf(stderr, "lather-bench: %s\n", what.substr(0, what.find('\n')).c_str());
+      code = 2;
     }
   }
   return code;
 } catch (const lather::Error& e) {
   // MPI itself failed to start or to end.
   std::fprintf(stderr, "lather-bench: %s\n", e.message().c_str());
-  return 1;
+  return 2;
 }

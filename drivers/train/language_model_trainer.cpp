@@ -1,6 +1,7 @@
 #include "language_model_trainer.hpp"
 
 #include "dataset.hpp"
+#include "memory_estimate.hpp"
 #include "optimizer_factory.hpp"
 #include "progress.hpp"
 #include "resume.hpp"
@@ -108,6 +109,8 @@ std::int32_t sample_from(const std::vector<double>& logits, double temperature, 
 TrainResult train_language_model(const TrainOptions& options, const comm::Group& world,
                                  const std::function<void(const std::string&)>& log_sink) {
   options.validate();
+  LATHER_REQUIRE(world.size() % options.weight_shards == 0, "--weight-shards ", options.weight_shards,
+                 " does not divide the ", world.size(), " ranks (each replica holds --weight-shards ranks)");
   const comm::Mesh mesh(world, options.weight_shards);
   const Space space;
   const data::TextCorpus corpus = data::load_text_corpus(options.text);
@@ -131,6 +134,22 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     LATHER_REQUIRE(!corpus.vocabulary.encode(o.prompt, "--prompt").empty(),
                    "--prompt is empty: give at least one character to continue");
 
+  // Everything checked before anything is built: the checkpoint to resume (which may fix
+  // Shampoo's block size), then the memory.
+  const auto checkpointer = make_checkpointer(mesh, o);
+  const std::string vocabulary = corpus.vocabulary.to_string();
+  std::optional<ResumeSource> source;
+  if (o.resume && checkpointer) source = find_resume_source(*checkpointer, o, log);
+  if (source) {
+    match_checkpoint(*source, o, log);
+    const auto& strings = source->attributes.strings;
+    const auto stored = strings.find("vocabulary");
+    LATHER_REQUIRE(stored != strings.end() && stored->second == vocabulary, "checkpoint ", source->file,
+                   " was trained on a vocabulary of ",
+                   stored == strings.end() ? 0 : data::Vocabulary::from_string(stored->second).size(),
+                   " characters that differs from the ", corpus.vocabulary.size(), " of --text '", o.text, "'");
+  }
+
   nn::TransformerConfig config;
   // The vocabulary is padded to a multiple of 128 (Megatron's make-vocab-size-divisible-by): the
   // shards' slices of the embedding and the head then align with Shampoo's blocks on any shard
@@ -144,30 +163,18 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   config.d_model = o.d_model;
   config.block_size = block;
   config.z_loss = o.z_loss;
+  // The largest micro-batch of any replica (share() gives the first ones one window more): the
+  // staging, and the evaluation's pieces, so that evaluating never grows the model's activations.
+  const long micro_windows = std::max(1L, ((batch + replicas - 1) / replicas + o.accumulate - 1) / o.accumulate);
+  const MemoryEstimate estimate =
+      estimate_transformer_memory(o, config.vocab_size, replicas, mesh.weight_shards(), micro_windows);
+  check_memory(estimate, world);
   Model model(space, config, o.seed, mesh);
   const auto& parameters = model.parameters();
   const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
   const auto reducer = make_reducer(mesh, o, parameters.specs());
   place_gradients(space, *reducer, model);
-  const auto checkpointer = make_checkpointer(mesh, o);
-  const std::string vocabulary = corpus.vocabulary.to_string();
-  if (o.resume && checkpointer) {
-    const auto state = restore_newest(space, o, *checkpointer, *optimizer, parameters, log);
-    if (state) {
-      const auto& strings = state->extra.strings;
-      const auto model_kind = strings.find("model");
-      LATHER_REQUIRE(model_kind != strings.end() && model_kind->second == "transformer", "checkpoint ", state->file,
-                     " is not a transformer's");
-      const auto stored = strings.find("vocabulary");
-      LATHER_REQUIRE(stored != strings.end() && stored->second == vocabulary, "checkpoint ", state->file,
-                     " was trained on a vocabulary of ",
-                     stored == strings.end() ? 0 : data::Vocabulary::from_string(stored->second).size(),
-                     " characters that differs from the ", corpus.vocabulary.size(), " of --text '", o.text, "'");
-      log.say("resumed from " + state->file + " (step " + std::to_string(optimizer->step_count()) + "; written by " +
-              std::to_string(state->world_size) + " ranks with " + std::to_string(state->weight_shards) +
-              " weight shards)");
-    }
-  }
+  if (source) load_checkpoint(space, *source, *checkpointer, *optimizer, parameters, log);
   const long first_step = optimizer->step_count();
   check_checkpoint_directory(checkpointer.get(), first_step, planned);
   log.open_metrics(first_step > 0);
@@ -187,24 +194,29 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
             std::to_string(corpus.validation.size()) + " validation characters");
   }
 
-  // The largest micro-batch of any replica (share() gives the first ones one window more): the
-  // staging, and the evaluation's pieces, so that evaluating never grows the model's activations.
-  const long micro_windows = std::max(1L, ((batch + replicas - 1) / replicas + o.accumulate - 1) / o.accumulate);
   WindowBatch staging(std::size_t(micro_windows * block));
   TrainResult result;
 
   // Validation: the same windows every time, each replica its share, in micro-batches.
   const auto validation_offsets =
       data::window_offsets(o.seed ^ 0x5EEDULL, -1, int(o.eval_windows), std::int64_t(corpus.validation.size()), block);
+  // Returns false, reporting nothing, when a signal stops it: agreed after every micro-batch, each
+  // rank taking as many rounds as the largest share needs.
   const auto evaluate = [&](long step) {
     const double began = log.seconds();
-    const auto [begin, end] = share(long(validation_offsets.size()), replicas, replica);
+    const long windows_total = long(validation_offsets.size());
+    const auto [begin, end] = share(windows_total, replicas, replica);
+    const long rounds = ((windows_total + replicas - 1) / replicas + micro_windows - 1) / micro_windows;
     double sums[3] = {0, 0, 0};
-    for (long w = begin; w < end; w += micro_windows) {
-      const int windows = int(std::min(end - w, micro_windows));
-      staging.load(space, corpus.validation, validation_offsets.data() + w, windows, block);
-      const auto r = model.evaluate(space, windows, block, staging.inputs(), staging.targets());
-      sums[0] += r.loss, sums[1] += double(r.correct), sums[2] += double(r.tokens);
+    for (long round = 0; round < rounds; ++round) {
+      const long w = begin + round * micro_windows;
+      if (w < end) {
+        const int windows = int(std::min(end - w, micro_windows));
+        staging.load(space, corpus.validation, validation_offsets.data() + w, windows, block);
+        const auto r = model.evaluate(space, windows, block, staging.inputs(), staging.targets());
+        sums[0] += r.loss, sums[1] += double(r.correct), sums[2] += double(r.tokens);
+      }
+      if (termination_agreed(mesh.world())) return false;
     }
     mesh.data_parallel().allreduce(sums, 3, comm::Combine::sum);
     log.add_evaluation_time(log.seconds() - began);
@@ -223,19 +235,22 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
                 {"validation_loss", result.test_loss},
                 {"validation_accuracy", result.test_accuracy},
                 {"train_loss", result.train_loss}});
+    return true;
   };
   const auto save = [&]() {
     if (!checkpointer) return;
     checkpoint::TrainingState state;
     state.rng = {o.seed};
-    state.weight_shards = o.weight_shards;
-    state.extra.strings["model"] = "transformer";
+    describe_run(o, state);
     state.extra.strings["vocabulary"] = vocabulary;
-    state.extra.integers["n_layer"] = config.n_layer;
-    state.extra.integers["n_head"] = config.n_head;
-    state.extra.integers["d_model"] = config.d_model;
-    state.extra.integers["block_size"] = config.block_size;
     result.last_checkpoint = checkpointer->save(space, *optimizer, parameters, state);
+  };
+  // A signal agreed over the mesh: the checkpoint of the last completed step, and the end.
+  const auto stop_on_signal = [&] {
+    save();
+    log.say(termination_signal_name() + ": checkpoint " + result.last_checkpoint + " written at step " +
+            std::to_string(optimizer->step_count()) + "; continue with --resume");
+    result.interrupted = true;
   };
 
   double window[3] = {0, 0, 0};  // loss, correct and tokens since the last progress line
@@ -255,7 +270,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
     }
     reduce_and_step(space, o, *reducer, *optimizer, parameters, double(local.tokens));
-    // Over the whole mesh, so that a SIGTERM seen by any rank stops every rank after this step;
+    // Over the whole mesh, so that a signal seen by any rank stops every rank after this step;
     // the shards of a replica hold the same sums, counted once by dividing by their number.
     double sums[4] = {local.loss, double(local.correct), double(local.tokens), double(termination_requested())};
     mesh.world().allreduce(sums, 4, comm::Combine::sum);
@@ -273,7 +288,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       log.say("memory on rank 0: parameters " + mib(memory.parameters) + ", gradients " + mib(memory.gradients) +
               ", optimizer state " + mib(state) + ", activations " + mib(memory.activations) +
               ", communication buffers " + mib(memory.communication) + "; total " + mib(total) +
-              " (largest on any rank " + mib(largest) + ")");
+              " (largest on any rank " + mib(largest) + "; estimated before the run " + mib(estimate.total()) + ")");
       log.record({{"memory_parameters", memory.parameters},
                   {"memory_gradients", memory.gradients},
                   {"memory_optimizer_state", state},
@@ -303,29 +318,36 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       window[0] = window[1] = window[2] = 0;
       last_line_seconds = now;
     }
-    if (o.eval_every > 0 && done % o.eval_every == 0 && done != planned) {
-      evaluate(done);
-      if (result.reached_target) break;
-    }
     if (terminate) {
-      save();
-      log.say("SIGTERM: checkpoint " + result.last_checkpoint + " written at step " + std::to_string(done) +
-              "; continue with --resume");
-      result.interrupted = true;
+      stop_on_signal();
       break;
+    }
+    if (o.eval_every > 0 && done % o.eval_every == 0 && done != planned) {
+      if (!evaluate(done)) {
+        stop_on_signal();
+        break;
+      }
+      if (result.reached_target) break;
     }
     if (o.checkpoint_every > 0 && done % o.checkpoint_every == 0) save();
   }
   result.steps = optimizer->step_count();
   result.training_seconds = log.training_seconds();
   if (!result.interrupted) {
-    if (!result.reached_target) evaluate(result.steps);
-    if (checkpointer && result.steps > first_step &&
-        !(o.checkpoint_every > 0 && result.steps % o.checkpoint_every == 0))
+    const bool saved = o.checkpoint_every > 0 && result.steps % o.checkpoint_every == 0;
+    if (!result.reached_target && !evaluate(result.steps)) {
+      if (result.steps > first_step && !saved) {
+        stop_on_signal();
+      } else {
+        log.say(termination_signal_name() + ": stopped");
+        result.interrupted = true;
+      }
+    } else if (checkpointer && result.steps > first_step && !saved) {
       save();
+    }
   }
   result.seconds = log.seconds();
-  if (result.steps > first_step) {
+  if (result.steps > first_step && !result.interrupted) {
     // Model FLOP utilisation: the model's training flops per rank per second over the same-run
     // GEMM throughput of this backend.
     // Measured after training, and only when there was some: a sampling run pays nothing.
@@ -351,7 +373,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
                 {"model_flop_utilization", achieved / gemm_rate}});
   }
 
-  if (o.sample > 0) {
+  if (o.sample > 0 && !result.interrupted) {
     // Every rank draws the same characters: the logits are gathered to every shard and every
     // replica holds the same model, and the generator is seeded alike.
     std::vector<std::int32_t> context = corpus.vocabulary.encode(o.prompt, "--prompt");
@@ -359,6 +381,11 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     std::mt19937_64 rng(o.seed + 0x5A3D1E);
     std::vector<std::int32_t> generated;
     for (long c = 0; c < o.sample; ++c) {
+      // A signal ends the sample where it is (what was drawn is printed): agreed every character.
+      if (termination_agreed(mesh.world())) {
+        result.interrupted = true;
+        break;
+      }
       auto logits = model.next_token_logits(space, context);
       logits.resize(std::size_t(characters));  // never a padding id
       const auto next = sample_from(logits, o.temperature, rng);
@@ -367,6 +394,9 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     }
     log.say("sample (temperature " + std::to_string(o.temperature).substr(0, 4) + "):\n" + o.prompt +
             corpus.vocabulary.decode(generated));
+    if (result.interrupted)
+      log.say(termination_signal_name() + ": sampling stopped after " + std::to_string(generated.size()) +
+              " characters");
   }
   return result;
 }

@@ -8,6 +8,7 @@
 #include <lather/comm/mpi_session.hpp>
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/host_blas_kernels.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <CLI/CLI.hpp>
@@ -15,13 +16,21 @@
 #include <mpi.h>  // MPI_COMM_WORLD
 
 #include <cstdio>
+#include <string>
 
 int main(int argc, char** argv) try {
+  // Before MPI, Kokkos or the BLAS's threads start: may start the program again with the BLAS
+  // kernels this CPU runs fastest (core/host_blas_kernels.hpp).
+  const std::string blas_note = lather::choose_host_blas_kernels(argv);
+  // The help shows the defaults of the model named on the command line (read before Kokkos
+  // takes its arguments out of argv).
+  const auto help_model = lather::train::model_in_arguments(argc, argv);
   const lather::comm::MpiSession mpi(argc, argv);
   int code = 0;
   {
     const lather::comm::Group world(MPI_COMM_WORLD);
     const int rank = world.rank();
+    if (rank == 0 && !blas_note.empty()) std::fprintf(stderr, "lather-train: %s\n", blas_note.c_str());
     // Each rank's share of the node's CPUs for the BLAS, unless the environment says otherwise.
     lather::comm::fit_host_blas_threads(world);
     // Kokkos takes its --kokkos-* arguments out of argv before CLI11 reads the rest.
@@ -32,8 +41,9 @@ int main(int argc, char** argv) try {
                  "over --weight-shards. Run under mpiexec or srun; Kokkos options (--kokkos-num-threads, ...) are "
                  "accepted too."};
     lather::train::TrainOptions options;
-    lather::train::add_options(app, options);
+    lather::train::add_options(app, options, help_model);
     try {
+      lather::train::check_config_files(argc, argv);
       app.parse(argc, argv);
       lather::train::apply_model_defaults(app, options);
       lather::train::install_termination_handler();
@@ -61,7 +71,7 @@ int main(int argc, char** argv) try {
       code = 2;
     } catch (const CLI::ParseError& e) {
       // One line, exit code 2, as users of command-line tools expect.
-      if (rank == 0) std::fprintf(stderr, "lather-train: %s (see --help)\n", e.what());
+      if (rank == 0) std::fprintf(stderr, "lather-train: %s (see --help)\n", lather::train::explain(e, app).c_str());
       code = 2;
     } catch (const lather::Error& e) {
       if (rank == 0) std::fprintf(stderr, "lather-train: %s\n", e.message().c_str());

@@ -42,9 +42,19 @@ void ProgressLog::record(const nlohmann::json& line) {
   // but not silently without its record.
   const int error = errno;
   m_metrics.close();
-  say("warning: cannot write --metrics file '" + m_options.metrics + "'" +
-      (error != 0 ? std::string(": ") + std::strerror(error) : std::string()) +
-      "; training goes on without recording its metrics");
+  warn("warning: cannot write --metrics file '" + m_options.metrics + "'" +
+       (error != 0 ? std::string(": ") + std::strerror(error) : std::string()) +
+       "; training goes on without recording its metrics");
+}
+
+void ProgressLog::warn(const std::string& line) const {
+  if (!m_root) return;
+  if (m_sink) {
+    m_sink(line);
+  } else {
+    std::fflush(stdout);  // after the lines said before it, where both go to one terminal or file
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
 }
 
 double ProgressLog::seconds() const {

@@ -24,6 +24,8 @@ class ProgressLog {
 
   /// A line for the user (rank 0's stdout or the sink).
   void say(const std::string& line) const;
+  /// A warning (rank 0's stderr, where a job's error file collects it, or the sink).
+  void warn(const std::string& line) const;
   /// One JSON line in the metrics file.
   void record(const nlohmann::json& line);
 

@@ -1,6 +1,8 @@
 #pragma once
-// The training driver's checkpoints: where the next step of the data starts, written with every
-// checkpoint, and --resume from the newest intact checkpoint of --checkpoint-dir.
+// The training driver's checkpoints: what each records about the run that wrote it (the model's
+// shape and the optimizer options that shape its state, by the flag that sets each), where the
+// next step of the data starts, and --resume from the newest intact checkpoint of
+// --checkpoint-dir, compared with this run before anything is built from it.
 
 #include "dataset.hpp"
 #include "progress.hpp"
@@ -28,19 +30,32 @@ std::unique_ptr<checkpoint::Checkpointer> make_checkpointer(const comm::Mesh& me
 /// first save, which may be hours in (collective).
 void check_checkpoint_directory(const checkpoint::Checkpointer* checkpointer, long first_step, long planned);
 
-/// Loads the newest intact checkpoint of --checkpoint-dir into the parameters and the optimizer,
-/// saying which damaged newer ones it passes over, or that there is none (then nothing changes).
-std::optional<checkpoint::TrainingState> restore_newest(const Space& space, const TrainOptions& o,
-                                                        const checkpoint::Checkpointer& checkpointer,
-                                                        optim::Optimizer<Space, float>& optimizer,
-                                                        const ParameterList<float, Memory>& parameters,
-                                                        const ProgressLog& log);
+/// The checkpoint --resume continues from: the newest intact one, and its root attributes.
+struct ResumeSource {
+  std::string file;
+  checkpoint::Attributes attributes;
+};
 
-/// Loads the newest intact checkpoint into the parameters and the optimizer, saying which damaged
-/// newer ones it passes over; returns where to continue (the start when there is none).
-Position resume(const Space& space, const TrainOptions& o, const checkpoint::Checkpointer& checkpointer,
-                optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
-                const ProgressLog& log);
+/// The newest intact checkpoint of --checkpoint-dir, saying (on stderr) which damaged newer ones
+/// it passes over, or that there is none. Collective.
+std::optional<ResumeSource> find_resume_source(const checkpoint::Checkpointer& checkpointer, const TrainOptions& o,
+                                               const ProgressLog& log);
+
+/// Makes this run the one that wrote `source`, before any model or optimizer is built: takes the
+/// checkpoint's Shampoo block size where the user gave none and it divides this layout's slices
+/// (so a run moves to another shard count), and refuses a difference in anything that shapes a
+/// parameter or a state array, naming each with the flag that would match it. Throws
+/// lather::Error.
+void match_checkpoint(const ResumeSource& source, TrainOptions& o, const ProgressLog& log);
+
+/// The model and optimizer options this run records in its checkpoints (written with `state`).
+void describe_run(const TrainOptions& o, checkpoint::TrainingState& state);
+
+/// Loads `source` into the parameters and the optimizer and says so; returns where to continue.
+checkpoint::TrainingState load_checkpoint(const Space& space, const ResumeSource& source,
+                                          const checkpoint::Checkpointer& checkpointer,
+                                          optim::Optimizer<Space, float>& optimizer,
+                                          const ParameterList<float, Memory>& parameters, const ProgressLog& log);
 
 /// Writes the checkpoint of the optimizer's step, recording `next` as where to continue.
 std::string save_checkpoint(const Space& space, const TrainOptions& o, checkpoint::Checkpointer& checkpointer,

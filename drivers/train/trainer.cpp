@@ -1,6 +1,7 @@
 #include "trainer.hpp"
 
 #include "dataset.hpp"
+#include "memory_estimate.hpp"
 #include "language_model_trainer.hpp"
 #include "optimizer_factory.hpp"
 #include "progress.hpp"
@@ -22,8 +23,12 @@ namespace lather::train {
 
 namespace {
 
-volatile std::sig_atomic_t g_terminate = 0;
-extern "C" void on_terminate(int) { g_terminate = 1; }
+volatile std::sig_atomic_t g_terminate = 0;  // the signal received, 0: none
+extern "C" void on_terminate(int signal) {
+  g_terminate = signal;
+  // A second Ctrl-C is an order: the default action ends the program.
+  if (signal == SIGINT) std::signal(SIGINT, SIG_DFL);
+}
 
 std::string describe_sizes(const std::vector<int>& sizes) {
   std::string s;
@@ -54,15 +59,31 @@ void install_termination_handler() {
   action.sa_handler = on_terminate;
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
 }
 
-TrainResult train(const TrainOptions& o, const comm::Group& world,
+std::string termination_signal_name() { return g_terminate == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+bool termination_agreed(const comm::Group& world) {
+  return world.allreduce(int(g_terminate != 0), comm::Combine::max) != 0;
+}
+
+TrainResult train(const TrainOptions& options, const comm::Group& world,
                   const std::function<void(const std::string&)>& log_sink) {
-  if (o.model == ModelKind::transformer) return train_language_model(o, world, log_sink);
-  o.validate();
+  if (options.model == ModelKind::transformer) return train_language_model(options, world, log_sink);
+  options.validate();
+  TrainOptions o = options;  // a checkpoint resumed may fix Shampoo's block size
+  LATHER_REQUIRE(world.size() % o.weight_shards == 0, "--weight-shards ", o.weight_shards, " does not divide the ",
+                 world.size(), " ranks (each replica holds --weight-shards ranks)");
   const comm::Mesh mesh(world, o.weight_shards);
   const Space space;
   ProgressLog log(o, mesh.world_rank() == 0, log_sink);
+  // The hidden layers are most of an MLP: sizes that cannot fit are refused before the data
+  // (half a second for Fashion-MNIST) is read, and checked again below with its real widths.
+  std::vector<int> hidden_only = {1};
+  hidden_only.insert(hidden_only.end(), o.hidden.begin(), o.hidden.end());
+  hidden_only.push_back(1);
+  check_memory(estimate_mlp_memory(o, hidden_only, mesh.replicas(), mesh.weight_shards()), world);
   const DataSets data = load_data_sets(o);
   const int replicas = mesh.replicas(), replica = mesh.replica();
 
@@ -71,14 +92,22 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
   std::vector<int> sizes = {int(data.train.features)};
   sizes.insert(sizes.end(), o.hidden.begin(), o.hidden.end());
   sizes.push_back(std::max(data.train.classes, data.test.classes));
+  // Everything checked before anything is built: the checkpoint to resume, then the memory.
+  const auto checkpointer = make_checkpointer(mesh, o);
+  std::optional<ResumeSource> source;
+  if (o.resume && checkpointer) source = find_resume_source(*checkpointer, o, log);
+  if (source) match_checkpoint(*source, o, log);
+  check_memory(estimate_mlp_memory(o, sizes, replicas, mesh.weight_shards()), world);
   nn::Mlp<Space> model(space, sizes, o.seed, mesh);
   const auto& parameters = model.parameters();
   const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
   const auto reducer = make_reducer(mesh, o, parameters.specs());
   place_gradients(space, *reducer, model);
-  const auto checkpointer = make_checkpointer(mesh, o);
   Position start;
-  if (o.resume && checkpointer) start = resume(space, o, *checkpointer, *optimizer, parameters, log);
+  if (source) {
+    const auto state = load_checkpoint(space, *source, *checkpointer, *optimizer, parameters, log);
+    start = {state.epoch, state.sample_offset};
+  }
   log.open_metrics(start.epoch > 0 || start.sample > 0);
 
   const long batch = o.batch_size;
@@ -113,16 +142,23 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
   const auto save = [&](const Position& next) {
     if (checkpointer) result.last_checkpoint = save_checkpoint(space, o, *checkpointer, *optimizer, parameters, next);
   };
-  // Test loss and accuracy over the whole test set, each replica its share.
+  // Test loss and accuracy over the whole test set, each replica its share. Returns false,
+  // reporting nothing, when a signal stops it (agreed after every piece: each rank takes as many
+  // rounds as the largest share needs).
   const auto evaluate = [&](long epoch, bool epoch_end) {
     const double began = log.seconds();
     const auto [begin, end] = share(data.test.count, replicas, replica);
+    const long rounds = ((data.test.count + replicas - 1) / replicas + eval_rows - 1) / eval_rows;
     double sums[2] = {0, 0};
-    for (long b = begin; b < end; b += eval_rows) {
-      const auto [x, y] = eval_staging.load(space, data.test, nullptr, b, std::min(end, b + eval_rows));
-      const auto r = model.evaluate(space, x, y);
-      sums[0] += r.loss_sum;
-      sums[1] += double(r.correct);
+    for (long round = 0; round < rounds; ++round) {
+      const long b = begin + round * eval_rows;
+      if (b < end) {
+        const auto [x, y] = eval_staging.load(space, data.test, nullptr, b, std::min(end, b + eval_rows));
+        const auto r = model.evaluate(space, x, y);
+        sums[0] += r.loss_sum;
+        sums[1] += double(r.correct);
+      }
+      if (termination_agreed(mesh.world())) return false;
     }
     mesh.data_parallel().allreduce(sums, 2, comm::Combine::sum);
     log.add_evaluation_time(log.seconds() - began);
@@ -144,10 +180,18 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
                 {"test_accuracy", result.test_accuracy},
                 {"test_loss", result.test_loss},
                 {"epoch_end", epoch_end}});
+    return true;
   };
-
   bool stop = false;
   Position next = start;  // where the next step starts
+  // A signal agreed over the mesh: the checkpoint of the last completed step, and the end.
+  const auto stop_on_signal = [&] {
+    save(next);
+    log.say(termination_signal_name() + ": checkpoint " + result.last_checkpoint + " written at step " +
+            std::to_string(optimizer->step_count()) + "; continue with --resume");
+    result.interrupted = true;
+    stop = true;
+  };
   log.start_training();
   for (long epoch = start.epoch; epoch < o.epochs && !stop; ++epoch) {
     const auto order = epoch_order(data.train.count, o.seed, epoch);
@@ -156,46 +200,49 @@ TrainResult train(const TrainOptions& o, const comm::Group& world,
       const long begin = b * batch, end = std::min(data.train.count, begin + batch);
       const StepSums local = training_step(space, o, data.train, order, begin, end, replicas, replica, parts);
       // Shards of a replica saw the same samples: the data-parallel group counts each once.
-      double sums[4] = {local.loss, local.correct, local.samples, double(g_terminate)};
-      mesh.data_parallel().allreduce(sums, 4, comm::Combine::sum);
+      double sums[3] = {local.loss, local.correct, local.samples};
+      mesh.data_parallel().allreduce(sums, 3, comm::Combine::sum);
       log.add_step(sums);
       const long step = optimizer->step_count();
-      const bool terminate = sums[3] > 0;
+      const bool terminate = termination_agreed(mesh.world());
       const bool at_limit = o.max_steps > 0 && step >= o.max_steps;
       const bool epoch_done = b + 1 == steps_per_epoch;
+      next = epoch_done ? Position{epoch + 1, 0} : Position{epoch, std::min(data.train.count, (b + 1) * batch)};
       if ((o.log_every > 0 && step % o.log_every == 0) || epoch_done || terminate || at_limit)
         result.train_loss = log.report(epoch, step, planned, first_step, optimizer_metrics(*optimizer));
-      if (o.eval_every > 0 && step % o.eval_every == 0 && !epoch_done) {
-        evaluate(epoch, false);
-        if (result.reached_target) stop = true;
-      }
-      next = epoch_done ? Position{epoch + 1, 0} : Position{epoch, std::min(data.train.count, (b + 1) * batch)};
       if (terminate) {
-        save(next);
-        log.say("SIGTERM: checkpoint " + result.last_checkpoint + " written at step " + std::to_string(step) +
-                "; continue with --resume");
-        result.interrupted = true;
-        stop = true;
+        stop_on_signal();
         break;
+      }
+      if (o.eval_every > 0 && step % o.eval_every == 0 && !epoch_done) {
+        if (!evaluate(epoch, false)) {
+          stop_on_signal();
+          break;
+        }
+        if (result.reached_target) stop = true;
       }
       if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) save(next);
       if (at_limit) stop = true;
       if (epoch_done) {
-        evaluate(epoch, true);
+        if (!evaluate(epoch, true)) {
+          stop_on_signal();
+          break;
+        }
         result.epochs_completed = epoch + 1;
         if (result.reached_target) stop = true;
       }
     }
   }
   result.steps = optimizer->step_count();
-  // Stopped between epoch ends (--max-steps, SIGTERM, a target reached by --eval-every): the
-  // final numbers still come from the test set.
-  if (result.steps > first_step && next.sample != 0 && !result.reached_target) evaluate(next.epoch, false);
+  // Stopped between epoch ends (--max-steps, a target reached by --eval-every): the final
+  // numbers still come from the test set.
+  if (!result.interrupted && result.steps > first_step && next.sample != 0 && !result.reached_target &&
+      !evaluate(next.epoch, false))
+    stop_on_signal();
   result.seconds = log.seconds();
   result.training_seconds = log.training_seconds();
-  if (checkpointer && !result.interrupted && result.steps > first_step &&
-      !(o.checkpoint_every > 0 && result.steps % o.checkpoint_every == 0))
-    save(next);
+  const bool saved = result.interrupted || (o.checkpoint_every > 0 && result.steps % o.checkpoint_every == 0);
+  if (checkpointer && !saved && result.steps > first_step) save(next);
   log.record({{"epoch", result.epochs_completed},
               {"step", result.steps},
               {"loss", result.train_loss},

@@ -24,7 +24,7 @@ struct TrainResult {
   long target_step = 0;                ///< first step at which the target accuracy was reached
   double target_seconds = 0;           ///< seconds of the loop until then (evaluations included)
   double target_training_seconds = 0;  ///< the same without the evaluations
-  bool interrupted = false;            ///< stopped by SIGTERM (after writing a checkpoint)
+  bool interrupted = false;            ///< stopped by SIGTERM or SIGINT (after writing a checkpoint)
   double tokens_per_second = 0;        ///< transformer: training tokens per second (evaluations excluded)
 
   /// Records the first evaluation that met the target: its step and the loop's seconds then.
@@ -44,9 +44,16 @@ struct TrainResult {
 TrainResult train(const TrainOptions& options, const comm::Group& world,
                   const std::function<void(const std::string&)>& log = {});
 
-/// Installs the SIGTERM handler that makes train() checkpoint and return (what Slurm sends at the
-/// time limit). Idempotent.
+/// Installs the SIGTERM and SIGINT handlers that make train() checkpoint and return (SIGTERM is
+/// what Slurm sends at the time limit; SIGINT, Ctrl-C, a second time ends the program at once).
+/// The training, evaluation and sampling loops poll them, agreed over the mesh, so a run stops
+/// within one step, one evaluation batch or one sampled character. Idempotent.
 void install_termination_handler();
+
+/// Whether any rank of `world` was asked to stop (collective: one small all-reduce).
+bool termination_agreed(const comm::Group& world);
+/// "SIGTERM" or "SIGINT": what this rank received (SIGTERM where it received none).
+std::string termination_signal_name();
 
 /// Forgets a SIGTERM already acted on, for programs that run several jobs in one process.
 void clear_termination_request();

@@ -6,7 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
 
 namespace lather::train {
 
@@ -250,6 +254,10 @@ void TrainOptions::validate() const {
   require_range("--test-samples", test_samples, 0L, max_samples);
   LATHER_REQUIRE(target_accuracy >= 0 && target_accuracy <= 1, "--target-accuracy must be in [0, 1], got ",
                  target_accuracy);
+  // --epochs 0 trains nothing: it samples from a checkpoint, and without one would sample from
+  // an untrained model.
+  LATHER_REQUIRE(epochs > 0 || (resume && sample > 0), "--epochs 0 takes no step; it is for sampling from a ",
+                 "checkpoint (--resume --checkpoint-dir DIR --sample N)");
   if (transformer) {
     LATHER_REQUIRE(path_exists(text), "--text '", text,
                    "' does not exist (run scripts/fetch-shakespeare, or pass --text with any UTF-8 file)");
@@ -315,9 +323,12 @@ void TrainOptions::validate() const {
   }
 }
 
-void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
+void apply_model_defaults(const GivenOption& given, TrainOptions& o) {
+  const bool block_given = std::any_of(o.shampoo.begin(), o.shampoo.end(),
+                                       [](const std::string& pair) { return pair.rfind("block_size=", 0) == 0; });
+  o.block_size_chosen = !block_given;
   if (o.model != ModelKind::transformer) return;
-  const auto unset = [&](const char* flag) { return app.count(flag) == 0; };
+  const auto unset = [&](const char* flag) { return !given(flag); };
   // `mpiexec -n 2 lather-train --model transformer`: 32 windows of 64 characters per step; the
   // run length and learning rates from the sweep in docs/transformer.md.
   if (unset("--batch-size")) o.batch_size = 32;
@@ -328,18 +339,145 @@ void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
   if (unset("--lr") && !o.lr) o.lr = default_transformer_learning_rate(o.optimizer);
   // Shampoo's blocks must not straddle the shards' slices: the largest power of two up to 128
   // dividing this shard count's slices of d_model and 4 d_model (the vocabulary is padded to
-  // 128). 128 on one shard, where larger blocks precondition better at the same step time; a
-  // checkpoint then continues only on layouts with the same block size (give
-  // --shampoo-block-size to move between them). Options given win; SOAP takes the same blocks.
-  const bool block_given = std::any_of(o.shampoo.begin(), o.shampoo.end(),
-                                       [](const std::string& pair) { return pair.rfind("block_size=", 0) == 0; });
+  // 128). 128 on one shard, where larger blocks precondition better at the same step time. On
+  // --resume a checkpoint's own block size replaces it where it fits the slices (resume.hpp).
+  // Options given win; SOAP takes the same blocks.
   if (!block_given && (o.optimizer == OptimizerKind::shampoo || o.optimizer == OptimizerKind::soap) &&
-      o.weight_shards >= 1) {
-    // In 64 bits: the options are not validated yet (validate() bounds them), and 128 times a
-    // large shard count does not fit an int.
-    int block = 128;
-    while (block > 1 && (o.d_model % (std::int64_t(block) * o.weight_shards) != 0)) block /= 2;
-    o.shampoo.insert(o.shampoo.begin(), "block_size=" + std::to_string(block));
+      o.weight_shards >= 1)
+    o.shampoo.insert(o.shampoo.begin(),
+                     "block_size=" + std::to_string(transformer_block_size(o.d_model, o.weight_shards)));
+}
+
+int transformer_block_size(int d_model, int weight_shards) {
+  // In 64 bits: the options may not be validated yet (validate() bounds them), and 128 times a
+  // large shard count does not fit an int.
+  int block = 128;
+  while (block > 1 && (d_model % (std::int64_t(block) * weight_shards) != 0)) block /= 2;
+  return block;
+}
+
+namespace {
+
+/// The options only one model reads, with what they are for.
+struct ModelOption {
+  const char* flag;
+  ModelKind model;
+};
+const std::vector<ModelOption>& model_options() {
+  static const std::vector<ModelOption> options = {{"--data", ModelKind::mlp},
+                                                   {"--hidden", ModelKind::mlp},
+                                                   {"--train-samples", ModelKind::mlp},
+                                                   {"--test-samples", ModelKind::mlp},
+                                                   {"--target-accuracy", ModelKind::mlp},
+                                                   {"--text", ModelKind::transformer},
+                                                   {"--n-layer", ModelKind::transformer},
+                                                   {"--n-head", ModelKind::transformer},
+                                                   {"--d-model", ModelKind::transformer},
+                                                   {"--block-size", ModelKind::transformer},
+                                                   {"--z-loss", ModelKind::transformer},
+                                                   {"--eval-windows", ModelKind::transformer},
+                                                   {"--sample", ModelKind::transformer},
+                                                   {"--prompt", ModelKind::transformer},
+                                                   {"--temperature", ModelKind::transformer},
+                                                   {"--target-loss", ModelKind::transformer}};
+  return options;
+}
+
+}  // namespace
+
+void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
+  const auto given = [&app](const std::string& flag) { return app.count(flag) > 0; };
+  apply_model_defaults(given, o);
+  o.validate();  // each value first, then whether it is used
+  // Given to the other model, an option would silently change nothing: refused, as Shampoo's
+  // options are with another optimizer (validate()).
+  for (const auto& [flag, model] : model_options())
+    LATHER_REQUIRE(!given(flag) || model == o.model, flag, " is an option of --model ", to_string(model),
+                   "; it has no effect with --model ", to_string(o.model));
+  LATHER_REQUIRE(!given("--momentum") || o.optimizer == OptimizerKind::sgd,
+                 "--momentum is an option of --optimizer sgd; it has no effect with --optimizer ",
+                 to_string(o.optimizer));
+}
+
+TrainOptions model_defaults(ModelKind model) {
+  TrainOptions o;
+  o.model = model;
+  apply_model_defaults([](const std::string&) { return false; }, o);
+  return o;
+}
+
+namespace {
+/// The values of `flag` on a command line read before CLI11 parses it: `--flag VALUE` and
+/// `--flag=VALUE`, in order.
+std::vector<std::string> values_of(const std::string& flag, int argc, const char* const* argv) {
+  std::vector<std::string> values;
+  for (int k = 1; k < argc; ++k) {
+    const std::string arg = argv[k];
+    if (arg == flag && k + 1 < argc)
+      values.emplace_back(argv[k + 1]);
+    else if (arg.rfind(flag + "=", 0) == 0)
+      values.push_back(arg.substr(flag.size() + 1));
+  }
+  return values;
+}
+}  // namespace
+
+std::optional<ModelKind> model_in_arguments(int argc, const char* const* argv) {
+  std::optional<ModelKind> found;
+  for (const auto& value : values_of("--model", argc, argv))
+    for (const auto& [name, kind] : model_names())
+      if (name == value) found = kind;
+  return found;
+}
+
+namespace {
+/// Where `text` stops being UTF-8 (or holds a NUL), or npos.
+std::size_t first_non_text_byte(const std::string& text) {
+  for (std::size_t k = 0; k < text.size();) {
+    const auto c = static_cast<unsigned char>(text[k]);
+    if (c == 0) return k;
+    const int length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (length == 0 || k + std::size_t(length) > text.size()) return k;
+    for (int j = 1; j < length; ++j)
+      if ((static_cast<unsigned char>(text[k + std::size_t(j)]) >> 6) != 0x2) return k;
+    k += std::size_t(length);
+  }
+  return std::string::npos;
+}
+}  // namespace
+
+std::string explain(const CLI::ParseError& error, const CLI::App& app) {
+  std::string what = error.what();
+  // "--epochs: At Most 1 required but received 2"
+  const std::string at_most = ": At Most 1 required but received ";
+  const auto at = what.find(at_most);
+  if (at != std::string::npos)
+    return what.substr(0, at) + " was given " + what.substr(at + at_most.size()) + " times; give it once";
+  if (dynamic_cast<const CLI::ExtrasError*>(&error)) {
+    std::string listed;
+    for (const auto& argument : app.remaining()) listed += (listed.empty() ? "'" : ", '") + argument + "'";
+    return (app.remaining().size() == 1 ? "unexpected argument " : "unexpected arguments ") + listed +
+           ": lather-train takes only options (--name value)";
+  }
+  return what;
+}
+
+void check_config_files(int argc, const char* const* argv) {
+  for (const auto& file : values_of("--config", argc, argv)) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) continue;  // CLI11 names a file it cannot open
+    // A config file is a few lines; reading a large binary file whole to say so would cost.
+    std::string head(std::size_t(1) << 16, '\0');
+    in.read(head.data(), std::streamsize(head.size()));
+    head.resize(std::size_t(in.gcount()));
+    const std::size_t bad = first_non_text_byte(head);
+    // A multibyte character cut by the 64 KiB window is not an error.
+    if (bad != std::string::npos && !(head.size() == (std::size_t(1) << 16) && bad + 4 > head.size())) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02x", unsigned(static_cast<unsigned char>(head[bad])));
+      LATHER_FAIL("--config '", file, "' is not a text file (byte ", byte, " at offset ", bad,
+                  "); config files are TOML or INI text whose keys are the long option names");
+    }
   }
 }
 
@@ -378,7 +516,72 @@ CLI::Option* add_choice(CLI::App& app, const std::string& flag, Enum& target,
 }
 }  // namespace
 
-void add_options(CLI::App& app, TrainOptions& o) {
+namespace {
+/// "default per optimizer: shampoo 6e-3, ..." for one model or both.
+std::string learning_rate_defaults(std::optional<ModelKind> model) {
+  const auto list = [](double (*rate)(OptimizerKind)) {
+    std::string text;
+    for (const auto& [name, kind] : optimizer_names()) {
+      std::ostringstream value;
+      value << rate(kind);
+      text += (text.empty() ? "" : ", ") + name + " " + value.str();
+    }
+    return text;
+  };
+  const std::string mlp = list(default_learning_rate), transformer = list(default_transformer_learning_rate);
+  if (model == ModelKind::mlp) return "default per optimizer: " + mlp;
+  if (model == ModelKind::transformer) return "default per optimizer: " + transformer;
+  return "default per optimizer, mlp: " + mlp + "; transformer: " + transformer;
+}
+}  // namespace
+
+namespace {
+/// The help's [default ...] of the options whose defaults differ between the models: that of
+/// `help_model`, or both ("mlp 128, transformer 32").
+void show_model_defaults(CLI::App& app, std::optional<ModelKind> help_model) {
+  const TrainOptions mlp = model_defaults(ModelKind::mlp), transformer = model_defaults(ModelKind::transformer);
+  const auto number = [](double value) {
+    std::ostringstream out;
+    out << value;
+    return out.str();
+  };
+  std::vector<std::tuple<std::string, std::string, std::string>> differing = {
+      {"--batch-size", number(mlp.batch_size), number(transformer.batch_size)},
+      {"--max-steps", number(mlp.max_steps), number(transformer.max_steps)},
+      {"--eval-every", number(mlp.eval_every), number(transformer.eval_every)}};
+  const auto shampoo_mlp = mlp.shampoo_options(), shampoo_transformer = transformer.shampoo_options();
+  for (const auto& name : optim::option_names()) {
+    if (name == "learning_rate") continue;
+    std::string flag = "--shampoo-" + name;
+    for (auto& c : flag)
+      if (c == '_') c = '-';
+    differing.emplace_back(flag, optim::option_value(shampoo_mlp, name),
+                           optim::option_value(shampoo_transformer, name));
+  }
+  for (const auto& [flag, for_mlp, for_transformer] : differing) {
+    auto* option = app.get_option_no_throw(flag);
+    if (!option) continue;
+    std::string shown = help_model == ModelKind::mlp           ? for_mlp
+                        : help_model == ModelKind::transformer ? for_transformer
+                        : for_mlp == for_transformer           ? for_mlp
+                                                               : "mlp " + for_mlp + ", transformer " + for_transformer;
+    if (flag == "--shampoo-block-size" && help_model != ModelKind::mlp)
+      shown += help_model ? " (the largest power of two up to 128 dividing --d-model / --weight-shards)"
+                          : " (or the largest power of two dividing --d-model / --weight-shards)";
+    // The Shampoo options carry their default in the description (CLI11 shows no default for an
+    // option function); the others in CLI11's own [default] column.
+    if (flag.rfind("--shampoo-", 0) == 0) {
+      const std::string text = option->get_description();
+      const auto at = text.rfind(" [default ");
+      option->description(text.substr(0, at) + " [default " + shown + "]");
+    } else {
+      option->default_str(shown);
+    }
+  }
+}
+}  // namespace
+
+void add_options(CLI::App& app, TrainOptions& o, std::optional<ModelKind> help_model) {
   app.set_config("--config", "", "Read options from a TOML/INI file (keys are the long option names)");
   // A misspelt key is an error naming it, not a default silently kept (CLI11 ignores extras).
   app.allow_config_extras(CLI::config_extras_mode::error);
@@ -417,8 +620,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
   add_choice(app, "--optimizer", o.optimizer, optimizer_names(), "shampoo, soap, muon, adam, adamw, adagrad or sgd");
   app.add_option_function<double>(
          "--lr", [&o](double value) { o.lr = value; },
-         "Learning rate (peak of the schedule); default per optimizer: shampoo 6e-3, soap 1e-3, muon 1e-2, "
-         "adam/adamw 2e-3, adagrad 3e-2, sgd 5e-2 (transformer: see docs/reference/driver.md)")
+         "Learning rate (peak of the schedule), finite and > 0; " + learning_rate_defaults(help_model))
       ->type_name("FLOAT");
   app.add_option("--schedule", o.schedule, "Learning-rate schedule: constant, warmup, cosine, linear or rsqrt")
       ->check(CLI::IsMember({"constant", "warmup", "cosine", "linear", "rsqrt"}))
@@ -469,7 +671,11 @@ void add_options(CLI::App& app, TrainOptions& o) {
   app.add_option_function<std::string>(
          "--precondition-side", [&o](const std::string& side) { o.shampoo.push_back("precondtioner_type=" + side); },
          "Shampoo: precondition every dimension of a block (all), all but the last (input) or the last only "
-         "(output); the reference's precondtioner_type [default: input for the MLP, all for the transformer]")
+         "(output); the reference's precondtioner_type [default: " +
+             std::string(help_model == ModelKind::mlp           ? "input"
+                         : help_model == ModelKind::transformer ? "all"
+                                                                : "mlp input, transformer all") +
+             "]")
       ->check(CLI::IsMember({"all", "input", "output"}))
       ->type_name("SIDE");
   app.add_flag_function(
@@ -477,7 +683,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
       "Shampoo: compute the inverse roots of a preconditioning step on host threads while the next interval "
       "runs, and install them at the next preconditioning step (one interval stale; needs root_method eigh, "
       "lather-train's default)");
-  const optim::ShampooOptions defaults = TrainOptions{}.shampoo_options();
+  const optim::ShampooOptions defaults = model_defaults(help_model.value_or(ModelKind::mlp)).shampoo_options();
   for (const auto& name : optim::option_names()) {
     if (name == "learning_rate") continue;  // --lr
     std::string flag = "--shampoo-" + name;
@@ -492,6 +698,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
                           ? "TEXT"
                           : "VALUE");
   }
+  show_model_defaults(app, help_model);
 }
 
 }  // namespace lather::train

@@ -11,6 +11,7 @@
 #include <lather/optim/soap.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -20,7 +21,8 @@
 // -O3): only the files that build or read the command line include it.
 namespace CLI {
 class App;
-}
+class ParseError;
+}  // namespace CLI
 
 namespace lather::train {
 
@@ -79,6 +81,9 @@ struct TrainOptions {
   double momentum = 0.9;             ///< SGD
   bool quiet = false;                ///< no progress lines (metrics file only)
   std::vector<std::string> shampoo;  ///< name=value pairs, the reference's option names
+  /// Shampoo's (and SOAP's) block size was not given but chosen by apply_model_defaults: a
+  /// checkpoint's own block size replaces it on --resume (resume.hpp).
+  bool block_size_chosen = false;
 
   // --model transformer (the defaults are those of `mpiexec -n 2 lather-train --model transformer`,
   // applied by apply_model_defaults where the user set nothing)
@@ -112,13 +117,41 @@ double default_learning_rate(OptimizerKind optimizer);
 /// The transformer's learning rates (docs/transformer.md).
 double default_transformer_learning_rate(OptimizerKind optimizer);
 
-/// The transformer's own defaults for what the user did not set on `app` (batch, steps, learning
-/// rate, evaluation interval): the MLP's make no sense for it. Call after parsing.
+/// Which options the user gave, on the command line or in a --config file, by long flag.
+using GivenOption = std::function<bool(const std::string& flag)>;
+
+/// The model's own defaults for what the user did not give (batch, steps, learning rate,
+/// evaluation interval, Shampoo's block size): the MLP's make no sense for the transformer.
+void apply_model_defaults(const GivenOption& given, TrainOptions& options);
+/// The same for options parsed by `app`; then validates them, and refuses, naming it, an option
+/// given that the chosen model or optimizer does not use (it would silently change nothing).
+/// Call after parsing. Throws lather::Error.
 void apply_model_defaults(const CLI::App& app, TrainOptions& options);
+
+/// The transformer's default Shampoo block size on `weight_shards` shards: the largest power of
+/// two up to 128 that divides the shards' slices of d_model.
+int transformer_block_size(int d_model, int weight_shards);
+
+/// Every default of `model` as a run of it with no option given would take them.
+TrainOptions model_defaults(ModelKind model);
+
+/// The --model named in the arguments (`--model NAME` or `--model=NAME`), if any: --help then
+/// shows that model's defaults.
+std::optional<ModelKind> model_in_arguments(int argc, const char* const* argv);
 
 /// Registers every option on `app`, including --config for TOML/INI files whose keys are the
 /// long option names (e.g. `epochs = 5`, `shampoo = ["block_size=128", ...]`) and one
-/// --shampoo-<name> option per Shampoo option.
-void add_options(CLI::App& app, TrainOptions& options);
+/// --shampoo-<name> option per Shampoo option. The help shows the defaults of `help_model`, or
+/// of both models where they differ.
+void add_options(CLI::App& app, TrainOptions& options, std::optional<ModelKind> help_model = std::nullopt);
+
+/// CLI11's message for a command-line error in words for users: "--epochs was given 2 times"
+/// for CLI11's "At Most 1 required but received 2", and the unexpected arguments in the order
+/// they were given (CLI11 lists them reversed).
+std::string explain(const CLI::ParseError& error, const CLI::App& app);
+
+/// Refuses a --config file that is not text (a NUL byte, or bytes that are not UTF-8), naming it,
+/// before CLI11 reads it and echoes its bytes back. Throws lather::Error.
+void check_config_files(int argc, const char* const* argv);
 
 }  // namespace lather::train
