@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A transformer Shampoo checkpoint moves between weight-shard counts (docs/transformer.md):
 #  1. written on 1 shard with --shampoo-block-size 32, it resumes on 2 and on 4 shards without the
-#     flag (the run takes the checkpoint's block size), and their parameters after 6 more steps
+#     flag (the run takes the checkpoint's block size): their parameters and optimizer state after
+#     6 more steps are those of the same runs given the flag, bit for bit, and their parameters
 #     match those of the 1-shard run continuing from the same checkpoint, to float tolerance;
 #  2. written at the default block size (128 on one shard), it is refused on 2 shards before any
 #     step, naming the block size and the flag that would have made the move possible;
@@ -50,7 +51,19 @@ for shards in 2 4; do
   h5diff -d 1e-5 --exclude-path /block0/attention/key/bias "$work/shards1/$final" "$work/shards$shards/$final" \
     /parameters || fail "the parameters after resuming on $shards shards differ from the 1-shard continuation"
 done
-echo "resume_across_layouts: 1 -> 2 and 1 -> 4 shards match the 1-shard continuation within 1e-5"
+# The same move with the block size given: the run the flagless one must be, bit for bit.
+for shards in 2 4; do
+  cp -r "$work/base" "$work/given$shards"
+  launch "$shards" "$work/given$shards.log" --weight-shards "$shards" --max-steps 10 --resume \
+    --shampoo-block-size 32 --checkpoint-dir "$work/given$shards" ||
+    fail "resuming on $shards shards with --shampoo-block-size 32 failed: $(tail -3 "$work/given$shards.log")"
+  for group in /parameters /optimizer; do
+    h5diff "$work/given$shards/$final" "$work/shards$shards/$final" "$group" ||
+      fail "$group differs between the runs on $shards shards with and without --shampoo-block-size 32"
+  done
+done
+echo "resume_across_layouts: 1 -> 2 and 1 -> 4 shards match the 1-shard continuation within 1e-5," \
+  "and the runs given --shampoo-block-size 32 bit for bit"
 
 # 2. The default block size of one shard (128) does not divide the slices of 2 (64 each).
 launch 1 "$work/default.log" --weight-shards 1 --max-steps 2 --checkpoint-dir "$work/default" ||
