@@ -35,6 +35,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fcntl.h>
@@ -144,6 +145,10 @@ void run_checkpoint(const CheckpointBenchOptions& o) {
     fs::create_directories(o.directory);
   }
   world.barrier();
+  // The state, its read-back and the raw baselines' buffers: a few copies of the largest state.
+  const double largest = o.bytes.empty() ? 0 : *std::max_element(o.bytes.begin(), o.bytes.end());
+  check_memory(std::int64_t(std::min(largest, 1e18)) * 4, "the largest --bytes state",
+               "the state, its read-back and the raw baselines' buffers");
   const std::int64_t m = 128, row = m * m;  // 64 KiB float rows: statistics of block size 128
   long step = 0;                            // rising over all sizes, so pruning (keep_last 1) never removes the newest
   long raw_files = 0;

@@ -1,6 +1,7 @@
 #include "bench_common.hpp"
 
 #include <lather/core/host_blas_threads.hpp>
+#include <lather/core/memory_budget.hpp>
 #include <lather/core/gemm.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -28,6 +29,17 @@ comm::Group world_group() {
 #else
   return comm::Group();
 #endif
+}
+
+void check_memory(std::int64_t bytes, const std::string& what, const std::string& how) {
+  const comm::Group world = world_group();
+  std::string where;
+  const std::int64_t limit = rank_memory_limit(world.ranks_on_node(), &where);
+  std::string failure;
+  if (limit >= 0 && bytes > limit)
+    failure = what + " needs an estimated " + format_bytes(bytes) + " (" + how + "), more than the " +
+              format_bytes(limit) + " this rank can have (" + where + "); give smaller sizes";
+  world.agree_on_failure("", failure);
 }
 
 void emit(nlohmann::json record) {

@@ -23,6 +23,11 @@ void emit(nlohmann::json record);
 /// The world the benchmark runs on: MPI_COMM_WORLD when MPI is there, else one process.
 comm::Group world_group();
 
+/// Refuses, on every rank, a case that needs more than `bytes` per rank can have (the device's
+/// free memory on a GPU backend, else this rank's share of the node's available memory), before
+/// anything is allocated: "<case> needs an estimated <bytes> (<how>), more than ...". Collective.
+void check_memory(std::int64_t bytes, const std::string& what, const std::string& how);
+
 /// Which kernels the BLAS runs: OpenBLAS's core name ("Haswell", "Cooperlake", ...; the
 /// environment's OPENBLAS_CORETYPE overrides OpenBLAS's own choice), or "unknown" for another
 /// BLAS. The GEMM-bound figures (Shampoo's statistics, preconditioning and roots) depend on it:

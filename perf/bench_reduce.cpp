@@ -187,6 +187,11 @@ void run_reduce(const ReduceBenchOptions& o) {
         "' (expected raw, mean, grouped_mean, adasum, adasum_approx, model200, model200_scattered or allgather)");
   std::vector<std::size_t> sizes;
   for (const auto& text : o.bytes) sizes.push_back(parse_bytes(text));
+  // The raw baseline's buffer, the reduced tensor and its copy, the all-gather's output, the
+  // 200-tensor model and its raw buffer, and the reducer's fusion buffers.
+  const std::size_t largest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  check_memory(std::int64_t(8 * largest + 2 * o.fusion_bytes), "the largest --bytes case",
+               "8 buffers of its size and 2 fusion buffers");
   auto wants = [&](const std::string& op) { return std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end(); };
 
   const comm::Group world(MPI_COMM_WORLD);

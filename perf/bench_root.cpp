@@ -3,7 +3,6 @@
 #include "bench_common.hpp"
 
 #include <lather/core/host_threads.hpp>
-#include <lather/core/memory_budget.hpp>
 #include <lather/linalg/inverse_root.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -56,11 +55,7 @@ void check_root_memory(const RootBenchOptions& o) {
   for (int n : o.n)
     for (int batch : o.batch)
       if (n >= 1 && batch >= 1) largest = std::max(largest, std::int64_t(13) * batch * n * std::int64_t(n) * 8);
-  std::string where;
-  const std::int64_t limit = rank_memory_limit(world_group().ranks_on_node(), &where);
-  LATHER_REQUIRE(limit < 0 || largest <= limit, "the largest --n x --batch case needs an estimated ",
-                 format_bytes(largest), " (13 matrices of n x n float64 per root), more than the ", format_bytes(limit),
-                 " this rank can have (", where, "); give smaller --n or --batch values");
+  check_memory(largest, "the largest --n x --batch case", "13 matrices of n x n float64 per root");
 }
 
 void run_root(const RootBenchOptions& o) {
