@@ -27,6 +27,16 @@ std::string to_string(GraftType graft) {
   return "SGD";
 }
 
+std::string to_string(GraftGranularity granularity) {
+  return granularity == GraftGranularity::block ? "block" : "tensor";
+}
+
+GraftGranularity parse_graft_granularity(const std::string& name) {
+  if (name == "tensor" || name == "TENSOR") return GraftGranularity::tensor;
+  if (name == "block" || name == "BLOCK") return GraftGranularity::block;
+  LATHER_FAIL("unknown graft_granularity '", name, "' (expected tensor or block)");
+}
+
 GraftType parse_graft_type(const std::string& name) {
   std::string upper = name;
   std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return std::toupper(c); });
@@ -125,6 +135,11 @@ void ShampooOptions::validate() const {
                  skip_preconditioning_rank_lt);
   LATHER_REQUIRE(max_consecutive_root_failures >= 0, "ShampooOptions::max_consecutive_root_failures must be >= 0, got ",
                  max_consecutive_root_failures);
+  LATHER_REQUIRE(graft_granularity == GraftGranularity::tensor ||
+                     (graft_type != GraftType::adagrad_normalized && graft_type != GraftType::rmsprop_normalized),
+                 "ShampooOptions: graft_granularity = block takes the SGD, ADAGRAD, RMSPROP or SQRT_N graft (the "
+                 "normalized grafts divide by the whole tensor's gradient norm), got ",
+                 to_string(graft_type));
   LATHER_REQUIRE(!(shard_optimizer_states && step_mode == StepMode::replicated),
                  "ShampooOptions: shard_optimizer_states = true asks for the distributed step, but step_mode is "
                  "replicated");
@@ -206,6 +221,7 @@ const std::vector<std::string>& option_names() {
                                                  "statistics_compute_steps",
                                                  "best_effort_shape_interpretation",
                                                  "graft_type",
+                                                 "graft_granularity",
                                                  "nesterov",
                                                  "exponent_override",
                                                  "precondtioner_type",
@@ -253,6 +269,8 @@ std::string option_help(const std::string& name) {
       {"statistics_compute_steps", "statistics are updated every this many steps"},
       {"best_effort_shape_interpretation", "merge small dimensions (up to merge_small_dims_block_size)"},
       {"graft_type", "SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED or SQRT_N"},
+      {"graft_granularity",
+       "tensor (the reference: a tensor's direction takes its graft's norm) or block (Meta's: each block's)"},
       {"nesterov", "Nesterov momentum"},
       {"exponent_override", "p of the inverse p-th root (0: 2 x preconditioned dimensions of the block)"},
       {"precondtioner_type",
@@ -332,6 +350,8 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
     out << o.best_effort_shape_interpretation;
   else if (name == "graft_type")
     out << to_string(o.graft_type);
+  else if (name == "graft_granularity")
+    out << to_string(o.graft_granularity);
   else if (name == "nesterov")
     out << o.nesterov;
   else if (name == "exponent_override")
@@ -426,6 +446,8 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
     o.best_effort_shape_interpretation = b();
   else if (name == "graft_type")
     o.graft_type = parse_graft_type(value);
+  else if (name == "graft_granularity")
+    o.graft_granularity = parse_graft_granularity(value);
   else if (name == "nesterov")
     o.nesterov = b();
   else if (name == "exponent_override")

@@ -96,6 +96,7 @@ struct Mode {
   bool mpi_gather = false;               // the parameter all-gather through MPI even on one node
   int host_threads = 0;                  // product_host_threads (0: from the node; the element-wise passes follow)
   long unpreconditioned_block_size = 0;  // one-sided blocks' extent along the dimensions without a statistic
+  optim::GraftGranularity graft_granularity = optim::GraftGranularity::tensor;
 };
 
 class DistributedShampoo : public ::testing::TestWithParam<Mode> {};
@@ -129,6 +130,9 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
   o.shared_memory_gather = !mode.mpi_gather;
   o.product_host_threads = mode.host_threads;
   o.unpreconditioned_block_size = mode.unpreconditioned_block_size;
+  o.graft_granularity = mode.graft_granularity;
+  // Per block, RMSProp without the normalization (which divides by the whole tensor's norm).
+  if (mode.graft_granularity == optim::GraftGranularity::block) o.graft_type = optim::GraftType::rmsprop;
   const comm::Mesh mesh(MPI_COMM_WORLD, mode.shards);
   const auto specs = local_specs(mode.shards, mesh.shard());
   optim::Shampoo<Space, float> distributed(Space(), specs, o, mesh);
@@ -211,7 +215,12 @@ INSTANTIATE_TEST_SUITE_P(
         Mode{"distributed_one_sided_input_whole_rows", StepMode::distributed, true, false, 1,
              optim::PreconditionerType::input, false, false, 0, 1000},
         Mode{"distributed_shards2_quantized_one_sided_input_extent4", StepMode::distributed, true, true, 2,
-             optim::PreconditionerType::input, false, false, 0, 4}),
+             optim::PreconditionerType::input, false, false, 0, 4},
+        // Grafted per block (Meta's): each block's norms are its owner's alone.
+        Mode{"replicated_block_graft", StepMode::replicated, true, false, 1, optim::PreconditionerType::all, false,
+             false, 0, 0, optim::GraftGranularity::block},
+        Mode{"distributed_shards2_quantized_block_graft", StepMode::distributed, true, true, 2,
+             optim::PreconditionerType::all, false, false, 0, 0, optim::GraftGranularity::block}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A NaN or Inf in one rank's gradient only (replicas should agree, but nothing may hang when they

@@ -40,6 +40,14 @@ std::string to_string(StepMode mode);
 /// "auto", "replicated" or "distributed".
 StepMode parse_step_mode(const std::string& name);
 
+/// What the graft's norm is taken over: the reference grafts per tensor (the whole parameter's
+/// preconditioned direction rescaled to the norm of its graft); Meta's DistributedShampoo per
+/// block (each block's direction rescaled to that block's graft norm).
+enum class GraftGranularity { tensor, block };
+std::string to_string(GraftGranularity granularity);
+/// "tensor" or "block".
+GraftGranularity parse_graft_granularity(const std::string& name);
+
 std::string to_string(GraftType graft);
 /// Accepts the reference's names ("RMSPROP_NORMALIZED") and lower case ("rmsprop_normalized").
 GraftType parse_graft_type(const std::string& name);
@@ -59,6 +67,9 @@ struct ShampooOptions {
   long statistics_compute_steps = 1;
   bool best_effort_shape_interpretation = true;
   GraftType graft_type = GraftType::sgd;
+  /// Per tensor (the reference) or per block (Meta's): the norm each preconditioned direction is
+  /// rescaled to. The graft's learning-rate and clipping multipliers stay per tensor.
+  GraftGranularity graft_granularity = GraftGranularity::tensor;
   bool nesterov = true;
   int exponent_override = 0;  ///< 0: exponent 2 * (preconditioned dimensions of the block)
   /// The reference's `precondtioner_type` (set_option accepts that spelling and

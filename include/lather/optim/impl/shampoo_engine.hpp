@@ -239,6 +239,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     phases.end("communication");
     if (norms.failures > 0) agree_everywhere(share_error.empty() ? share_error : context + ": " + share_error);
     set_multipliers(space, norms.norms, c.lr);
+    if (m_options.graft_granularity == GraftGranularity::block) scale_blocks(space);
 
     // (6) Momentum and the update; distributed, every rank's new values to every rank.
     UpdateElement<Scalar, T, memory_space> element = update_element(c);
@@ -366,6 +367,9 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   }
   void set_gradient_scales(const ExecutionSpace& space, const std::vector<SquaredNorms>& gradient_norm2);
   void set_multipliers(const ExecutionSpace& space, const std::vector<SquaredNorms>& norms2, double lr);
+  /// Per-block grafting: each of this rank's preconditioned blocks' directions takes the norm of
+  /// its own graft (the units' norms of the last pass; no communication: a block is one rank's).
+  void scale_blocks(const ExecutionSpace& space);
   bool sums_over_shards(int p) const;
   bool split_by_rows(int p) const;
   void upload_parameter_scalars(const ExecutionSpace& space);
@@ -399,6 +403,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   V1<ParameterScalars<Scalar>> m_parameter_scalars;
   V1<SquaredNorms> m_unit_norms;
   typename V1<SquaredNorms>::HostMirror m_unit_norms_host;
+  V1<double> m_unit_scales;  ///< per-block grafting: each unit's direction scale
+  typename V1<double>::HostMirror m_unit_scales_host;
 
   // Packed per-element buffers over this rank's units, and the per-element state.
   V1<Scalar> m_packed;  // this rank's gradient values in packed order; after the graft pass, the graft

@@ -69,6 +69,10 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
   m_mine_threads = pass_threads(step.mine().size(), step.my_elements());
   alloc(m_unit_norms, "unit_norms", std::max<std::int64_t>(1, std::int64_t(step.mine().size())));
   m_unit_norms_host = Kokkos::create_mirror_view(m_unit_norms);
+  if (m_options.graft_granularity == GraftGranularity::block) {
+    alloc(m_unit_scales, "unit_scales", std::max<std::int64_t>(1, std::int64_t(step.mine().size())));
+    m_unit_scales_host = Kokkos::create_mirror_view(m_unit_scales);
+  }
 
   const std::int64_t elements = step.my_elements();
   const auto scratch = [&](auto& view, const char* label, std::int64_t n) {
@@ -284,13 +288,32 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::set_multipliers(const ExecutionSp
     }
     if (!o.decoupled_learning_rate) graft_multiplier *= lr;
     const double graft_norm = graft_norm_raw * graft_multiplier;
-    // The reference sets precond_grad = grafting_update for the parameters it skips.
-    const double shampoo_multiplier = pp.preconditioned ? graft_norm / (std::sqrt(norms2[p].preconditioned) + 1e-16)
-                                                        : graft_multiplier * (graft_norm / (graft_norm + 1e-16));
+    // The reference sets precond_grad = grafting_update for the parameters it skips. Grafted per
+    // block, the norms' ratio is each block's own (scale_blocks); the tensor keeps its multiplier.
+    const bool per_block = o.graft_granularity == GraftGranularity::block;
+    const double shampoo_multiplier = !pp.preconditioned ? graft_multiplier * (graft_norm / (graft_norm + 1e-16))
+                                      : per_block        ? graft_multiplier
+                                                         : graft_norm / (std::sqrt(norms2[p].preconditioned) + 1e-16);
     s.graft_multiplier = Scalar(graft_multiplier);
     s.shampoo_multiplier = Scalar(shampoo_multiplier);
   }
   upload_parameter_scalars(space);
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::scale_blocks(const ExecutionSpace& space) {
+  // The units' norms are on the host since parameter_norms(); a preconditioned unit's direction
+  // scales by |graft| / (|direction| + 1e-16), the reference's per-tensor rule on one block.
+  const auto& mine = m_step_plan.mine();
+  for (std::size_t k = 0; k < mine.size(); ++k) {
+    const auto& unit = m_step_plan.units[mine[k]];
+    const bool blocked = unit.block >= 0 && m_plan.parameters[unit.parameter].preconditioned;
+    m_unit_scales_host(k) =
+        blocked ? std::sqrt(m_unit_norms_host(k).plain) / (std::sqrt(m_unit_norms_host(k).preconditioned) + 1e-16)
+                : 1.0;
+  }
+  Kokkos::deep_copy(space, m_unit_scales, m_unit_scales_host);
+  scale_units<ExecutionSpace, T, memory_space>(space, m_mine_table, m_unit_scales, m_direction);
 }
 
 }  // namespace lather::optim::Impl

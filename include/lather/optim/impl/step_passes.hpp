@@ -153,6 +153,28 @@ void graft_and_norms(const ExecutionSpace& space, const UnitTable<MemorySpace>& 
   run_units(space, "Lather::Shampoo::graft", table.count, host_threads, pass);
 }
 
+/// direction[packed_k, packed_k + elements_k) *= scales(k) for each unit k of the table: per-block
+/// grafting's rescaling of each block's preconditioned direction to its graft's norm (a unit's
+/// packed values are contiguous). Units with a scale of 1 are left alone.
+template <class ExecutionSpace, class T, class MemorySpace>
+void scale_units(const ExecutionSpace& space, const UnitTable<MemorySpace>& table,
+                 const Kokkos::View<const double*, MemorySpace>& scales,
+                 const Kokkos::View<T*, MemorySpace>& direction) {
+  using Table = UnitTable<MemorySpace>;
+  using Policy = Kokkos::TeamPolicy<ExecutionSpace>;
+  const auto units = table.units;
+  Kokkos::parallel_for(
+      "Lather::Shampoo::block_graft", Policy(space, table.count, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const typename Policy::member_type& member) {
+        const int k = member.league_rank();
+        const double scale = scales(k);
+        if (scale == 1.0) return;
+        const std::int64_t begin = units(k, Table::packed), n = units(k, Table::elements);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n),
+                             [&](std::int64_t e) { direction(begin + e) = T(double(direction(begin + e)) * scale); });
+      });
+}
+
 /// The per-element update. For parameters whose momentum is int8, the momentum values are read
 /// from codes * old scale and their new codes are written with the new scale (max |m| of the
 /// column / 127, from column_maxima); otherwise read and written in float.
