@@ -1,5 +1,6 @@
 #include "bench_common.hpp"
 
+#include <lather/core/host_blas_kernels.hpp>
 #include <lather/core/host_blas_threads.hpp>
 #include <lather/core/memory_budget.hpp>
 #include <lather/core/gemm.hpp>
@@ -7,21 +8,7 @@
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
 
-#include <dlfcn.h>
-
 namespace lather::bench {
-
-std::string blas_kernels() {
-  // Looked up at run time: the BLAS is whichever libblas.so the system's alternatives name, and
-  // only OpenBLAS has this function.
-  using CoreName = char* (*)();
-  static const std::string name = [] {
-    const auto get = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-    const char* core = get ? get() : nullptr;
-    return std::string(core ? core : "unknown");
-  }();
-  return name;
-}
 
 comm::Group world_group() {
 #if LATHER_ENABLE_MPI
@@ -33,17 +20,14 @@ comm::Group world_group() {
 
 void check_memory(std::int64_t bytes, const std::string& what, const std::string& how) {
   const comm::Group world = world_group();
-  std::string where;
-  const std::int64_t limit = rank_memory_limit(world.ranks_on_node(), &where);
-  std::string failure;
-  if (limit >= 0 && bytes > limit)
-    failure = what + " needs an estimated " + format_bytes(bytes) + " (" + how + "), more than the " +
-              format_bytes(limit) + " this rank can have (" + where + "); give smaller sizes";
-  world.agree_on_failure("", failure);
+  const std::string beyond = beyond_rank_memory(bytes, world.ranks_on_node());
+  world.agree_on_failure("", beyond.empty() ? beyond
+                                            : what + " needs an estimated " + format_bytes(bytes) + " (" + how + "), " +
+                                                  beyond + "; give smaller sizes");
 }
 
 void emit(nlohmann::json record) {
-  record["blas_kernels"] = blas_kernels();
+  record["blas_kernels"] = host_blas_kernels();
   record["blas_threads"] = host_blas_threads();  // each rank's, 0: the BLAS does not say
   std::cout << record.dump() << std::endl;
 }

@@ -16,7 +16,9 @@
 namespace lather::bench {
 
 /// Prints one JSON line and flushes, so partial runs still leave complete records. Every record
-/// carries "blas_kernels": the kernels the BLAS chose for this CPU (blas_kernels() below), and
+/// carries "blas_kernels": the kernels the BLAS runs (lather::host_blas_kernels(); the GEMM-bound
+/// figures depend on them: on a Zen 4 the AVX-512 kernels run 128 x 128 GEMMs at nearly twice
+/// the AVX2 ones' rate), and
 /// "blas_threads": the threads of each of this rank's BLAS calls (comm::fit_host_blas_threads).
 void emit(nlohmann::json record);
 
@@ -27,13 +29,6 @@ comm::Group world_group();
 /// free memory on a GPU backend, else this rank's share of the node's available memory), before
 /// anything is allocated: "<case> needs an estimated <bytes> (<how>), more than ...". Collective.
 void check_memory(std::int64_t bytes, const std::string& what, const std::string& how);
-
-/// Which kernels the BLAS runs: OpenBLAS's core name ("Haswell", "Cooperlake", ...; the
-/// environment's OPENBLAS_CORETYPE overrides OpenBLAS's own choice), or "unknown" for another
-/// BLAS. The GEMM-bound figures (Shampoo's statistics, preconditioning and roots) depend on it:
-/// on the development machine's Zen 4 the AVX-512 kernels run 128 x 128 GEMMs at nearly twice
-/// the AVX2 ones' rate.
-std::string blas_kernels();
 
 /// GFLOP/s of one n x n x n GEMM of `Scalar` through KokkosBlas::gemm on the default execution
 /// space, repeated for at least `seconds`: the same-run GEMM baseline (float and double).

@@ -120,14 +120,12 @@ MemoryEstimate estimate_transformer_memory(const TrainOptions& o, int vocabulary
 }
 
 void check_memory(const MemoryEstimate& estimate, const comm::Group& world) {
-  std::string where;
-  const std::int64_t limit = rank_memory_limit(world.ranks_on_node(), &where);
-  std::string failure;
-  if (limit >= 0 && estimate.total() > limit)
-    failure = "the run needs an estimated " + format_bytes(estimate.total()) + " per rank (" + estimate.to_string() +
-              "), more than the " + format_bytes(limit) + " this rank can have (" + where +
-              "); use smaller sizes, more --weight-shards or ranks, or a machine with more memory";
-  world.agree_on_failure("", failure);
+  const std::string beyond = beyond_rank_memory(estimate.total(), world.ranks_on_node());
+  world.agree_on_failure("", beyond.empty() ? beyond
+                                            : "the run needs an estimated " + format_bytes(estimate.total()) +
+                                                  " per rank (" + estimate.to_string() + "), " + beyond +
+                                                  "; use smaller sizes, more --weight-shards or ranks, or a "
+                                                  "machine with more memory");
 }
 
 }  // namespace lather::train

@@ -59,6 +59,13 @@ std::int64_t rank_memory_limit(int ranks_on_node, std::string* where) {
   return host / ranks;
 }
 
+std::string beyond_rank_memory(std::int64_t bytes, int ranks_on_node) {
+  std::string where;
+  const std::int64_t limit = rank_memory_limit(ranks_on_node, &where);
+  if (limit < 0 || bytes <= limit) return {};
+  return "more than the " + format_bytes(limit) + " this rank can have (" + where + ")";
+}
+
 std::string format_bytes(std::int64_t bytes) {
   char text[48];
   const double b = double(bytes);

@@ -25,6 +25,11 @@ std::int64_t device_memory_available();
 /// neither is known. `where` receives how the figure came about, for messages.
 std::int64_t rank_memory_limit(int ranks_on_node, std::string* where = nullptr);
 
+/// "" when `bytes` fits what one rank of `ranks_on_node` may take (rank_memory_limit; also when
+/// the limit is not known), else "more than the <limit> this rank can have (<how>)", for the
+/// message that refuses the run.
+std::string beyond_rank_memory(std::int64_t bytes, int ranks_on_node);
+
 /// "1.25 GiB", "12.0 MiB": a byte count for people.
 std::string format_bytes(std::int64_t bytes);
 

@@ -96,30 +96,10 @@ void add_scaled(const ExecutionSpace& space, const Vector<S, MemorySpace>& own,
       });
 }
 
-/// The number of NaN and +-Inf values in data: x - x is NaN exactly for those. Counted over runs
-/// of elements in an integer the host compiler vectorises (a per-element reduction through Kokkos
-/// is not vectorised, and on a gradient of a few MB costs a large fraction of the mean's time).
+/// The number of NaN and +-Inf values in data (core's count over runs of elements).
 template <class ExecutionSpace, class S, class MemorySpace>
 long count_non_finite(const ExecutionSpace& space, const Vector<const S, MemorySpace>& data) {
-  constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
-  const std::int64_t n = std::int64_t(data.extent(0)), runs = (n + run - 1) / run;
-  const S* const base = data.data();
-  long bad = 0;
-  Kokkos::parallel_reduce(
-      "Lather::comm::count_non_finite",
-      Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(space, 0, runs),
-      KOKKOS_LAMBDA(std::int64_t r, long& count) {
-        const std::int64_t begin = r * run, end = begin + run < n ? begin + run : n;
-        const S* KOKKOS_RESTRICT x = base + begin;
-        int local = 0;
-        for (std::int64_t i = 0; i < end - begin; ++i) {
-          const S difference = x[i] - x[i];
-          local += difference != difference ? 1 : 0;
-        }
-        count += local;
-      },
-      bad);
-  return bad;
+  return long(::lather::Impl::count_non_finite(space, data.data(), std::int64_t(data.extent(0))));
 }
 
 /// to(i) = factor * from(i) (the unpacking of a fused bucket, with the mean's division folded in).

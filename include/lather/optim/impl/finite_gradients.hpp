@@ -21,28 +21,6 @@
 
 namespace lather::optim::Impl {
 
-/// How many of data[0, n) are NaN or +-Inf (is_finite: x - x is 0 for the others). Counted over
-/// runs of elements in an integer, a loop the host compiler vectorises (a per-element reduction
-/// through Kokkos is not vectorised); a device gives each thread one element.
-template <class ExecutionSpace, class Scalar>
-std::int64_t count_non_finite(const ExecutionSpace& space, const Scalar* data, std::int64_t n) {
-  constexpr std::int64_t run = ::lather::Impl::run_elements<ExecutionSpace>;
-  const std::int64_t runs = (n + run - 1) / run;
-  std::int64_t bad = 0;
-  Kokkos::parallel_reduce(
-      "Lather::optim::count_non_finite",
-      Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>(space, 0, runs),
-      KOKKOS_LAMBDA(std::int64_t r, std::int64_t & count) {
-        const std::int64_t begin = r * run, end = begin + run < n ? begin + run : n;
-        const Scalar* KOKKOS_RESTRICT x = data + begin;
-        int local = 0;
-        for (std::int64_t i = 0; i < end - begin; ++i) local += ::lather::Impl::is_finite(x[i]) ? 0 : 1;
-        count += local;
-      },
-      bad);
-  return bad;
-}
-
 /// The index of the first parameter whose gradient holds a NaN or an Inf, -1 when none does. One
 /// pass over each run of gradients that lie one after another in memory (a ParameterList's
 /// buffer: the whole gradient in one pass); only where a run holds one, a pass per gradient of the
@@ -56,9 +34,10 @@ int first_non_finite(const ExecutionSpace& space, const TensorList<Scalar, Memor
     std::int64_t elements = std::int64_t(gradients[first].extent(0));
     for (end = first + 1; end < gradients.size() && follows(end); ++end)
       elements += std::int64_t(gradients[end].extent(0));
-    if (count_non_finite(space, gradients[first].data(), elements) == 0) continue;
+    if (::lather::Impl::count_non_finite(space, gradients[first].data(), elements) == 0) continue;
     for (std::size_t p = first; p < end; ++p)
-      if (count_non_finite(space, gradients[p].data(), std::int64_t(gradients[p].extent(0))) > 0) return int(p);
+      if (::lather::Impl::count_non_finite(space, gradients[p].data(), std::int64_t(gradients[p].extent(0))) > 0)
+        return int(p);
   }
   return -1;
 }
