@@ -1,6 +1,7 @@
 // lather-train: trains an MLP on Fashion-MNIST, or a character-level transformer on a text
 // (--model transformer), with Shampoo (or Adam, AdamW, AdaGrad, SGD), data parallel over MPI ranks,
 // optionally with weight shards; see `lather-train --help` and docs/reference/driver.md.
+#include "command_line.hpp"
 #include "trainer.hpp"
 
 #include <lather/comm/blas_threads.hpp>

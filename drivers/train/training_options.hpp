@@ -1,7 +1,7 @@
 #pragma once
-// Everything lather-train can be told, with its defaults, and how the command line (CLI11) and
-// config files map onto it. The defaults are the acceptance run: `mpiexec -n 2 lather-train`
-// trains 784-512-256-10 on Fashion-MNIST with Shampoo for 3 epochs.
+// Everything lather-train can be told, with its defaults and their checks; command_line.hpp maps
+// the command line and config files onto it. The defaults are the acceptance run:
+// `mpiexec -n 2 lather-train` trains 784-512-256-10 on Fashion-MNIST with Shampoo for 3 epochs.
 
 #include <lather/comm/reduce.hpp>
 #include <lather/comm/wire_precision.hpp>
@@ -16,13 +16,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-// CLI11 is header-only and costs about 10 s of compilation in every file that includes it (g++
-// -O3): only the files that build or read the command line include it.
-namespace CLI {
-class App;
-class ParseError;
-}  // namespace CLI
 
 namespace lather::train {
 
@@ -123,10 +116,6 @@ using GivenOption = std::function<bool(const std::string& flag)>;
 /// The model's own defaults for what the user did not give (batch, steps, learning rate,
 /// evaluation interval, Shampoo's block size): the MLP's make no sense for the transformer.
 void apply_model_defaults(const GivenOption& given, TrainOptions& options);
-/// The same for options parsed by `app`; then validates them, and refuses, naming it, an option
-/// given that the chosen model or optimizer does not use (it would silently change nothing).
-/// Call after parsing. Throws lather::Error.
-void apply_model_defaults(const CLI::App& app, TrainOptions& options);
 
 /// The transformer's default Shampoo block size on `weight_shards` shards: the largest power of
 /// two up to 128 that divides the shards' slices of d_model.
@@ -134,24 +123,5 @@ int transformer_block_size(int d_model, int weight_shards);
 
 /// Every default of `model` as a run of it with no option given would take them.
 TrainOptions model_defaults(ModelKind model);
-
-/// The --model named in the arguments (`--model NAME` or `--model=NAME`), if any: --help then
-/// shows that model's defaults.
-std::optional<ModelKind> model_in_arguments(int argc, const char* const* argv);
-
-/// Registers every option on `app`, including --config for TOML/INI files whose keys are the
-/// long option names (e.g. `epochs = 5`, `shampoo = ["block_size=128", ...]`) and one
-/// --shampoo-<name> option per Shampoo option. The help shows the defaults of `help_model`, or
-/// of both models where they differ.
-void add_options(CLI::App& app, TrainOptions& options, std::optional<ModelKind> help_model = std::nullopt);
-
-/// CLI11's message for a command-line error in words for users: "--epochs was given 2 times"
-/// for CLI11's "At Most 1 required but received 2", and the unexpected arguments in the order
-/// they were given (CLI11 lists them reversed).
-std::string explain(const CLI::ParseError& error, const CLI::App& app);
-
-/// Refuses a --config file that is not text (a NUL byte, or bytes that are not UTF-8), naming it,
-/// before CLI11 reads it and echoes its bytes back. Throws lather::Error.
-void check_config_files(int argc, const char* const* argv);
 
 }  // namespace lather::train

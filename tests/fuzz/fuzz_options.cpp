@@ -6,7 +6,7 @@
 // that set_option accepts and prints the same.
 // A lather::Error or a CLI11 parse error is the expected rejection; anything else is a bug.
 #include "fuzz_support.hpp"
-#include "training_options.hpp"
+#include "command_line.hpp"
 
 #include <lather/core/error.hpp>
 #include <lather/optim/shampoo_options.hpp>
