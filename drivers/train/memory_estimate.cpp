@@ -59,8 +59,10 @@ std::int64_t estimate_optimizer_state(const TrainOptions& o, const ParameterShap
       // element (the start-up report of the default MLP: 7.0 MiB of stacks for 38 blocks of 128).
       const std::int64_t stacks =
           blocked_statistics(shapes, s.block_size, sides, s.skip_preconditioning_dim_size_gt, 12);
-      // The graft's statistics, the momentum of both directions; packing and direction buffers.
-      return 6 * p + 2 * stacks / std::max(1, replicas);
+      // The graft's statistics, the momentum of both directions; packing and direction buffers;
+      // KL-Shampoo's contraction scratch for this rank's blocks.
+      const std::int64_t kl_scratch = s.kl_shampoo ? p / std::max(1, replicas) : 0;
+      return 6 * p + 2 * stacks / std::max(1, replicas) + kl_scratch;
     }
     case OptimizerKind::soap: {
       const auto s = o.soap_options();

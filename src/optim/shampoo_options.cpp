@@ -18,6 +18,7 @@ const std::pair<GraftType, const char*> graft_names[] = {
     {GraftType::sgd, "SGD"},         {GraftType::adagrad, "ADAGRAD"},
     {GraftType::rmsprop, "RMSPROP"}, {GraftType::rmsprop_normalized, "RMSPROP_NORMALIZED"},
     {GraftType::sqrt_n, "SQRT_N"},   {GraftType::adagrad_normalized, "ADAGRAD_NORMALIZED"},
+    {GraftType::none, "NONE"},
 };
 }  // namespace
 
@@ -44,7 +45,7 @@ GraftType parse_graft_type(const std::string& name) {
   for (const auto& [type, known] : graft_names)
     if (upper == known) return type;
   LATHER_FAIL("unknown graft type '", name,
-              "' (expected SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED or SQRT_N)");
+              "' (expected SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED, SQRT_N or NONE)");
 }
 
 std::string to_string(PreconditionerType type) {
@@ -97,7 +98,9 @@ StepMode parse_step_mode(const std::string& name) {
   LATHER_FAIL("unknown step mode '", name, "' (expected auto, replicated or distributed)");
 }
 
-bool graft_has_diagonal_statistics(GraftType graft) { return graft != GraftType::sgd && graft != GraftType::sqrt_n; }
+bool graft_has_diagonal_statistics(GraftType graft) {
+  return graft != GraftType::sgd && graft != GraftType::sqrt_n && graft != GraftType::none;
+}
 
 void ShampooOptions::validate() const {
   learning_rate.validate();
@@ -224,6 +227,7 @@ const std::vector<std::string>& option_names() {
                                                  "graft_granularity",
                                                  "nesterov",
                                                  "exponent_override",
+                                                 "kl_shampoo",
                                                  "precondtioner_type",
                                                  "shard_optimizer_states",
                                                  "best_effort_memory_usage_reduction",
@@ -268,11 +272,14 @@ std::string option_help(const std::string& name) {
       {"preconditioning_compute_steps", "inverse roots are recomputed every this many steps"},
       {"statistics_compute_steps", "statistics are updated every this many steps"},
       {"best_effort_shape_interpretation", "merge small dimensions (up to merge_small_dims_block_size)"},
-      {"graft_type", "SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED or SQRT_N"},
+      {"graft_type",
+       "SGD, ADAGRAD, ADAGRAD_NORMALIZED, RMSPROP, RMSPROP_NORMALIZED, SQRT_N or NONE (the direction as it is)"},
       {"graft_granularity",
        "tensor (the reference: a tensor's direction takes its graft's norm) or block (Meta's: each block's)"},
       {"nesterov", "Nesterov momentum"},
       {"exponent_override", "p of the inverse p-th root (0: 2 x preconditioned dimensions of the block)"},
+      {"kl_shampoo",
+       "KL-Shampoo's statistics: each dimension's Gram matrix of the block preconditioned along the others"},
       {"precondtioner_type",
        "ALL, INPUT (all but the last dimension) or OUTPUT (the last only); "
        "alias preconditioner_type"},
@@ -356,6 +363,8 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
     out << o.nesterov;
   else if (name == "exponent_override")
     out << o.exponent_override;
+  else if (name == "kl_shampoo")
+    out << o.kl_shampoo;
   else if (name == "precondtioner_type" || name == "preconditioner_type")
     out << to_string(o.preconditioner_type);
   else if (name == "shard_optimizer_states")
@@ -452,6 +461,8 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
     o.nesterov = b();
   else if (name == "exponent_override")
     o.exponent_override = i();
+  else if (name == "kl_shampoo")
+    o.kl_shampoo = b();
   else if (name == "precondtioner_type" || name == "preconditioner_type")
     o.preconditioner_type = parse_preconditioner_type(value);
   else if (name == "shard_optimizer_states")

@@ -97,6 +97,7 @@ struct Mode {
   int host_threads = 0;                  // product_host_threads (0: from the node; the element-wise passes follow)
   long unpreconditioned_block_size = 0;  // one-sided blocks' extent along the dimensions without a statistic
   optim::GraftGranularity graft_granularity = optim::GraftGranularity::tensor;
+  bool kl = false;  // KL-Shampoo's statistics; grafted per tensor, with no graft at all
 };
 
 class DistributedShampoo : public ::testing::TestWithParam<Mode> {};
@@ -133,6 +134,8 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
   o.graft_granularity = mode.graft_granularity;
   // Per block, RMSProp without the normalization (which divides by the whole tensor's norm).
   if (mode.graft_granularity == optim::GraftGranularity::block) o.graft_type = optim::GraftType::rmsprop;
+  o.kl_shampoo = mode.kl;
+  if (mode.kl && mode.graft_granularity == optim::GraftGranularity::tensor) o.graft_type = optim::GraftType::none;
   const comm::Mesh mesh(MPI_COMM_WORLD, mode.shards);
   const auto specs = local_specs(mode.shards, mesh.shard());
   optim::Shampoo<Space, float> distributed(Space(), specs, o, mesh);
@@ -220,7 +223,14 @@ INSTANTIATE_TEST_SUITE_P(
         Mode{"replicated_block_graft", StepMode::replicated, true, false, 1, optim::PreconditionerType::all, false,
              false, 0, 0, optim::GraftGranularity::block},
         Mode{"distributed_shards2_quantized_block_graft", StepMode::distributed, true, true, 2,
-             optim::PreconditionerType::all, false, false, 0, 0, optim::GraftGranularity::block}),
+             optim::PreconditionerType::all, false, false, 0, 0, optim::GraftGranularity::block},
+        // KL-Shampoo: each block's statistics read its own preconditioners, wherever they live.
+        Mode{"replicated_kl_no_graft", StepMode::replicated, true, false, 1, optim::PreconditionerType::all, false,
+             false, 0, 0, optim::GraftGranularity::tensor, true},
+        Mode{"distributed_kl_one_sided_input", StepMode::distributed, true, false, 1, optim::PreconditionerType::input,
+             false, false, 0, 0, optim::GraftGranularity::tensor, true},
+        Mode{"distributed_shards2_quantized_kl_block_graft", StepMode::distributed, true, true, 2,
+             optim::PreconditionerType::all, false, false, 0, 0, optim::GraftGranularity::block, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A NaN or Inf in one rank's gradient only (replicas should agree, but nothing may hang when they

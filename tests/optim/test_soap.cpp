@@ -7,6 +7,7 @@
 #include <lather/optim/soap.hpp>
 
 #include "common/state_bytes.hpp"
+#include "optim/reference_problem.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -26,58 +27,10 @@ using lather::optim::Soap;
 using lather::optim::SoapOptions;
 namespace fs = std::filesystem;
 
-// The problem of scripts/soap_reference.py, term by term in IEEE double, rounded once to float.
-float initial_value(std::int64_t k, std::size_t pidx) {
-  return float(std::cos(0.23 * double(k + 1) + 0.7 * double(pidx)));
-}
-float gradient_value(float p, std::int64_t k, std::size_t pidx, int t) {
-  const double kk = double(k + 1);
-  return float(0.1 * double(p) + std::sin(0.37 * kk + 1.3 * double(t + 1) + 0.61 * double(pidx)) +
-               0.5 * std::cos(0.173 * kk * kk + 0.7 * double(t + 1) + 0.3 * double(pidx)));
-}
-
-/// Parameters on the device with the problem's initial values and gradients.
-struct Problem {
-  std::vector<lather::optim::ParameterSpec> specs;
-  lather::TensorList<float, Mem> values, gradients;
-  explicit Problem(std::vector<lather::optim::ParameterSpec> s) : specs(std::move(s)) {
-    for (std::size_t p = 0; p < specs.size(); ++p) {
-      const auto n = lather::element_count(specs[p].shape);
-      values.push_back(lather::FlatTensor<float, Mem>("value", n));
-      gradients.push_back(lather::FlatTensor<float, Mem>("gradient", n));
-      auto host = Kokkos::create_mirror_view(values[p]);
-      for (std::int64_t k = 0; k < n; ++k) host(k) = initial_value(k, p);
-      Kokkos::deep_copy(values[p], host);
-    }
-  }
-  std::vector<float> host(std::size_t p) const {
-    auto mirror = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), values[p]);
-    return std::vector<float>(mirror.data(), mirror.data() + mirror.size());
-  }
-  /// Gradients of step t from the current values (pidx may differ from p: see BlockedEqualsBlocks).
-  void set_gradients(int t, const std::vector<std::size_t>& pidx = {}) {
-    for (std::size_t p = 0; p < specs.size(); ++p) {
-      const auto x = host(p);
-      auto g = Kokkos::create_mirror_view(gradients[p]);
-      for (std::size_t k = 0; k < x.size(); ++k)
-        g(k) = gradient_value(x[k], std::int64_t(k), pidx.empty() ? p : pidx[p], t);
-      Kokkos::deep_copy(gradients[p], g);
-    }
-  }
-  void step(Soap<Space, float>& soap, int t) {
-    set_gradients(t);
-    soap.step(Space(), values, gradients);
-  }
-};
+using Problem = lather::test::ReferenceProblem<Mem>;
 
 std::vector<std::string> reference_files() {
-  std::vector<std::string> files;
-  const fs::path dir = fs::path(LATHER_TEST_DATA_DIR) / "soap_reference";
-  if (fs::exists(dir))
-    for (const auto& entry : fs::directory_iterator(dir))
-      if (entry.path().extension() == ".json") files.push_back(entry.path().string());
-  std::sort(files.begin(), files.end());
-  return files;
+  return lather::test::reference_files(fs::path(LATHER_TEST_DATA_DIR) / "soap_reference");
 }
 
 SoapOptions options_from(const nlohmann::json& o) {

@@ -14,8 +14,10 @@
 
 namespace lather::optim {
 
-/// The first-order method whose per-tensor step size Shampoo's direction is rescaled to.
-enum class GraftType { sgd, adagrad, rmsprop, rmsprop_normalized, sqrt_n, adagrad_normalized };
+/// The first-order method whose per-tensor step size Shampoo's direction is rescaled to; none
+/// (beyond the reference, Meta's grafting_config=None) uses the direction as it is, and the plain
+/// gradient before start_preconditioning_step.
+enum class GraftType { sgd, adagrad, rmsprop, rmsprop_normalized, sqrt_n, adagrad_normalized, none };
 
 /// Which dimensions of a block are preconditioned: the reference's `precondtioner_type`. Blocks
 /// of rank <= 1 are always preconditioned along their one dimension.
@@ -72,6 +74,13 @@ struct ShampooOptions {
   GraftGranularity graft_granularity = GraftGranularity::tensor;
   bool nesterov = true;
   int exponent_override = 0;  ///< 0: exponent 2 * (preconditioned dimensions of the block)
+  /// KL-Shampoo's statistics (Lin et al. 2025, arXiv 2509.03378, in the form of Meta's
+  /// DistributedShampoo, without the per-factor eigenvalue correction): the statistic of a
+  /// block's dimension k blends the Gram matrix along k of the block contracted along its other
+  /// preconditioned dimensions with their current preconditioners, instead of the block's own.
+  /// With exponent_override 2 on matrices this is the paper's update (L += G R^-1 G^T, the
+  /// direction L^-1/2 G R^-1/2); the paper drops grafting (graft_type none).
+  bool kl_shampoo = false;
   /// The reference's `precondtioner_type` (set_option accepts that spelling and
   /// "preconditioner_type"): one-sided Shampoo keeps statistics for one side only.
   PreconditionerType preconditioner_type = PreconditionerType::all;

@@ -34,9 +34,9 @@ class BlockProducts {
   /// preconditioners of the largest group that must be copied out of the store, and for the
   /// intermediate contractions. `host_threads`: the threads that share out the blocks on a host
   /// backend (ignored on a device); `by_work`: fewer where a phase has too little work for them
-  /// (flops_per_host_thread each).
+  /// (flops_per_host_thread each). `kl_statistics`: scratch for update_kl_statistics too.
   BlockProducts(const ExecutionSpace& space, const ShampooPlan& plan, const StepPlan& step, std::size_t workspace_bytes,
-                bool quantized, int host_threads, bool by_work)
+                bool quantized, int host_threads, bool by_work, bool kl_statistics = false)
       : m_step(&step),
         m_threads(::lather::Impl::runs_on_host<ExecutionSpace> ? std::max(1, host_threads) : 1),
         m_threads_by_work(by_work) {
@@ -74,10 +74,12 @@ class BlockProducts {
     if (quantized) m_gram_scratch = scratch("gram_scratch", m_gram_capacity);
     m_matrices = scratch("preconditioner_matrices", matrices);
     m_work = scratch("preconditioning_work", work);
+    if (kl_statistics) m_kl_work = scratch("kl_statistics_work", packed);
   }
 
   std::int64_t workspace_bytes() const {
-    return std::int64_t((m_grams.span() + m_gram_scratch.span() + m_matrices.span() + m_work.span()) * sizeof(T));
+    return std::int64_t(
+        (m_grams.span() + m_gram_scratch.span() + m_matrices.span() + m_work.span() + m_kl_work.span()) * sizeof(T));
   }
   /// GEMM launches since construction.
   long launches() const { return m_launches; }
@@ -88,11 +90,12 @@ class BlockProducts {
   double flops() const { return m_flops; }
 
   /// statistics(slot) <- w1 * statistics + w2 * (Gram matrix of the block along each dimension),
-  /// for every unit of every group; `packed` holds the blocks (statistics precision).
-  void update_statistics(const ExecutionSpace& space, const T* packed, Store& statistics, T w1, T w2) {
+  /// for every unit of every group; `packed` holds the blocks (statistics precision). `only`: the
+  /// j-th preconditioned dimension of each group alone (groups with fewer are left alone).
+  void update_statistics(const ExecutionSpace& space, const T* packed, Store& statistics, T w1, T w2, int only = -1) {
     if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
       if (!statistics.quantized()) {
-        update_dense_statistics_on_host(space, packed, statistics, w1, w2);
+        update_dense_statistics_on_host(space, packed, statistics, w1, w2, only);
         return;
       }
     }
@@ -105,28 +108,101 @@ class BlockProducts {
       list.clear();
       used = 0;
     };
-    for_each_statistic_dimension(packed, [&](const StatisticDimension& s) {
-      const std::int64_t square = std::int64_t(s.n) * s.n;
-      // Dense slots of the padded size: the products are blended in place by the GEMM itself,
-      // S = w2 X X^T + w1 S, with no Gram scratch and no blend pass.
-      if (T* slots = statistics.contiguous(s.first_slot, s.n)) {
-        gram_products(space, s.first, s.elements, s.n, s.before, s.after, w2, w1, slots, square, s.units);
-        return;
-      }
-      // As many of the group's units at once as the Gram scratch holds.
-      for (int begin = 0; begin < s.units;) {
-        if (used + square > m_gram_capacity) flush();
-        const int count = int(std::min<std::int64_t>(s.units - begin, (m_gram_capacity - used) / square));
-        gram_products(space, s.first + begin * s.elements, s.elements, s.n, s.before, s.after, T(1), T(0),
-                      m_grams.data() + used, square, count);
-        for (int k = 0; k < count; ++k) {
-          list.add(s.first_slot + begin + k, s.n, used, s.n);
-          used += square;
-        }
-        begin += count;
-      }
-    });
+    for_each_statistic_dimension(
+        packed,
+        [&](const StatisticDimension& s) {
+          const std::int64_t square = std::int64_t(s.n) * s.n;
+          // Dense slots of the padded size: the products are blended in place by the GEMM itself,
+          // S = w2 X X^T + w1 S, with no Gram scratch and no blend pass.
+          if (T* slots = statistics.contiguous(s.first_slot, s.n)) {
+            gram_products(space, s.first, s.elements, s.n, s.before, s.after, w2, w1, slots, square, s.units);
+            return;
+          }
+          // As many of the group's units at once as the Gram scratch holds.
+          for (int begin = 0; begin < s.units;) {
+            if (used + square > m_gram_capacity) flush();
+            const int count = int(std::min<std::int64_t>(s.units - begin, (m_gram_capacity - used) / square));
+            gram_products(space, s.first + begin * s.elements, s.elements, s.n, s.before, s.after, T(1), T(0),
+                          m_grams.data() + used, square, count);
+            for (int k = 0; k < count; ++k) {
+              list.add(s.first_slot + begin + k, s.n, used, s.n);
+              used += square;
+            }
+            begin += count;
+          }
+        },
+        only);
     flush();
+  }
+
+  /// KL-Shampoo's statistics: statistics(slot of dimension j) <- w1 * statistics + w2 * (Gram
+  /// matrix along j of the block contracted along every other preconditioned dimension with its
+  /// preconditioner), as Meta's RootInvKLShampooPreconditionerList computes them. One sweep per
+  /// j: the contracted blocks of every group with a j-th dimension land in `scratch` (which holds
+  /// the groups' blocks at their packed offsets, as `packed` does), then update_statistics takes
+  /// their Gram matrices along j. A group of one dimension has nothing to contract: its blocks
+  /// are copied.
+  void update_kl_statistics(const ExecutionSpace& space, const T* packed, const Store& preconditioners,
+                            Store& statistics, T w1, T w2, T* scratch) {
+    using Unmanaged = Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    using ConstUnmanaged = Kokkos::View<const T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    std::size_t most = 0;
+    for (const auto& group : m_step->groups) most = std::max(most, group.dims.size());
+    std::vector<const T*> p;
+    std::vector<std::int64_t> stride_p;
+    for (int j = 0; j < int(most); ++j) {
+      for (const auto& group : m_step->groups) {
+        const int contractions = int(group.dims.size()) - 1;
+        if (j > contractions) continue;
+        const int units = int(group.units.size());
+        const std::int64_t elements = product(group.size, 0, int(group.size.size()));
+        const std::int64_t offset = m_step->packed_offset[group.units.front()];
+        if (contractions == 0) {
+          Kokkos::deep_copy(space, Unmanaged(scratch + offset, std::size_t(units * elements)),
+                            ConstUnmanaged(packed + offset, std::size_t(units * elements)));
+          continue;
+        }
+        group_preconditioners(space, group, preconditioners, p, stride_p);
+        // The last contraction writes `scratch`: start in it or in m_kl_work by their parity.
+        const T* x = packed + offset;
+        T* targets[2] = {scratch + offset, m_kl_work.data() + offset};
+        int target = (contractions % 2 == 1) ? 0 : 1;
+        for (int i = 0; i <= contractions; ++i) {
+          if (i == j) continue;
+          contract(space, group, i, p[std::size_t(i)], stride_p[std::size_t(i)], x, targets[target], elements, units);
+          x = targets[target];
+          target = 1 - target;
+        }
+      }
+      update_statistics(space, scratch, statistics, w1, w2, j);
+    }
+  }
+
+  /// The preconditioners of each preconditioned dimension of `group`, in order: p[j] the first
+  /// unit's, stride_p[j] apart. Consecutive slots used in place when stored densely at the padded
+  /// size, else copied out contiguously (into m_matrices), one dimension after another.
+  template <class Group>
+  void group_preconditioners(const ExecutionSpace& space, const Group& group, const Store& preconditioners,
+                             std::vector<const T*>& p, std::vector<std::int64_t>& stride_p) {
+    const int units = int(group.units.size()), contractions = int(group.dims.size());
+    p.assign(std::size_t(contractions), nullptr);
+    stride_p.assign(std::size_t(contractions), 0);
+    SlotList<memory_space> list;
+    std::int64_t copied = 0;
+    for (int j = 0; j < contractions; ++j) {
+      const std::int64_t n = group.size[std::size_t(group.dims[std::size_t(j)])];
+      const int first_slot = group.first_slot + j * units;
+      p[std::size_t(j)] = preconditioners.contiguous(first_slot, int(n));
+      stride_p[std::size_t(j)] = std::int64_t(preconditioners.max_size()) * preconditioners.max_size();
+      if (p[std::size_t(j)]) continue;
+      list.clear();
+      for (int k = 0; k < units; ++k) list.add(first_slot + k, int(n), copied + k * n * n, int(n));
+      list.upload(space);
+      preconditioners.read(space, list, m_matrices);
+      p[std::size_t(j)] = m_matrices.data() + copied;
+      stride_p[std::size_t(j)] = n * n;
+      copied += units * n * n;
+    }
   }
 
   /// C_k = alpha (Gram matrix of block k along a dimension of size n) + beta C_k for `count`
@@ -156,16 +232,20 @@ class BlockProducts {
   /// S = w2 X X^T + w1 S (the upper triangle: half the flops of the GEMM; no scratch, no blend
   /// pass), whatever the statistic's size; symmetrize() fills in the lower triangles before
   /// anything reads the statistics.
-  void update_dense_statistics_on_host(const ExecutionSpace& space, const T* packed, Store& statistics, T w1, T w2) {
+  void update_dense_statistics_on_host(const ExecutionSpace& space, const T* packed, Store& statistics, T w1, T w2,
+                                       int only) {
     m_host_grams.clear();
     double flops = 0;
-    for_each_statistic_dimension(packed, [&](const StatisticDimension& s) {
-      for (int k = 0; k < s.units; ++k)
-        m_host_grams.push_back(
-            {s.first + k * s.elements, statistics.leading(s.first_slot + k), s.n, s.before, s.after});
-      m_launches += host_calls(s);
-      flops += double(s.units) * double(s.n + 1) * double(s.elements);  // syrk: the upper triangle
-    });
+    for_each_statistic_dimension(
+        packed,
+        [&](const StatisticDimension& s) {
+          for (int k = 0; k < s.units; ++k)
+            m_host_grams.push_back(
+                {s.first + k * s.elements, statistics.leading(s.first_slot + k), s.n, s.before, s.after});
+          m_launches += host_calls(s);
+          flops += double(s.units) * double(s.n + 1) * double(s.elements);  // syrk: the upper triangle
+        },
+        only);
     m_flops += flops;
     const int ld = statistics.max_size();
     ::lather::Impl::fence(space, "Lather::Shampoo: blocks packed before syrk");
@@ -222,30 +302,13 @@ class BlockProducts {
         return;
       }
     }
-    SlotList<memory_space> list;
     for (const auto& group : m_step->groups) {
       const int units = int(group.units.size()), contractions = int(group.dims.size());
       const std::int64_t elements = product(group.size, 0, int(group.size.size()));
       const std::int64_t offset = m_step->packed_offset[group.units.front()];
-      // The preconditioners of each dimension: consecutive slots, used in place when stored
-      // densely at the padded size, else copied out contiguously, one dimension after another.
-      std::vector<const T*> p(static_cast<std::size_t>(contractions), nullptr);
-      std::vector<std::int64_t> stride_p(static_cast<std::size_t>(contractions), 0);
-      std::int64_t copied = 0;
-      for (int j = 0; j < contractions; ++j) {
-        const std::int64_t n = group.size[std::size_t(group.dims[std::size_t(j)])];
-        const int first_slot = group.first_slot + j * units;
-        p[std::size_t(j)] = preconditioners.contiguous(first_slot, int(n));
-        stride_p[std::size_t(j)] = std::int64_t(preconditioners.max_size()) * preconditioners.max_size();
-        if (p[std::size_t(j)]) continue;
-        list.clear();
-        for (int k = 0; k < units; ++k) list.add(first_slot + k, int(n), copied + k * n * n, int(n));
-        list.upload(space);
-        preconditioners.read(space, list, m_matrices);
-        p[std::size_t(j)] = m_matrices.data() + copied;
-        stride_p[std::size_t(j)] = n * n;
-        copied += units * n * n;
-      }
+      std::vector<const T*> p;
+      std::vector<std::int64_t> stride_p;
+      group_preconditioners(space, group, preconditioners, p, stride_p);
       if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
         // Quantized preconditioners, copied out above: one block at a time through a block-sized
         // scratch that stays in cache (the host makes one GEMM per block either way), instead of
@@ -289,12 +352,13 @@ class BlockProducts {
   /// f(dimension) for every preconditioned dimension of every group of the step, in slot order;
   /// `packed` holds the blocks.
   template <class F>
-  void for_each_statistic_dimension(const T* packed, const F& f) const {
+  void for_each_statistic_dimension(const T* packed, const F& f, int only = -1) const {
     for (const auto& group : m_step->groups) {
       const int units = int(group.units.size());
       const std::int64_t elements = product(group.size, 0, int(group.size.size()));
       const T* first = packed + m_step->packed_offset[group.units.front()];
       for (std::size_t j = 0; j < group.dims.size(); ++j) {
+        if (only >= 0 && int(j) != only) continue;
         const int d = group.dims[j];
         f(StatisticDimension{first, units, int(group.size[std::size_t(d)]), group.first_slot + int(j) * units, elements,
                              product(group.size, 0, d), product(group.size, d + 1, -1)});
@@ -398,7 +462,7 @@ class BlockProducts {
   std::vector<HostGram> m_host_grams;
   std::vector<HostBlock> m_host_blocks;
   std::int64_t m_gram_capacity = 1;
-  Flat m_grams, m_gram_scratch, m_matrices, m_work;
+  Flat m_grams, m_gram_scratch, m_matrices, m_work, m_kl_work;
   long m_launches = 0;
   double m_flops = 0;
   bool m_upper_only = false;

@@ -145,7 +145,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
           m_options, async_root_threads<memory_space>(m_options, threads.roots));
     m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(
         space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(), m_step_threads,
-        m_options.product_host_threads == 0);
+        m_options.product_host_threads == 0, m_options.kl_shampoo);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -211,7 +211,14 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     if (t % m_options.statistics_compute_steps == 0) {
       ::lather::Impl::ScopedRegion statistics("Lather::Shampoo::statistics");
       const double beta2 = m_options.beta2;
-      m_products->update_statistics(space, blocks, *m_statistics, T(beta2), T(beta2 == 1.0 ? 1.0 : 1.0 - beta2));
+      const T w1(beta2), w2(beta2 == 1.0 ? 1.0 : 1.0 - beta2);
+      // KL-Shampoo's Gram matrices are of the blocks preconditioned along their other dimensions
+      // with the preconditioners in use (the last roots'): the direction's buffer, written only
+      // by step (4), holds them meanwhile.
+      if (m_options.kl_shampoo)
+        m_products->update_kl_statistics(space, blocks, *m_preconditioners, *m_statistics, w1, w2, m_direction.data());
+      else
+        m_products->update_statistics(space, blocks, *m_statistics, w1, w2);
       phases.end("statistics");
     }
     if (t % m_options.preconditioning_compute_steps == 0) {
@@ -239,7 +246,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     phases.end("communication");
     if (norms.failures > 0) agree_everywhere(share_error.empty() ? share_error : context + ": " + share_error);
     set_multipliers(space, norms.norms, c.lr);
-    if (m_options.graft_granularity == GraftGranularity::block) scale_blocks(space);
+    if (m_options.graft_granularity == GraftGranularity::block && m_options.graft_type != GraftType::none)
+      scale_blocks(space);
 
     // (6) Momentum and the update; distributed, every rank's new values to every rank.
     UpdateElement<Scalar, T, memory_space> element = update_element(c);

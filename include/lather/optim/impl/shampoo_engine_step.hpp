@@ -290,7 +290,8 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::set_multipliers(const ExecutionSp
     const double graft_norm = graft_norm_raw * graft_multiplier;
     // The reference sets precond_grad = grafting_update for the parameters it skips. Grafted per
     // block, the norms' ratio is each block's own (scale_blocks); the tensor keeps its multiplier.
-    const bool per_block = o.graft_granularity == GraftGranularity::block;
+    // Without a graft the direction keeps its own norm.
+    const bool per_block = o.graft_granularity == GraftGranularity::block || o.graft_type == GraftType::none;
     const double shampoo_multiplier = !pp.preconditioned ? graft_multiplier * (graft_norm / (graft_norm + 1e-16))
                                       : per_block        ? graft_multiplier
                                                          : graft_norm / (std::sqrt(norms2[p].preconditioned) + 1e-16);
