@@ -151,13 +151,11 @@ import time
 
 import numpy as np
 import torch
-
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lather_twins import MT19937_64, check_mt19937_64, h5dump_dataset, learning_rate  # noqa: E402
+from lather_twins import MASK64, MT19937_64, check_mt19937_64, h5dump_dataset, learning_rate  # noqa: E402
 
-MASK64 = (1 << 64) - 1
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
 EVAL_ROWS = 1000  # trainer.cpp: eval_rows
 LATHER_TRAIN_SAMPLES = 60000  # training_options.cpp planned_steps: the count when --train-samples is 0

@@ -115,13 +115,11 @@ import time
 
 import numpy as np
 import torch
-
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lather_twins import MT19937_64, check_mt19937_64, h5dump_dataset, learning_rate  # noqa: E402
+from lather_twins import MASK64, MT19937_64, check_mt19937_64, h5dump_dataset, learning_rate  # noqa: E402
 
-MASK64 = (1 << 64) - 1
 PADDED_VOCABULARY_MULTIPLE = 128  # language_model_trainer.cpp: padded_vocabulary_multiple
 DEFAULT_TEXT = "/usr/share/datasets/shakespeare"
 

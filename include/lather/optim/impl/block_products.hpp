@@ -426,7 +426,8 @@ class BlockProducts {
   }
 
   /// y_k = the contraction of block x_k (`elements` apart) with preconditioner p_k (`stride_p`
-  /// apart) along the group's j-th preconditioned dimension, for `count` blocks.
+  /// apart) along the group's j-th preconditioned dimension, for `count` blocks; on the host the
+  /// blocks are shared out among the product threads, as gram_products() does.
   template <class Group>
   void contract(const ExecutionSpace& space, const Group& group, int j, const T* p, std::int64_t stride_p, const T* x,
                 T* y, std::int64_t elements, int count) {
@@ -437,14 +438,15 @@ class BlockProducts {
     m_flops += 2.0 * double(count) * double(n) * double(elements);
     if (before == 1)  // P^T X with X [n, after]
       m_launches += gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p, x, elements,
-                                         T(0), y, elements, count);
+                                         T(0), y, elements, count, m_threads, m_threads_by_work);
     else if (after == 1)  // X P with X [before, n]
       m_launches += gemm_strided_batched(space, 'N', 'N', int(before), int(n), int(n), T(1), x, elements, p, stride_p,
-                                         T(0), y, elements, count);
+                                         T(0), y, elements, count, m_threads, m_threads_by_work);
     else
       for (std::int64_t a = 0; a < before; ++a)
-        m_launches += gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p,
-                                           x + a * n * after, elements, T(0), y + a * n * after, elements, count);
+        m_launches +=
+            gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p, x + a * n * after,
+                                 elements, T(0), y + a * n * after, elements, count, m_threads, m_threads_by_work);
   }
 
   /// The product of size[begin, end) (end < 0: to the last).

@@ -246,8 +246,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     phases.end("communication");
     if (norms.failures > 0) agree_everywhere(share_error.empty() ? share_error : context + ": " + share_error);
     set_multipliers(space, norms.norms, c.lr);
-    if (m_options.graft_granularity == GraftGranularity::block && m_options.graft_type != GraftType::none)
-      scale_blocks(space);
+    if (grafts_per_block()) scale_blocks(space);
 
     // (6) Momentum and the update; distributed, every rank's new values to every rank.
     UpdateElement<Scalar, T, memory_space> element = update_element(c);
@@ -379,6 +378,11 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   /// its own graft (the units' norms of the last pass; no communication: a block is one rank's).
   void scale_blocks(const ExecutionSpace& space);
   bool sums_over_shards(int p) const;
+  /// True where each block's direction takes its own graft's norm (graft_granularity block); false
+  /// per tensor, and without a graft (graft_type none), where the direction keeps its norm.
+  bool grafts_per_block() const {
+    return m_options.graft_granularity == GraftGranularity::block && m_options.graft_type != GraftType::none;
+  }
   bool split_by_rows(int p) const;
   void upload_parameter_scalars(const ExecutionSpace& space);
 

@@ -69,7 +69,7 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
   m_mine_threads = pass_threads(step.mine().size(), step.my_elements());
   alloc(m_unit_norms, "unit_norms", std::max<std::int64_t>(1, std::int64_t(step.mine().size())));
   m_unit_norms_host = Kokkos::create_mirror_view(m_unit_norms);
-  if (m_options.graft_granularity == GraftGranularity::block) {
+  if (grafts_per_block()) {
     alloc(m_unit_scales, "unit_scales", std::max<std::int64_t>(1, std::int64_t(step.mine().size())));
     m_unit_scales_host = Kokkos::create_mirror_view(m_unit_scales);
   }
@@ -289,12 +289,12 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::set_multipliers(const ExecutionSp
     if (!o.decoupled_learning_rate) graft_multiplier *= lr;
     const double graft_norm = graft_norm_raw * graft_multiplier;
     // The reference sets precond_grad = grafting_update for the parameters it skips. Grafted per
-    // block, the norms' ratio is each block's own (scale_blocks); the tensor keeps its multiplier.
-    // Without a graft the direction keeps its own norm.
-    const bool per_block = o.graft_granularity == GraftGranularity::block || o.graft_type == GraftType::none;
+    // block, the norms' ratio is each block's own (scale_blocks); the tensor keeps its multiplier,
+    // as it does without a graft, where the direction keeps its own norm.
+    const bool per_tensor = o.graft_granularity == GraftGranularity::tensor && o.graft_type != GraftType::none;
     const double shampoo_multiplier = !pp.preconditioned ? graft_multiplier * (graft_norm / (graft_norm + 1e-16))
-                                      : per_block        ? graft_multiplier
-                                                         : graft_norm / (std::sqrt(norms2[p].preconditioned) + 1e-16);
+                                      : per_tensor       ? graft_norm / (std::sqrt(norms2[p].preconditioned) + 1e-16)
+                                                         : graft_multiplier;
     s.graft_multiplier = Scalar(graft_multiplier);
     s.shampoo_multiplier = Scalar(shampoo_multiplier);
   }
