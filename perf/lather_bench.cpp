@@ -37,6 +37,7 @@ int main(int argc, char** argv) try {
 #endif
 #if defined(LATHER_BENCH_TTA)
     lather::bench::register_tta(app);
+    lather::bench::register_pipeline(app);
 #endif
 #if LATHER_ENABLE_MPI
     lather::bench::register_reduce(app);

@@ -35,7 +35,11 @@ const std::vector<ModelOption>& model_options() {
                                                    {"--sample", ModelKind::transformer},
                                                    {"--prompt", ModelKind::transformer},
                                                    {"--temperature", ModelKind::transformer},
-                                                   {"--target-loss", ModelKind::transformer}};
+                                                   {"--target-loss", ModelKind::transformer},
+                                                   {"--pipeline-stages", ModelKind::transformer},
+                                                   {"--micro-batches", ModelKind::transformer},
+                                                   {"--pipeline-schedule", ModelKind::transformer},
+                                                   {"--pipeline-timeline", ModelKind::transformer}};
   return options;
 }
 
@@ -247,6 +251,20 @@ void add_options(CLI::App& app, TrainOptions& o, std::optional<ModelKind> help_m
   app.add_option("--target-loss", o.target_loss,
                  "transformer: stop once the validation loss (nats/char) is at or below this (0: never)")
       ->capture_default_str();
+  app.add_option("--pipeline-stages", o.pipeline_stages,
+                 "transformer: split the blocks over this many consecutive groups of ranks of each replica "
+                 "(embedding on the first, head on the last; stages x --weight-shards must divide the rank count)")
+      ->capture_default_str();
+  app.add_option("--micro-batches", o.micro_batches,
+                 "transformer: micro-batches of each replica's share that flow through the pipeline per round "
+                 "(x --accumulate rounds per step)")
+      ->capture_default_str();
+  app.add_option("--pipeline-schedule", o.pipeline_schedule,
+                 "transformer: gpipe (all forwards, then all backwards) or 1f1b (one forward one backward: at most "
+                 "--pipeline-stages micro-batches of activations alive)")
+      ->capture_default_str();
+  app.add_option("--pipeline-timeline", o.pipeline_timeline,
+                 "transformer: write every rank's forward and backward passes of the last step to this JSON file");
   app.add_option("--data", o.data, "Directory with Fashion-MNIST's train-/t10k-{images,labels}-idx?-ubyte[.gz]")
       ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the training set")->capture_default_str();

@@ -14,10 +14,14 @@
 #include <lather/data/text.hpp>
 #include <lather/nn/transformer.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
 
@@ -104,14 +108,64 @@ std::int32_t sample_from(const std::vector<double>& logits, double temperature, 
   return std::int32_t(weights.size() - 1);
 }
 
+/// Every rank's passes of one step, gathered to rank 0 and written as JSON (a schedule's timeline,
+/// which scripts/pipeline-timeline draws). Collective over the mesh.
+void write_pipeline_timeline(const std::string& file, const comm::Mesh& mesh, const TrainOptions& o,
+                             const std::vector<nn::PipelineEvent>& events) {
+  std::vector<double> mine;
+  for (const auto& e : events) mine.insert(mine.end(), {e.forward ? 1.0 : 0.0, double(e.micro_batch), e.begin, e.end});
+  const int n = mesh.world_size();
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(n));
+  const std::int64_t mine_count = std::int64_t(mine.size());
+  mesh.world().allgather(&mine_count, 1, counts.data());
+  const std::vector<std::size_t> sizes(counts.begin(), counts.end());
+  std::size_t total = 0;
+  for (auto c : sizes) total += c;
+  std::vector<double> all(total);
+  mesh.world().allgatherv(mine.data(), all.data(), sizes);
+  mesh.world().run_agreed("--pipeline-timeline", [&] {
+    if (mesh.world_rank() != 0) return;
+    const int S = mesh.weight_shards(), P = mesh.pipeline_stages();
+    nlohmann::json ranks = nlohmann::json::array();
+    std::size_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      nlohmann::json passes = nlohmann::json::array();
+      for (std::size_t k = 0; k < sizes[std::size_t(r)]; k += 4, at += 4)
+        passes.push_back({{"pass", all[at] > 0 ? "forward" : "backward"},
+                          {"micro_batch", int(all[at + 1])},
+                          {"begin", all[at + 2]},
+                          {"end", all[at + 3]}});
+      ranks.push_back(
+          {{"rank", r}, {"replica", r / (S * P)}, {"stage", (r / S) % P}, {"shard", r % S}, {"passes", passes}});
+    }
+    const nlohmann::json timeline = {{"schedule", o.pipeline_schedule},
+                                     {"pipeline_stages", P},
+                                     {"weight_shards", S},
+                                     {"micro_batches", o.micro_batches},
+                                     {"accumulate", o.accumulate},
+                                     {"bubble_bound", nn::bubble_bound(P, o.micro_batches)},
+                                     {"ranks", ranks}};
+    std::ofstream out(file);
+    LATHER_REQUIRE(out, "--pipeline-timeline '", file, "' cannot be written");
+    out << timeline.dump(1) << "\n";
+    LATHER_REQUIRE(out.good(), "--pipeline-timeline '", file, "': the write failed");
+  });
+}
+
 }  // namespace
 
 TrainResult train_language_model(const TrainOptions& options, const comm::Group& world,
                                  const std::function<void(const std::string&)>& log_sink) {
   options.validate();
-  LATHER_REQUIRE(world.size() % options.weight_shards == 0, "--weight-shards ", options.weight_shards,
-                 " does not divide the ", world.size(), " ranks (each replica holds --weight-shards ranks)");
-  const comm::Mesh mesh(world, options.weight_shards);
+  LATHER_REQUIRE(options.pipeline_stages > 1 || world.size() % options.weight_shards == 0, "--weight-shards ",
+                 options.weight_shards, " does not divide the ", world.size(),
+                 " ranks (each replica holds --weight-shards ranks)");
+  LATHER_REQUIRE(world.size() % (options.weight_shards * options.pipeline_stages) == 0, "--pipeline-stages ",
+                 options.pipeline_stages, " x --weight-shards ", options.weight_shards, " does not divide the ",
+                 world.size(), " ranks (each replica holds stages x shards ranks)");
+  const comm::Mesh mesh(world, options.weight_shards, options.pipeline_stages);
+  const nn::PipelineSchedule schedule = nn::parse_pipeline_schedule(options.pipeline_schedule);
+  const int stages = mesh.pipeline_stages();
   const Space space;
   const data::TextCorpus corpus = data::load_text_corpus(options.text);
   const int replicas = mesh.replicas(), replica = mesh.replica();
@@ -165,9 +219,12 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   config.z_loss = o.z_loss;
   // The largest micro-batch of any replica (share() gives the first ones one window more): the
   // staging, and the evaluation's pieces, so that evaluating never grows the model's activations.
-  const long micro_windows = std::max(1L, ((batch + replicas - 1) / replicas + o.accumulate - 1) / o.accumulate);
+  // A step is o.accumulate rounds of o.micro_batches micro-batches (one pipeline schedule each).
+  const long micro_steps = long(o.accumulate) * o.micro_batches;
+  const long micro_windows = std::max(1L, ((batch + replicas - 1) / replicas + micro_steps - 1) / micro_steps);
   const MemoryEstimate estimate =
-      estimate_transformer_memory(o, config.vocab_size, replicas, mesh.weight_shards(), micro_windows);
+      estimate_transformer_memory(o, config.vocab_size, replicas, mesh.weight_shards(), micro_windows,
+                                  nn::activation_slots(schedule, stages, 0, o.micro_batches));
   check_memory(estimate, world);
   Model model(space, config, o.seed, mesh);
   const auto& parameters = model.parameters();
@@ -182,19 +239,24 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     char line[512];
     std::snprintf(
         line, sizeof line,
-        "lather-train: %d ranks = %d replicas x %d weight shards, transformer %d layers x %d heads, "
+        "lather-train: %d ranks = %d replicas x %s%d weight shards, transformer %d layers x %d heads, "
         "d_model %d, context %d, vocabulary %d padded to %d (%.2fM parameters), %s (lr %.3g), %ld windows per step "
         "(%ld per replica%s), %ld steps",
-        mesh.world_size(), replicas, mesh.weight_shards(), config.n_layer, config.n_head, config.d_model, block,
-        characters, config.vocab_size, double(config.parameter_count()) / 1e6, to_string(o.optimizer).c_str(),
-        o.learning_rate(), batch, batch / replicas,
-        o.accumulate > 1 ? (" in " + std::to_string(o.accumulate) + " micro-batches").c_str() : "", planned);
+        mesh.world_size(), replicas,
+        stages > 1 ? (std::to_string(stages) + " pipeline stages (" + o.pipeline_schedule + ") x ").c_str() : "",
+        mesh.weight_shards(), config.n_layer, config.n_head, config.d_model, block, characters, config.vocab_size,
+        double(config.parameter_count()) / 1e6, to_string(o.optimizer).c_str(), o.learning_rate(), batch,
+        batch / replicas, micro_steps > 1 ? (" in " + std::to_string(micro_steps) + " micro-batches").c_str() : "",
+        planned);
     log.say(line);
     log.say("text " + corpus.source + ": " + std::to_string(corpus.train.size()) + " training and " +
             std::to_string(corpus.validation.size()) + " validation characters");
   }
 
-  WindowBatch staging(std::size_t(micro_windows * block));
+  // One staging per micro-batch of a pipeline round: a schedule reads them all.
+  std::vector<WindowBatch> stagings;
+  for (int m = 0; m < o.micro_batches; ++m) stagings.emplace_back(std::size_t(micro_windows * block));
+  WindowBatch& staging = stagings[0];
   TrainResult result;
 
   // Validation: the same windows every time, each replica its share, in micro-batches.
@@ -219,6 +281,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       if (termination_agreed(mesh.world())) return false;
     }
     mesh.data_parallel().allreduce(sums, 3, comm::Combine::sum);
+    if (stages > 1) mesh.pipeline().allreduce(sums, 3, comm::Combine::sum);  // the last stage's
     log.add_evaluation_time(log.seconds() - began);
     result.test_loss = sums[0] / sums[2];
     result.test_accuracy = sums[1] / sums[2];
@@ -257,19 +320,40 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   log.start_training();
   double last_line_seconds = log.training_seconds();
   long trained_tokens = 0;
+  // Pipeline time since the last progress line: in passes, and in whole schedules.
+  double busy_seconds = 0, schedule_seconds = 0;
+  std::vector<nn::PipelineEvent> last_step_events;
   for (long step = first_step; step < planned; ++step) {
     const auto offsets = data::window_offsets(o.seed, step, int(batch), std::int64_t(corpus.train.size()), block);
     const auto [mine_begin, mine_end] = share(batch, replicas, replica);
-    nn::LanguageModelSums local;
-    for (int k = 0; k < o.accumulate; ++k) {
-      const auto [m0, m1] = share(mine_end - mine_begin, o.accumulate, k);
-      if (m1 == m0) continue;
-      staging.load(space, corpus.train, offsets.data() + mine_begin + m0, int(m1 - m0), block);
-      const auto r =
-          model.train_batch(space, int(m1 - m0), block, staging.inputs(), staging.targets(), local.tokens > 0);
+    nn::LanguageModelSums local;  // the last stage's sums
+    long step_tokens = 0;         // this replica's tokens, known on every stage
+    bool written = false;         // gradients written by an earlier round of this step
+    double step_schedule = 0;
+    last_step_events.clear();
+    for (int round = 0; round < o.accumulate; ++round) {
+      std::vector<Model::MicroBatch> micro_batches;
+      for (int j = 0; j < o.micro_batches; ++j) {
+        const auto [m0, m1] = share(mine_end - mine_begin, micro_steps, long(round) * o.micro_batches + j);
+        if (m1 == m0) continue;
+        auto& into = stagings[micro_batches.size()];
+        into.load(space, corpus.train, offsets.data() + mine_begin + m0, int(m1 - m0), block);
+        micro_batches.push_back({int(m1 - m0), block, into.inputs(), into.targets()});
+        step_tokens += (m1 - m0) * block;
+      }
+      if (micro_batches.empty()) continue;
+      nn::PipelineTimes times;
+      const auto r = model.train_micro_batches(space, schedule, micro_batches, written, &times);
+      written = true;
       local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
+      busy_seconds += times.busy, schedule_seconds += times.seconds;
+      for (auto e : times.events) {  // the rounds one after the other
+        e.begin += step_schedule, e.end += step_schedule;
+        last_step_events.push_back(e);
+      }
+      step_schedule += times.seconds;
     }
-    reduce_and_step(space, o, *reducer, *optimizer, parameters, double(local.tokens));
+    reduce_and_step(space, o, *reducer, *optimizer, parameters, double(step_tokens));
     // Over the whole mesh, so that a signal seen by any rank stops every rank after this step;
     // the shards of a replica hold the same sums, counted once by dividing by their number.
     double sums[4] = {local.loss, double(local.correct), double(local.tokens), double(termination_requested())};
@@ -294,7 +378,14 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
                   {"memory_optimizer_state", state},
                   {"memory_activations", memory.activations},
                   {"memory_communication", memory.communication},
+                  {"memory_kept_activations", memory.kept_activations},
                   {"memory_total_largest", largest}});
+      if (stages > 1) {
+        // Every stage's activations kept for backward, the first stage's bounding the schedule.
+        std::vector<std::int64_t> kept(static_cast<std::size_t>(stages));
+        mesh.pipeline().allgather(&memory.kept_activations, 1, kept.data());
+        log.record({{"step", done}, {"memory_kept_activations_by_stage", kept}});
+      }
     }
     const bool terminate = sums[3] > 0;
     if ((o.log_every > 0 && done % o.log_every == 0) || done == planned || terminate) {
@@ -306,15 +397,45 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       char line[256];
       std::snprintf(line, sizeof line, "step %ld/%ld loss %.4f nats/char (%.3f bits/char) %.0f tokens/s ETA %s", done,
                     planned, loss, loss / std::log(2.0), rate, format_duration(eta).c_str());
+      nlohmann::json record = {{"step", done},
+                               {"loss", loss},
+                               {"bits_per_char", loss / std::log(2.0)},
+                               {"train_accuracy", window[1] / std::max(window[2], 1.0)},
+                               {"tokens_per_second", rate},
+                               {"seconds", log.seconds()},
+                               {"training_seconds", now},
+                               {"learning_rate", o.learning_rate()}};
+      if (stages > 1) {
+        // Each stage's time in passes and in whole schedules since the last line (replica 0's on
+        // rank 0): the idle fraction is the measured bubble.
+        const double mine[2] = {busy_seconds, schedule_seconds};
+        std::vector<double> all(2 * std::size_t(stages));
+        mesh.pipeline().allgather(mine, 2, all.data());
+        // A stage that finishes first (GPipe's last) waits for the others at the next step: every
+        // stage's idle time is counted against the longest schedule.
+        std::vector<double> busy, total, bubble;
+        double span = 1e-12, bubble_mean = 0;
+        for (int st = 0; st < stages; ++st) {
+          busy.push_back(all[2 * std::size_t(st)]);
+          total.push_back(all[2 * std::size_t(st) + 1]);
+          span = std::max(span, total.back());
+        }
+        for (int st = 0; st < stages; ++st) {
+          bubble.push_back(1.0 - busy[std::size_t(st)] / span);
+          bubble_mean += bubble.back() / stages;
+        }
+        const double bound = nn::bubble_bound(stages, o.micro_batches);
+        record["stage_busy_seconds"] = busy;
+        record["stage_schedule_seconds"] = total;
+        record["stage_bubble_fraction"] = bubble;
+        record["bubble_fraction"] = bubble_mean;
+        record["bubble_bound"] = bound;
+        const std::size_t used = std::strlen(line);
+        std::snprintf(line + used, sizeof line - used, " bubble %.3f (bound %.3f)", bubble_mean, bound);
+        busy_seconds = schedule_seconds = 0;
+      }
       if (!o.quiet) log.say(line);
-      log.record({{"step", done},
-                  {"loss", loss},
-                  {"bits_per_char", loss / std::log(2.0)},
-                  {"train_accuracy", window[1] / std::max(window[2], 1.0)},
-                  {"tokens_per_second", rate},
-                  {"seconds", log.seconds()},
-                  {"training_seconds", now},
-                  {"learning_rate", o.learning_rate()}});
+      log.record(record);
       window[0] = window[1] = window[2] = 0;
       last_line_seconds = now;
     }
@@ -346,6 +467,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       save();
     }
   }
+  if (!o.pipeline_timeline.empty()) write_pipeline_timeline(o.pipeline_timeline, mesh, o, last_step_events);
   result.seconds = log.seconds();
   if (result.steps > first_step && !result.interrupted) {
     // Model FLOP utilisation: the model's training flops per rank per second over the same-run

@@ -93,10 +93,13 @@ MemoryEstimate estimate_mlp_memory(const TrainOptions& o, const std::vector<int>
 }
 
 MemoryEstimate estimate_transformer_memory(const TrainOptions& o, int vocabulary, int replicas, int shards,
-                                           long micro_windows) {
+                                           long micro_windows, int slots) {
   const std::int64_t d = o.d_model, v = vocabulary, t = o.block_size, s = shards;
+  // With pipeline stages, the stage with the most blocks, counted with both the embedding and the
+  // head (an upper bound: each lives on one stage), and `slots` micro-batches of activations.
+  const int layers = (o.n_layer + o.pipeline_stages - 1) / o.pipeline_stages;
   ParameterShapes shapes = {{v / s, d}, {t, d}};
-  for (int layer = 0; layer < o.n_layer; ++layer) {
+  for (int layer = 0; layer < layers; ++layer) {
     for (int k = 0; k < 3; ++k) shapes.push_back({d, d / s}), shapes.push_back({d / s});  // query, key, value
     shapes.push_back({d / s, d}), shapes.push_back({d});                                  // attention output
     shapes.push_back({d, 4 * d / s}), shapes.push_back({4 * d / s});                      // MLP up
@@ -117,7 +120,7 @@ MemoryEstimate estimate_transformer_memory(const TrainOptions& o, int vocabulary
   const std::int64_t rows = micro_windows * t, heads = o.n_head / s;
   const std::int64_t per_block = rows * (6 * d + 4 * d / s + 8 * d / s + 4) + 3 * micro_windows * heads * t * t;
   const std::int64_t final_layer = rows * (4 * d + 2 * v / s + 4 * d / s + 4 * d / s + 3) + t * d;
-  e.activations = (o.n_layer * per_block + final_layer) * float_bytes;
+  e.activations = (std::int64_t(slots) * (layers * per_block + final_layer)) * float_bytes;
   return e;
 }
 

@@ -28,9 +28,10 @@ using ParameterShapes = std::vector<std::vector<std::int64_t>>;
 MemoryEstimate estimate_mlp_memory(const TrainOptions& o, const std::vector<int>& sizes, int replicas, int shards);
 
 /// The transformer of `o` with a vocabulary padded to `vocabulary`, each replica's micro-batch
-/// `micro_windows` windows of o.block_size characters.
+/// `micro_windows` windows of o.block_size characters, `slots` micro-batches of activations kept at
+/// once (a pipeline schedule's), on the pipeline stage with the most blocks.
 MemoryEstimate estimate_transformer_memory(const TrainOptions& o, int vocabulary, int replicas, int shards,
-                                           long micro_windows);
+                                           long micro_windows, int slots = 1);
 
 /// The optimizer state of `o.optimizer` over parameters of these per-rank shapes, its
 /// statistics shared among `replicas` ranks where the step distributes them.

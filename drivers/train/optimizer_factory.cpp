@@ -6,6 +6,8 @@
 #include <lather/optim/shampoo.hpp>
 #include <lather/optim/soap.hpp>
 
+#include <algorithm>
+
 namespace lather::train {
 
 std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& space, const TrainOptions& o,
@@ -17,8 +19,18 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& spac
     // SOAP splits its blocks, Muon its matrices, over the replicas of the data-parallel group.
     case OptimizerKind::soap:
       return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), mesh.data_parallel());
-    case OptimizerKind::muon:
-      return std::make_unique<optim::Muon<Space, float>>(space, parameters, o.muon_options(), mesh.data_parallel());
+    case OptimizerKind::muon: {
+      // A pipeline stage holds some of the model's tensors: its Muon names only those for AdamW.
+      auto muon = o.muon_options();
+      auto& adamw = muon.adamw_parameters;
+      adamw.erase(std::remove_if(adamw.begin(), adamw.end(),
+                                 [&](const std::string& name) {
+                                   return std::none_of(parameters.begin(), parameters.end(),
+                                                       [&](const ParameterSpec& p) { return p.name == name; });
+                                 }),
+                  adamw.end());
+      return std::make_unique<optim::Muon<Space, float>>(space, parameters, muon, mesh.data_parallel());
+    }
     case OptimizerKind::sgd:
       return std::make_unique<optim::FirstOrder<Space, float>>(space, parameters, o.sgd_options());
     case OptimizerKind::adagrad:

@@ -190,7 +190,9 @@ checkpoint::TrainingState load_checkpoint(const Space& space, const ResumeSource
   auto state = checkpointer.restore(space, source.file, optimizer, parameters.values());
   log.say("resumed from " + state.file + " (step " + std::to_string(optimizer.step_count()) + ", epoch " +
           std::to_string(state.epoch + 1) + ", sample " + std::to_string(state.sample_offset) + "; written by " +
-          std::to_string(state.world_size) + " ranks with " + std::to_string(state.weight_shards) + " weight shards)");
+          std::to_string(state.world_size) + " ranks with " +
+          (state.pipeline_stages > 1 ? std::to_string(state.pipeline_stages) + " pipeline stages x " : std::string()) +
+          std::to_string(state.weight_shards) + " weight shards)");
   return state;
 }
 

@@ -268,6 +268,12 @@ void TrainOptions::validate() const {
     LATHER_REQUIRE(d_model % n_head == 0, "--d-model ", d_model, " must be a multiple of --n-head ", n_head);
     LATHER_REQUIRE(n_head % weight_shards == 0, "--weight-shards ", weight_shards, " must divide --n-head ", n_head,
                    " (each shard holds whole attention heads)");
+    require_range("--pipeline-stages", pipeline_stages, 1, max_layers);
+    LATHER_REQUIRE(pipeline_stages <= n_layer, "--pipeline-stages ", pipeline_stages, " is more than --n-layer ",
+                   n_layer, " (each stage holds at least one block)");
+    require_range("--micro-batches", micro_batches, 1, max_batch_size);
+    LATHER_REQUIRE(pipeline_schedule == "gpipe" || pipeline_schedule == "1f1b", "--pipeline-schedule '",
+                   pipeline_schedule, "' is not one of gpipe, 1f1b");
     require_finite("--z-loss", z_loss, 0);
     require_range("--eval-windows", eval_windows, 1L, max_windows);
     require_range("--sample", sample, 0L, max_samples);

@@ -59,6 +59,10 @@ struct TrainOptions {
   int weight_shards = 1;
   comm::ReduceOp reduce = comm::ReduceOp::weighted_mean;
   int accumulate = 1;
+  int pipeline_stages = 1;                 ///< transformer: consecutive groups of blocks per replica
+  int micro_batches = 1;                   ///< transformer: per pipeline round (accumulate rounds a step)
+  std::string pipeline_schedule = "1f1b";  ///< gpipe or 1f1b
+  std::string pipeline_timeline;           ///< JSON of the last step's passes, per rank ("": none)
   std::string checkpoint_dir;
   long checkpoint_every = 0;
   int keep_checkpoints = 3;

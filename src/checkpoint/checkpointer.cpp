@@ -9,6 +9,7 @@
 #include "placed_writes.hpp"
 #include "row_exchange.hpp"
 #include "selection.hpp"
+#include "stage_arrays.hpp"
 #include "stored_checksums.hpp"
 
 #include <lather/core/error.hpp>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <tuple>
@@ -69,13 +71,29 @@ void agree_on_arrays(const comm::Group& group, const std::vector<ArraySlice>& ar
     LATHER_FAIL("checkpoint: the ranks passed different lists of arrays (paths, types or shapes differ)");
 }
 
+/// With pipeline stages, this rank's part of the stages' common list of arrays (stage_arrays.hpp):
+/// one exchange over the pipeline group, and a problem with the stages' lists fails every rank.
+/// Null with one stage (no communication).
+std::unique_ptr<StageArrays> merge_stages(const comm::Group& world, const comm::Group& pipeline, int stages,
+                                          const std::vector<ArraySlice>& arrays, bool saving) {
+  if (stages <= 1) return nullptr;
+  const auto lists = exchange_stage_arrays(pipeline, arrays);
+  std::unique_ptr<StageArrays> merged;
+  world.run_agreed("", [&] { merged = std::make_unique<StageArrays>(lists, pipeline.rank(), arrays, saving); });
+  return merged;
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(const comm::Mesh& mesh, CheckpointOptions options)
     : m_group(mesh.world()),
-      m_roles{mesh.world_rank() == 0, mesh.replica() == 0, mesh.shard()},
+      // Each stage's root writes what all of its ranks hold: the stages' arrays differ, and of
+      // those they share (the step) the merge keeps the first stage's copy (stage_arrays.hpp).
+      m_roles{mesh.stage_ranks().rank() == 0, mesh.replica() == 0, mesh.shard()},
       m_weight_shards(mesh.weight_shards()),
-      m_options(std::move(options)) {
+      m_options(std::move(options)),
+      m_pipeline(mesh.pipeline()),
+      m_pipeline_stages(mesh.pipeline_stages()) {
   m_options.validate();
 }
 
@@ -84,7 +102,7 @@ Checkpointer::Checkpointer(const comm::Group& group, CheckpointOptions options)
   m_options.validate();
 }
 
-std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays, const Attributes& attributes) {
+std::string Checkpointer::save(long step, const std::vector<ArraySlice>& own, const Attributes& attributes) {
   QuietHdf5 quiet;
   finish_pruning();
   // What can fail on one rank alone is checked and agreed before the file's collective calls:
@@ -92,8 +110,11 @@ std::string Checkpointer::save(long step, const std::vector<ArraySlice>& arrays,
   m_group.run_agreed("", [&] {
     ::lather::Impl::fault_point("checkpoint.save");
     LATHER_REQUIRE(step >= 0, "checkpoint step must be >= 0, got ", step);
-    for (const auto& a : arrays) check_slice(a);
+    for (const auto& a : own) check_slice(a);
   });
+  // With pipeline stages, the stages' lists become the one list the file holds.
+  const auto stages = merge_stages(m_group, m_pipeline, m_pipeline_stages, own, true);
+  const std::vector<ArraySlice>& arrays = stages ? stages->arrays() : own;
   agree_on_arrays(m_group, arrays);
 
   // Rank 0 prepares the directory and names the temporary file.
@@ -323,12 +344,14 @@ Attributes Checkpointer::read_attributes(const std::string& file) const {
   return attributes;
 }
 
-void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& arrays, Attributes* attributes) const {
+void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& own, Attributes* attributes) const {
   QuietHdf5 quiet;
   m_group.run_agreed("", [&] {  // as in save(): before any collective call on the file
     ::lather::Impl::fault_point("checkpoint.load");
-    for (const auto& a : arrays) check_slice(a);
+    for (const auto& a : own) check_slice(a);
   });
+  const auto stages = merge_stages(m_group, m_pipeline, m_pipeline_stages, own, false);
+  const std::vector<ArraySlice>& arrays = stages ? stages->arrays() : own;
   agree_on_arrays(m_group, arrays);
   // Rank 0 vets the file alone, so a foreign or damaged file fails before any collective open.
   Attributes root;

@@ -53,10 +53,14 @@ std::unique_ptr<Staged> stage_state(const ExecutionSpace& space, const optim::St
   s->slice.path = "optimizer/" + a.name;
   s->slice.dtype = a.dtype;
   s->slice.shape = a.shape;
+  s->slice.stacked = a.stacked;
+  const std::size_t bytes = a.device_bytes.size() + a.host_bytes.size();
   if (a.parameter >= 0) {
     place_like_parameter(s->slice, specs[a.parameter], roles);
     s->slice.writer = s->slice.writer && a.writer;
-  } else if (!a.rows.empty()) {
+  } else if (!a.rows.empty() || (a.stacked && bytes == 0 && element_count(a.shape) > 0)) {
+    // Listed rows; none where this rank stores none of a stacked array's items (distributed
+    // Shampoo on a rank that updates no preconditioned block).
     s->slice.selection = ArraySlice::Selection::rows;
     s->slice.rows = a.rows;
     s->slice.writer = a.writer;
@@ -64,7 +68,6 @@ std::unique_ptr<Staged> stage_state(const ExecutionSpace& space, const optim::St
     s->slice.selection = ArraySlice::Selection::whole;
     s->slice.writer = a.writer && roles.world_root;
   }
-  const std::size_t bytes = a.device_bytes.size() + a.host_bytes.size();
   LATHER_REQUIRE(bytes == s->slice.bytes(), "optimizer state '", a.name, "' holds ", bytes,
                  " bytes, its checkpoint selection ", s->slice.bytes());
   s->host.resize(bytes);
@@ -169,6 +172,7 @@ std::string Checkpointer::save(const ExecutionSpace& space, optim::Optimizer<Exe
   attributes.integers["world_size"] = m_group.size();
   // On a sharded Mesh the checkpointer knows the shard count; otherwise the caller says it.
   attributes.integers["weight_shards"] = m_weight_shards > 1 ? m_weight_shards : state.weight_shards;
+  attributes.integers["pipeline_stages"] = m_pipeline_stages > 1 ? m_pipeline_stages : state.pipeline_stages;
   attributes.strings["optimizer"] = optimizer.name();
   // All options in one attribute, one "name = value" per line: every attribute costs a collective
   // operation in parallel HDF5, and an optimizer has dozens of options.
@@ -226,6 +230,8 @@ TrainingState Checkpointer::restore(const ExecutionSpace& space, const std::stri
   state.sample_offset = long(integer("sample_offset"));
   state.world_size = int(integer("world_size"));
   state.weight_shards = int(integer("weight_shards"));
+  const auto stages = root.integers.find("pipeline_stages");  // files written before stages lack it
+  state.pipeline_stages = stages == root.integers.end() ? 1 : int(stages->second);
   state.extra = root;
   state.file = file;
   return state;

@@ -492,6 +492,38 @@ void Group::receive(T* values, std::size_t count, int source, int tag) const {
 }
 
 template <class T>
+Request Group::start_send(const T* values, std::size_t count, int destination, int tag) const {
+  const auto& st = state();
+  LATHER_REQUIRE(!st.local && destination >= 0 && destination < st.size && destination != st.rank,
+                 "Group::start_send: rank ", destination, " is not another rank of the group of ", st.size);
+  LATHER_REQUIRE(count <= max_count, "Group::start_send: ", count, " elements; at most ", max_count, " at once");
+  Request request;
+#if LATHER_ENABLE_MPI
+  Impl::check_mpi(MPI_Isend(values, int(count), datatype<T>(), destination, tag, st.comm, &request.m_request),
+                  "MPI_Isend");
+#else
+  (void)values, (void)tag;
+#endif
+  return request;
+}
+
+template <class T>
+Request Group::start_receive(T* values, std::size_t count, int source, int tag) const {
+  const auto& st = state();
+  LATHER_REQUIRE(!st.local && source >= 0 && source < st.size && source != st.rank, "Group::start_receive: rank ",
+                 source, " is not another rank of the group of ", st.size);
+  LATHER_REQUIRE(count <= max_count, "Group::start_receive: ", count, " elements; at most ", max_count, " at once");
+  Request request;
+  request.m_receive = true;
+#if LATHER_ENABLE_MPI
+  Impl::check_mpi(MPI_Irecv(values, int(count), datatype<T>(), source, tag, st.comm, &request.m_request), "MPI_Irecv");
+#else
+  (void)values, (void)tag;
+#endif
+  return request;
+}
+
+template <class T>
 void Group::exchange(const T* out, std::size_t out_count, T* in, std::size_t in_count, int partner, int tag) const {
   const auto& st = state();
   LATHER_REQUIRE(!st.local && partner >= 0 && partner < st.size && partner != st.rank, "Group::exchange: rank ",
@@ -536,6 +568,8 @@ void Group::agree_on_failure(const std::string& context, const std::string& loca
   template void Group::alltoall<T>(const T*, std::size_t, T*) const;                       \
   template void Group::send<T>(const T*, std::size_t, int, int) const;                     \
   template void Group::receive<T>(T*, std::size_t, int, int) const;                        \
+  template Request Group::start_send<T>(const T*, std::size_t, int, int) const;            \
+  template Request Group::start_receive<T>(T*, std::size_t, int, int) const;               \
   template void Group::exchange<T>(const T*, std::size_t, T*, std::size_t, int, int) const;
 
 LATHER_COMM_GROUP_INSTANTIATE(char)

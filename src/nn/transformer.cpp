@@ -40,6 +40,46 @@ double TransformerConfig::training_flops_per_token(int time) const {
   return 6.0 * matrix_weights + 12.0 * double(n_layer) * d * double(time);
 }
 
+std::vector<StageLayers> split_layers(const TransformerConfig& config, int stages) {
+  LATHER_REQUIRE(stages >= 1 && stages <= config.n_layer, "the ", stages,
+                 " pipeline stages need 1 to n_layer = ", config.n_layer, " stages (each holds at least one block)");
+  const int L = config.n_layer;
+  const double d = config.d_model;
+  const double block = 6.0 * 12.0 * d * d + 12.0 * d * double(config.block_size);
+  const double head = 6.0 * d * double(config.vocab_size);
+  // cost(s, first, end): the stage's blocks, the head on the last stage. best[s][e]: the least
+  // (largest stage cost, sum of squared stage costs) of stages 0..s-1 holding blocks [0, e).
+  const auto cost = [&](int s, int first, int end) {
+    return double(end - first) * block + (s == stages - 1 ? head : 0);
+  };
+  struct Best {
+    double largest = 0, squares = 0;
+    int previous_end = -1;
+    bool set = false;
+  };
+  std::vector<std::vector<Best>> best(std::size_t(stages + 1), std::vector<Best>(std::size_t(L + 1)));
+  best[0][0].set = true;
+  for (int s = 1; s <= stages; ++s)
+    for (int e = s; e <= L; ++e)
+      for (int f = s - 1; f < e; ++f) {
+        const auto& before = best[std::size_t(s - 1)][std::size_t(f)];
+        if (!before.set) continue;
+        const double c = cost(s - 1, f, e);
+        const Best candidate{std::max(before.largest, c), before.squares + c * c, f, true};
+        auto& here = best[std::size_t(s)][std::size_t(e)];
+        if (!here.set || candidate.largest < here.largest ||
+            (candidate.largest == here.largest && candidate.squares < here.squares))
+          here = candidate;
+      }
+  std::vector<StageLayers> layers(static_cast<std::size_t>(stages));
+  for (int s = stages, e = L; s > 0; --s) {
+    const int f = best[std::size_t(s)][std::size_t(e)].previous_end;
+    layers[std::size_t(s - 1)] = {f, e};
+    e = f;
+  }
+  return layers;
+}
+
 namespace {
 
 /// Draws of N(0, 1) from a 64-bit Mersenne twister by Box-Muller: the same numbers with every
@@ -78,6 +118,14 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
   st.shard_count = st.shards.size();
   st.shard = st.shards.rank();
   config.validate(st.shard_count);
+  st.world = mesh.world();
+  st.pipeline = mesh.pipeline();
+  st.stage = mesh.stage();
+  st.stages = mesh.pipeline_stages();
+  const StageLayers own = split_layers(config, st.stages)[std::size_t(st.stage)];
+  st.first_layer = own.first;
+  st.end_layer = own.end;
+  if (st.stages > 1) st.link = comm::StageLink<ExecutionSpace, Scalar>(mesh);
   const int D = config.d_model, V = config.vocab_size, L = config.n_layer;
   st.vocab_range = comm::shard_range(V, st.shard_count, st.shard);
   st.model_range = comm::shard_range(D, st.shard_count, st.shard);
@@ -85,9 +133,11 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
   st.head_width = st.heads * config.head_dim();
   st.mlp_width = comm::shard_range(4 * D, st.shard_count, st.shard).count;
 
-  // The parameter list: name, this shard's shape, and how it sits in the global tensor.
-  std::vector<ParameterSpec> specs;
-  const auto add = [&](const std::string& name, TensorShape global, int split_axis, comm::ShardRange range) {
+  // The parameter list of the whole model: name, this shard's shape, how it sits in the global
+  // tensor, and whether this stage holds it; `specs` keeps this stage's, in the same order.
+  std::vector<ParameterSpec> all, specs;
+  std::vector<int> local_index;  // position in `specs`, -1 on another stage
+  const auto add = [&](const std::string& name, TensorShape global, int split_axis, comm::ShardRange range, bool mine) {
     ParameterSpec spec;
     spec.name = name;
     spec.shape = global;
@@ -97,53 +147,61 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
       spec.split_offset = range.begin;
       spec.global_shape = global;
     }
-    specs.push_back(spec);
-    return int(specs.size()) - 1;
+    all.push_back(spec);
+    local_index.push_back(mine ? int(specs.size()) : -1);
+    if (mine) specs.push_back(spec);
+    return local_index.back();
   };
   const comm::ShardRange whole{};
   const auto heads_range = st.model_range;  // whole heads: n_head % shards == 0
   const auto mlp_range = comm::shard_range(4 * D, st.shard_count, st.shard);
-  st.token_table = add("embedding/tokens", {V, D}, 0, st.vocab_range);
-  st.position_table = add("embedding/positions", {config.block_size, D}, 1, st.model_range);
-  st.blocks.resize(std::size_t(L));
+  const bool first = st.first_stage(), last = st.last_stage();
+  st.token_table = add("embedding/tokens", {V, D}, 0, st.vocab_range, first);
+  st.position_table = add("embedding/positions", {config.block_size, D}, 1, st.model_range, first);
+  st.blocks.resize(std::size_t(st.end_layer - st.first_layer));
   for (int l = 0; l < L; ++l) {
     const std::string prefix = "block" + std::to_string(l) + "/";
-    auto& p = st.blocks[std::size_t(l)].p;
-    p.ln1_scale = add(prefix + "ln1/scale", {D}, -1, whole);
-    p.ln1_offset = add(prefix + "ln1/offset", {D}, -1, whole);
-    p.query_kernel = add(prefix + "attention/query/kernel", {D, D}, 1, heads_range);
-    p.query_bias = add(prefix + "attention/query/bias", {D}, 0, heads_range);
-    p.key_kernel = add(prefix + "attention/key/kernel", {D, D}, 1, heads_range);
-    p.key_bias = add(prefix + "attention/key/bias", {D}, 0, heads_range);
-    p.value_kernel = add(prefix + "attention/value/kernel", {D, D}, 1, heads_range);
-    p.value_bias = add(prefix + "attention/value/bias", {D}, 0, heads_range);
-    p.output_kernel = add(prefix + "attention/output/kernel", {D, D}, 0, heads_range);
-    p.output_bias = add(prefix + "attention/output/bias", {D}, -1, whole);
-    p.ln2_scale = add(prefix + "ln2/scale", {D}, -1, whole);
-    p.ln2_offset = add(prefix + "ln2/offset", {D}, -1, whole);
-    p.mlp_in_kernel = add(prefix + "mlp/in/kernel", {D, 4 * D}, 1, mlp_range);
-    p.mlp_in_bias = add(prefix + "mlp/in/bias", {4 * D}, 0, mlp_range);
-    p.mlp_out_kernel = add(prefix + "mlp/out/kernel", {4 * D, D}, 0, mlp_range);
-    p.mlp_out_bias = add(prefix + "mlp/out/bias", {D}, -1, whole);
+    const bool mine = l >= st.first_layer && l < st.end_layer;
+    typename State::BlockParameters unused{};
+    auto& p = mine ? st.blocks[std::size_t(l - st.first_layer)].p : unused;
+    p.ln1_scale = add(prefix + "ln1/scale", {D}, -1, whole, mine);
+    p.ln1_offset = add(prefix + "ln1/offset", {D}, -1, whole, mine);
+    p.query_kernel = add(prefix + "attention/query/kernel", {D, D}, 1, heads_range, mine);
+    p.query_bias = add(prefix + "attention/query/bias", {D}, 0, heads_range, mine);
+    p.key_kernel = add(prefix + "attention/key/kernel", {D, D}, 1, heads_range, mine);
+    p.key_bias = add(prefix + "attention/key/bias", {D}, 0, heads_range, mine);
+    p.value_kernel = add(prefix + "attention/value/kernel", {D, D}, 1, heads_range, mine);
+    p.value_bias = add(prefix + "attention/value/bias", {D}, 0, heads_range, mine);
+    p.output_kernel = add(prefix + "attention/output/kernel", {D, D}, 0, heads_range, mine);
+    p.output_bias = add(prefix + "attention/output/bias", {D}, -1, whole, mine);
+    p.ln2_scale = add(prefix + "ln2/scale", {D}, -1, whole, mine);
+    p.ln2_offset = add(prefix + "ln2/offset", {D}, -1, whole, mine);
+    p.mlp_in_kernel = add(prefix + "mlp/in/kernel", {D, 4 * D}, 1, mlp_range, mine);
+    p.mlp_in_bias = add(prefix + "mlp/in/bias", {4 * D}, 0, mlp_range, mine);
+    p.mlp_out_kernel = add(prefix + "mlp/out/kernel", {4 * D, D}, 0, mlp_range, mine);
+    p.mlp_out_bias = add(prefix + "mlp/out/bias", {D}, -1, whole, mine);
   }
-  st.final_scale = add("final_ln/scale", {D}, -1, whole);
-  st.final_offset = add("final_ln/offset", {D}, -1, whole);
-  st.head_kernel = add("head/kernel", {D, V}, 1, st.vocab_range);
-  st.head_bias = add("head/bias", {V}, 0, st.vocab_range);
-  // The parameters' allocation and initial values may fail on one shard only (memory): the shards
+  st.final_scale = add("final_ln/scale", {D}, -1, whole, last);
+  st.final_offset = add("final_ln/offset", {D}, -1, whole, last);
+  st.head_kernel = add("head/kernel", {D, V}, 1, st.vocab_range, last);
+  st.head_bias = add("head/bias", {V}, 0, st.vocab_range, last);
+  // The parameters' allocation and initial values may fail on one rank only (memory): the ranks
   // agree on it before the layers' constructors agree, and before any pass, so such a failure is
-  // an error on every shard.
-  st.shards.run_agreed("Transformer: parameters", [&] {
+  // an error on every shard (on every rank of the mesh with pipeline stages, whose neighbours
+  // would otherwise wait for its activations).
+  const comm::Group& agreeing = st.stages > 1 ? st.world : st.shards;
+  agreeing.run_agreed("Transformer: parameters", [&] {
     ::lather::Impl::fault_point("transformer.construct");
     m_parameters = Parameters(space, specs);
 
-    // GPT-2's initialisation, drawn on the global tensors in list order so that every shard count
-    // starts from the same model: weights N(0, 0.02), the projections into the residual stream
-    // (attention output, MLP out) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm scales 1.
+    // GPT-2's initialisation, drawn on the global tensors of the whole model in list order so that
+    // every shard and stage count starts from the same model: weights N(0, 0.02), the projections
+    // into the residual stream (attention output, MLP out) N(0, 0.02 / sqrt(2 n_layer)), biases 0,
+    // LayerNorm scales 1. Another stage's tensors are drawn too, and dropped.
     Normal normal(seed);
     const double residual_scale = 1.0 / std::sqrt(2.0 * double(L));
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      const auto& spec = specs[i];
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const auto& spec = all[i];
       const auto& global = spec.global();
       const std::string& name = spec.name;
       const auto ends_with = [&](const std::string& tail) {
@@ -158,6 +216,7 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
             0.02 * (ends_with("attention/output/kernel") || ends_with("mlp/out/kernel") ? residual_scale : 1.0);
         for (auto& w : whole_tensor) w = deviation * normal();
       }
+      if (local_index[i] < 0) continue;
       // This shard's slice.
       const std::int64_t row0 = spec.split_axis == 0 ? spec.split_offset : 0;
       const std::int64_t col0 = spec.split_axis == 1 ? spec.split_offset : 0;
@@ -166,7 +225,7 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
       for (std::int64_t r = 0; r < local_rows; ++r)
         for (std::int64_t c = 0; c < local_columns; ++c)
           mine[std::size_t(r * local_columns + c)] = Scalar(whole_tensor[std::size_t((row0 + r) * columns + col0 + c)]);
-      m_parameters.set_value(space, i, mine);
+      m_parameters.set_value(space, std::size_t(local_index[i]), mine);
     }
   });
 
@@ -181,10 +240,11 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
     block.output = std::make_unique<typename State::Row>(st.shards, D, D, trusted);
     block.mlp_in = std::make_unique<typename State::Column>(st.shards, D, 4 * D, trusted);
     block.mlp_out = std::make_unique<typename State::Row>(st.shards, 4 * D, D, trusted);
-    block.attention = std::make_unique<CausalAttention<ExecutionSpace, Scalar>>(st.heads, config.head_dim());
   }
-  st.head = std::make_unique<typename State::Column>(st.shards, D, V, trusted);
-  st.criterion = std::make_unique<nn::VocabParallelCrossEntropy<ExecutionSpace, Scalar>>(st.shards, V, trusted);
+  if (last) {
+    st.head = std::make_unique<typename State::Column>(st.shards, D, V, trusted);
+    st.criterion = std::make_unique<nn::VocabParallelCrossEntropy<ExecutionSpace, Scalar>>(st.shards, V, trusted);
+  }
   st.transport =
       comm::Transport<ExecutionSpace, Scalar>(st.shards, std::size_t(1) << 22, "Lather::Transformer::transport");
 }
@@ -196,17 +256,35 @@ template <class ExecutionSpace, class Scalar>
 LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_batch(const ExecutionSpace& space, int batch, int time,
                                                                    const Tokens& inputs, const Tokens& targets,
                                                                    bool accumulate) {
-  forward(space, batch, time, inputs);
-  const auto sums = loss(space, batch * time, targets, true);
-  backward(space, batch, time, inputs, accumulate);
+  if (m_state->stages > 1)
+    return train_micro_batches(space, PipelineSchedule::gpipe, {MicroBatch{batch, time, inputs, targets}}, accumulate);
+  reserve(space, 0, batch * time);
+  forward(space, 0, batch, time, inputs);
+  const auto sums = loss(space, 0, batch * time, targets, true);
+  backward(space, 0, batch, time, inputs, accumulate);
   return sums;
 }
 
 template <class ExecutionSpace, class Scalar>
 LanguageModelSums Transformer<ExecutionSpace, Scalar>::evaluate(const ExecutionSpace& space, int batch, int time,
                                                                 const Tokens& inputs, const Tokens& targets) {
-  forward(space, batch, time, inputs);
-  return loss(space, batch * time, targets, false);
+  if (m_state->stages > 1) return forward_through_stages(space, batch, time, inputs, &targets);
+  reserve(space, 0, batch * time);
+  forward(space, 0, batch, time, inputs);
+  return loss(space, 0, batch * time, targets, false);
+}
+
+template <class ExecutionSpace, class Scalar>
+int Transformer<ExecutionSpace, Scalar>::stage() const {
+  return m_state->stage;
+}
+template <class ExecutionSpace, class Scalar>
+int Transformer<ExecutionSpace, Scalar>::stages() const {
+  return m_state->stages;
+}
+template <class ExecutionSpace, class Scalar>
+StageLayers Transformer<ExecutionSpace, Scalar>::layers() const {
+  return {m_state->first_layer, m_state->end_layer};
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -221,16 +299,27 @@ std::vector<double> Transformer<ExecutionSpace, Scalar>::next_token_logits(const
   Tokens tokens(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Transformer::context"), time);
   const Kokkos::View<const std::int32_t*, Kokkos::HostSpace> host(context.data() + first, std::size_t(time));
   Kokkos::deep_copy(space, tokens, host);
-  forward(space, 1, time, tokens);
-  const int local = st.vocab_range.count;
-  Kokkos::View<Scalar*, Kokkos::HostSpace> last("Lather::Transformer::last_logits", std::size_t(local));
-  if (local > 0) Kokkos::deep_copy(space, last, Kokkos::subview(st.logits, time - 1, std::make_pair(0, local)));
-  ::lather::Impl::fence(space, "Lather::Transformer::next_token_logits: logits on the host");
-  std::vector<double> mine(last.data(), last.data() + local), all(std::size_t(m_config.vocab_size));
-  std::vector<std::size_t> counts;
-  for (int d = 0; d < st.shard_count; ++d)
-    counts.push_back(std::size_t(comm::shard_range(m_config.vocab_size, st.shard_count, d).count));
-  st.shards.allgatherv(mine.data(), all.data(), counts);
+  std::vector<double> all(std::size_t(m_config.vocab_size));
+  if (st.stages > 1) {
+    forward_through_stages(space, 1, time, tokens, nullptr);
+  } else {
+    reserve(space, 0, time);
+    forward(space, 0, 1, time, tokens);
+  }
+  if (st.last_stage()) {
+    const int local = st.vocab_range.count;
+    Kokkos::View<Scalar*, Kokkos::HostSpace> last("Lather::Transformer::last_logits", std::size_t(local));
+    if (local > 0)
+      Kokkos::deep_copy(space, last, Kokkos::subview(st.slots[0].logits, time - 1, std::make_pair(0, local)));
+    ::lather::Impl::fence(space, "Lather::Transformer::next_token_logits: logits on the host");
+    std::vector<double> mine(last.data(), last.data() + local);
+    std::vector<std::size_t> counts;
+    for (int d = 0; d < st.shard_count; ++d)
+      counts.push_back(std::size_t(comm::shard_range(m_config.vocab_size, st.shard_count, d).count));
+    st.shards.allgatherv(mine.data(), all.data(), counts);
+  }
+  // The last stage holds the logits; every stage of the pipeline gets them.
+  if (st.stages > 1) st.pipeline.broadcast(all.data(), all.size(), st.stages - 1);
   return all;
 }
 
@@ -240,22 +329,27 @@ ModelMemory Transformer<ExecutionSpace, Scalar>::memory() const {
   ModelMemory m;
   m.parameters = std::int64_t(m_parameters.value_buffer().span() * sizeof(Scalar));
   m.gradients = std::int64_t(m_parameters.gradient_buffer().span() * sizeof(Scalar));
-  std::int64_t activations = 0;
-  const auto add = [&](const auto& view) { activations += std::int64_t(view.span() * sizeof(Scalar)); };
-  for (const auto& b : st.blocks) {
-    for (const auto* view : {&b.x, &b.a, &b.q, &b.k, &b.v, &b.y, &b.x1, &b.b, &b.h, &b.g}) add(*view);
-    for (const auto* view : {&b.mean1, &b.rstd1, &b.mean2, &b.rstd2}) add(*view);
-    activations += std::int64_t(b.attention->scratch_bytes());
+  std::int64_t kept = 0, scratch = 0, communication = 0;
+  const auto bytes = [](const auto& view) { return std::int64_t(view.span() * sizeof(Scalar)); };
+  for (const auto& slot : st.slots) {
+    for (const auto& b : slot.blocks) {
+      for (const auto* view : {&b.x, &b.a, &b.q, &b.k, &b.v, &b.y, &b.x1, &b.b, &b.h, &b.g}) kept += bytes(*view);
+      for (const auto* view : {&b.mean1, &b.rstd1, &b.mean2, &b.rstd2}) kept += bytes(*view);
+      kept += std::int64_t(b.attention->scratch_bytes());
+    }
+    for (const auto* view : {&slot.x_final, &slot.f, &slot.logits, &slot.dlogits}) kept += bytes(*view);
+    for (const auto* view : {&slot.mean_f, &slot.rstd_f, &slot.row_loss}) kept += bytes(*view);
+    communication += bytes(slot.input_gradient);
   }
-  for (const auto* view : {&st.x_final, &st.f, &st.logits, &st.dlogits, &st.positions, &st.dx, &st.dtmp, &st.dq, &st.dk,
-                           &st.dv, &st.dy, &st.dg})
-    add(*view);
-  for (const auto* view : {&st.mean_f, &st.rstd_f, &st.row_loss}) add(*view);
-  m.activations = activations;
-  // Host staging of the model's own all-reduces where MPI cannot read the device's memory.
-  m.communication = comm::Transport<ExecutionSpace, Scalar>::direct
-                        ? 0
-                        : std::int64_t(std::size_t(1) << 22) * std::int64_t(sizeof(Scalar));
+  for (const auto* view : {&st.positions, &st.dx, &st.dtmp, &st.dq, &st.dk, &st.dv, &st.dy, &st.dg})
+    scratch += bytes(*view);
+  m.kept_activations = kept;
+  m.activations = kept + scratch;
+  // Host staging of the model's own all-reduces where MPI cannot read the device's memory; the
+  // copies of the input gradients that travel to the previous stage.
+  m.communication = communication + (comm::Transport<ExecutionSpace, Scalar>::direct
+                                         ? 0
+                                         : std::int64_t(std::size_t(1) << 22) * std::int64_t(sizeof(Scalar)));
   return m;
 }
 

@@ -2,6 +2,8 @@
 // include/lather/nn/transformer.hpp).
 #include "transformer_state.hpp"
 
+#include <algorithm>
+
 #include <lather/core/error.hpp>
 #include <lather/core/fault_injection.hpp>
 #include <lather/core/gemm.hpp>
@@ -15,57 +17,106 @@ namespace lather::nn {
 namespace {
 
 template <class State, class ExecutionSpace>
-void allocate_buffers(State& st, const ExecutionSpace& space, int rows, const TransformerConfig& config) {
-  using Matrix = typename State::Matrix;
-  using Vector = typename State::Vector;
-  const auto matrix = [&](const char* label, int width) {
-    return Matrix(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Transformer::") + label),
-                  rows, width);
-  };
-  const auto vector = [&](const char* label) {
-    return Vector(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Transformer::") + label),
-                  rows);
-  };
-  const int D = config.d_model;
-  for (auto& b : st.blocks) {
+auto make_matrix(const ExecutionSpace& space, const char* label, int rows, int width) {
+  return typename State::Matrix(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Transformer::") + label), rows,
+      width);
+}
+template <class State, class ExecutionSpace>
+auto make_vector(const ExecutionSpace& space, const char* label, int rows) {
+  return typename State::Vector(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, std::string("Lather::Transformer::") + label), rows);
+}
+
+/// One slot's activations for `rows` rows: this stage's blocks, and what the stage's ends keep.
+template <class State, class ExecutionSpace>
+void allocate_slot(State& st, typename State::Activations& slot, const ExecutionSpace& space, int rows, int D) {
+  const auto matrix = [&](const char* label, int width) { return make_matrix<State>(space, label, rows, width); };
+  const auto vector = [&](const char* label) { return make_vector<State>(space, label, rows); };
+  for (auto& b : slot.blocks) {
     b.x = matrix("x", D), b.a = matrix("ln1", D), b.x1 = matrix("x1", D), b.b = matrix("ln2", D);
     b.q = matrix("q", st.head_width), b.k = matrix("k", st.head_width), b.v = matrix("v", st.head_width);
     b.y = matrix("attention", st.head_width);
     b.h = matrix("mlp_pre", st.mlp_width), b.g = matrix("mlp_gelu", st.mlp_width);
     b.mean1 = vector("mean1"), b.rstd1 = vector("rstd1"), b.mean2 = vector("mean2"), b.rstd2 = vector("rstd2");
   }
-  st.x_final = matrix("x_final", D), st.f = matrix("final_ln", D);
-  st.logits = matrix("logits", st.vocab_range.count), st.dlogits = matrix("dlogits", st.vocab_range.count);
-  st.positions = matrix("positions", st.model_range.count);
-  st.mean_f = vector("mean_f"), st.rstd_f = vector("rstd_f"), st.row_loss = vector("row_loss");
+  slot.x_final = matrix("x_final", D);
+  if (st.last_stage()) {
+    slot.f = matrix("final_ln", D);
+    slot.logits = matrix("logits", st.vocab_range.count), slot.dlogits = matrix("dlogits", st.vocab_range.count);
+    slot.mean_f = vector("mean_f"), slot.rstd_f = vector("rstd_f"), slot.row_loss = vector("row_loss");
+  }
+  if (!st.first_stage()) slot.input_gradient = matrix("input_gradient", D);
+}
+
+template <class State, class ExecutionSpace>
+void allocate_scratch(State& st, const ExecutionSpace& space, int rows, int D) {
+  const auto matrix = [&](const char* label, int width) { return make_matrix<State>(space, label, rows, width); };
   st.dx = matrix("dx", D), st.dtmp = matrix("dtmp", D);
   st.dq = matrix("dq", st.head_width), st.dk = matrix("dk", st.head_width), st.dv = matrix("dv", st.head_width);
   st.dy = matrix("dattention", st.head_width), st.dg = matrix("dmlp", st.mlp_width);
+  st.positions = matrix("positions", st.model_range.count);
 }
 
-/// Grows the activations to `rows`. The layers skip their per-call agreement (the shards run the
-/// same batch), so the one local failure a pass can meet, an allocation, is agreed here: every
-/// shard grows its buffers at the same call, and one agreement over the shards then makes a
-/// failure on one an error on all, before the first all-reduce. Not on the hot path: only when
-/// the buffers grow.
-template <class State, class ExecutionSpace>
-void allocate(State& st, const ExecutionSpace& space, int rows, const TransformerConfig& config) {
-  if (rows <= st.capacity) return;
-  st.shards.run_agreed(::lather::Impl::concat("Transformer: activations for ", rows, " rows"), [&] {
-    ::lather::Impl::fault_point("transformer.allocate");
-    allocate_buffers(st, space, rows, config);
-  });
-  st.capacity = rows;
+/// Pipeline stages: MPI moves a large message only inside MPI calls on both sides, so a stage
+/// computing for long between calls would hold back the activations and gradients it sent
+/// before, while its neighbour waits for them. Between blocks it lets them progress.
+template <class State>
+void progress_sends(State& st) {
+  if (st.stages == 1) return;
+  for (auto& slot : st.slots) {
+    if (slot.forward_send.status_request.active() || slot.forward_send.payload_request.active())
+      (void)slot.forward_send.test();
+    if (slot.backward_send.status_request.active() || slot.backward_send.payload_request.active())
+      (void)slot.backward_send.test();
+  }
 }
 
 }  // namespace
 
 template <class ExecutionSpace, class Scalar>
-void Transformer<ExecutionSpace, Scalar>::embed(const ExecutionSpace& space, int batch, int time,
+void Transformer<ExecutionSpace, Scalar>::reserve(const ExecutionSpace& space, int slot, int rows) {
+  // Grows the activations of `slot` (created on first use) and the scratch to `rows`. The layers
+  // skip their per-call agreement (the shards run the same batch), so the one local failure a pass
+  // can meet, an allocation, is agreed here: every shard grows its buffers at the same call, and
+  // one agreement over the shards then makes a failure on one an error on all, before the first
+  // all-reduce. Not on the hot path: only when the buffers grow.
+  auto& st = *m_state;
+  LATHER_REQUIRE(slot >= 0 && slot < 4096, "Transformer: activation slot ", slot, " out of range");
+  const auto at = std::size_t(slot);
+  const bool grow_slot = at >= st.slots.size() || st.slots[at].capacity < rows;
+  const bool grow_scratch = st.scratch_capacity < rows;
+  if (!grow_slot && !grow_scratch) return;
+  st.shards.run_agreed(::lather::Impl::concat("Transformer: activations for ", rows, " rows"), [&] {
+    ::lather::Impl::fault_point("transformer.allocate");
+    while (st.slots.size() <= at) {
+      typename State::Activations fresh;
+      fresh.blocks.resize(st.blocks.size());
+      for (auto& b : fresh.blocks)
+        b.attention = std::make_unique<CausalAttention<ExecutionSpace, Scalar>>(st.heads, m_config.head_dim());
+      st.slots.push_back(std::move(fresh));
+    }
+    auto& activations = st.slots[at];
+    if (activations.capacity < rows) {
+      // A transfer may still read the slot's buffers: it ends before they are replaced.
+      activations.forward_send.wait();
+      activations.backward_send.wait();
+      allocate_slot(st, activations, space, rows, m_config.d_model);
+    }
+    if (grow_scratch) allocate_scratch(st, space, rows, m_config.d_model);
+  });
+  // The capacities change only once every shard has grown its buffers: after a failure on one,
+  // all of them grow again at the next call, together.
+  st.slots[at].capacity = std::max(st.slots[at].capacity, rows);
+  st.scratch_capacity = std::max(st.scratch_capacity, rows);
+}
+
+template <class ExecutionSpace, class Scalar>
+void Transformer<ExecutionSpace, Scalar>::embed(const ExecutionSpace& space, int slot, int batch, int time,
                                                 const Tokens& inputs) {
   auto& st = *m_state;
   const int rows = batch * time;
-  const Matrix h0 = State::rows_of(st.blocks[0].x, rows);
+  const Matrix h0 = State::rows_of(st.slots[std::size_t(slot)].blocks[0].x, rows);
   const Kokkos::View<const std::int32_t*, memory_space> tokens(inputs.data(), std::size_t(rows));
   token_embedding_forward<ExecutionSpace, Scalar>(
       space, tokens, Matrix(m_parameters.value(st.token_table).data(), st.vocab_range.count, m_config.d_model),
@@ -88,69 +139,77 @@ void Transformer<ExecutionSpace, Scalar>::embed(const ExecutionSpace& space, int
 }
 
 template <class ExecutionSpace, class Scalar>
-void Transformer<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, int batch, int time,
+void Transformer<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, int slot, int batch, int time,
                                                   const Tokens& inputs) {
   ::lather::Impl::ScopedRegion region("Lather::Transformer::forward");
   LATHER_REQUIRE(batch >= 1 && time >= 1 && time <= m_config.block_size, "Transformer: ", batch, " windows of ", time,
                  " tokens; the context holds 1 to ", m_config.block_size);
-  LATHER_REQUIRE(inputs.extent(0) >= std::size_t(batch) * std::size_t(time), "Transformer: ", inputs.extent(0),
-                 " input tokens for ", batch, " x ", time);
   auto& st = *m_state;
   const int rows = batch * time;
-  allocate(st, space, rows, m_config);
-  embed(space, batch, time, inputs);
+  auto& activations = st.slots.at(std::size_t(slot));
+  if (st.first_stage()) {
+    LATHER_REQUIRE(inputs.extent(0) >= std::size_t(batch) * std::size_t(time), "Transformer: ", inputs.extent(0),
+                   " input tokens for ", batch, " x ", time);
+    embed(space, slot, batch, time, inputs);
+  }
   const double eps = m_config.layer_norm_epsilon;
   const typename State::ParameterViews views{m_parameters};
   const auto value = [&](int i) { return views.value(i); };
   const auto kernel = [&](int i) { return views.kernel(i); };
   for (std::size_t l = 0; l < st.blocks.size(); ++l) {
+    progress_sends(st);
     auto& b = st.blocks[l];
+    auto& ba = activations.blocks[l];
     const auto& p = b.p;
     // Named copies, not structured bindings: C++17 lambdas cannot capture those.
-    const auto r = State::rows_of(b, rows);
+    const auto r = State::rows_of(ba, rows);
     const Matrix x = r.x, a = r.a, q = r.q, k = r.k, v = r.v, y = r.y, x1 = r.x1, bn = r.b, h = r.h, g = r.g;
     layer_norm_forward<ExecutionSpace, Scalar>(space, x, value(p.ln1_scale), value(p.ln1_offset), a,
-                                               State::rows_of(b.mean1, rows), State::rows_of(b.rstd1, rows), eps);
+                                               State::rows_of(ba.mean1, rows), State::rows_of(ba.rstd1, rows), eps);
     b.query->forward(space, a, kernel(p.query_kernel), value(p.query_bias), q);
     b.key->forward(space, a, kernel(p.key_kernel), value(p.key_bias), k);
     b.value->forward(space, a, kernel(p.value_kernel), value(p.value_bias), v);
-    b.attention->forward(space, batch, time, q, k, v, y);
+    ba.attention->forward(space, batch, time, q, k, v, y);
     b.output->forward(space, y, kernel(p.output_kernel), value(p.output_bias), x1);
     Kokkos::parallel_for(
         "Lather::Transformer::residual",
         Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, int(x.extent(1))}),
         KOKKOS_LAMBDA(int i, int j) { x1(i, j) += x(i, j); });
     layer_norm_forward<ExecutionSpace, Scalar>(space, x1, value(p.ln2_scale), value(p.ln2_offset), bn,
-                                               State::rows_of(b.mean2, rows), State::rows_of(b.rstd2, rows), eps);
+                                               State::rows_of(ba.mean2, rows), State::rows_of(ba.rstd2, rows), eps);
     b.mlp_in->forward(space, bn, kernel(p.mlp_in_kernel), value(p.mlp_in_bias), h);
     gelu_forward<ExecutionSpace, Scalar>(space, h, g);
-    // The next block's input (or the final stream) = x1 + MLP.
-    const Matrix next = State::rows_of(l + 1 < st.blocks.size() ? st.blocks[l + 1].x : st.x_final, rows);
+    // The next block's input (or the stage's output stream) = x1 + MLP.
+    const Matrix next =
+        State::rows_of(l + 1 < st.blocks.size() ? activations.blocks[l + 1].x : activations.x_final, rows);
     b.mlp_out->forward(space, g, kernel(p.mlp_out_kernel), value(p.mlp_out_bias), next);
     Kokkos::parallel_for(
         "Lather::Transformer::residual",
         Kokkos::MDRangePolicy<ExecutionSpace, Kokkos::Rank<2>>(space, {0, 0}, {rows, int(x.extent(1))}),
         KOKKOS_LAMBDA(int i, int j) { next(i, j) += x1(i, j); });
   }
-  const Matrix f = State::rows_of(st.f, rows);
-  layer_norm_forward<ExecutionSpace, Scalar>(space, State::rows_of(st.x_final, rows), value(st.final_scale),
-                                             value(st.final_offset), f, State::rows_of(st.mean_f, rows),
-                                             State::rows_of(st.rstd_f, rows), eps);
-  st.head->forward(space, f, kernel(st.head_kernel), value(st.head_bias), State::rows_of(st.logits, rows));
+  if (!st.last_stage()) return;
+  const Matrix f = State::rows_of(activations.f, rows);
+  layer_norm_forward<ExecutionSpace, Scalar>(space, State::rows_of(activations.x_final, rows), value(st.final_scale),
+                                             value(st.final_offset), f, State::rows_of(activations.mean_f, rows),
+                                             State::rows_of(activations.rstd_f, rows), eps);
+  st.head->forward(space, f, kernel(st.head_kernel), value(st.head_bias), State::rows_of(activations.logits, rows));
 }
 
 template <class ExecutionSpace, class Scalar>
-LanguageModelSums Transformer<ExecutionSpace, Scalar>::loss(const ExecutionSpace& space, int rows,
+LanguageModelSums Transformer<ExecutionSpace, Scalar>::loss(const ExecutionSpace& space, int slot, int rows,
                                                             const Tokens& targets, bool backward) {
   auto& st = *m_state;
+  auto& activations = st.slots.at(std::size_t(slot));
   LATHER_REQUIRE(targets.extent(0) >= std::size_t(rows), "Transformer: ", targets.extent(0), " targets for ", rows,
                  " tokens");
   nn::CrossEntropyTerms terms;
   terms.gradient_scale = backward ? 1.0 : 0.0;  // the summed loss's gradient
   terms.z_loss = m_config.z_loss;
   const auto sums = st.criterion->forward_backward(
-      space, State::rows_of(st.logits, rows), Kokkos::View<const int*, memory_space>(targets.data(), std::size_t(rows)),
-      State::rows_of(st.row_loss, rows), State::rows_of(st.dlogits, rows), terms);
+      space, State::rows_of(activations.logits, rows),
+      Kokkos::View<const int*, memory_space>(targets.data(), std::size_t(rows)),
+      State::rows_of(activations.row_loss, rows), State::rows_of(activations.dlogits, rows), terms);
   LanguageModelSums result;
   result.loss = sums.loss;
   result.z_loss = sums.z_loss;
@@ -160,10 +219,11 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::loss(const ExecutionSpace
 }
 
 template <class ExecutionSpace, class Scalar>
-void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, int batch, int time,
+void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, int slot, int batch, int time,
                                                    const Tokens& inputs, bool accumulate) {
   ::lather::Impl::ScopedRegion region("Lather::Transformer::backward");
   auto& st = *m_state;
+  auto& activations = st.slots.at(std::size_t(slot));
   const int rows = batch * time;
   const typename State::ParameterViews views{m_parameters};
   const auto value = [&](int i) { return views.value(i); };
@@ -174,18 +234,23 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
   const Matrix dq = State::rows_of(st.dq, rows), dk = State::rows_of(st.dk, rows), dv = State::rows_of(st.dv, rows);
   const Matrix dy = State::rows_of(st.dy, rows), dg = State::rows_of(st.dg, rows);
 
-  // Head: dF = sum over shards of dlogits_d W_d^T; then the final LayerNorm starts dX.
-  st.head->backward(space, State::rows_of(st.f, rows), kernel(st.head_kernel), State::rows_of(st.dlogits, rows), dtmp,
-                    kernel_gradient(st.head_kernel), gradient(st.head_bias), accumulate);
-  layer_norm_backward<ExecutionSpace, Scalar>(space, State::rows_of(st.x_final, rows), value(st.final_scale),
-                                              State::rows_of(st.mean_f, rows), State::rows_of(st.rstd_f, rows), dtmp,
-                                              dx, false, gradient(st.final_scale), gradient(st.final_offset),
-                                              accumulate);
+  if (st.last_stage()) {
+    // Head: dF = sum over shards of dlogits_d W_d^T; then the final LayerNorm starts dX.
+    st.head->backward(space, State::rows_of(activations.f, rows), kernel(st.head_kernel),
+                      State::rows_of(activations.dlogits, rows), dtmp, kernel_gradient(st.head_kernel),
+                      gradient(st.head_bias), accumulate);
+    layer_norm_backward<ExecutionSpace, Scalar>(space, State::rows_of(activations.x_final, rows), value(st.final_scale),
+                                                State::rows_of(activations.mean_f, rows),
+                                                State::rows_of(activations.rstd_f, rows), dtmp, dx, false,
+                                                gradient(st.final_scale), gradient(st.final_offset), accumulate);
+  }  // else dX holds the gradient of the stage's output, received from the next stage
   for (std::size_t l = st.blocks.size(); l-- > 0;) {
+    progress_sends(st);
     auto& b = st.blocks[l];
+    auto& ba = activations.blocks[l];
     const auto& p = b.p;
     // Named copies, not structured bindings: C++17 lambdas cannot capture those.
-    const auto r = State::rows_of(b, rows);
+    const auto r = State::rows_of(ba, rows);
     const Matrix x = r.x, a = r.a, q = r.q, k = r.k, v = r.v, y = r.y, x1 = r.x1, bn = r.b, h = r.h, g = r.g;
     // MLP: dX is the gradient of its output (the residual carries it past unchanged).
     b.mlp_out->backward(space, g, kernel(p.mlp_out_kernel), dx, dg, kernel_gradient(p.mlp_out_kernel),
@@ -193,13 +258,13 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
     gelu_backward<ExecutionSpace, Scalar>(space, h, dg, dg);
     b.mlp_in->backward(space, bn, kernel(p.mlp_in_kernel), dg, dtmp, kernel_gradient(p.mlp_in_kernel),
                        gradient(p.mlp_in_bias), accumulate);
-    layer_norm_backward<ExecutionSpace, Scalar>(space, x1, value(p.ln2_scale), State::rows_of(b.mean2, rows),
-                                                State::rows_of(b.rstd2, rows), dtmp, dx, true, gradient(p.ln2_scale),
+    layer_norm_backward<ExecutionSpace, Scalar>(space, x1, value(p.ln2_scale), State::rows_of(ba.mean2, rows),
+                                                State::rows_of(ba.rstd2, rows), dtmp, dx, true, gradient(p.ln2_scale),
                                                 gradient(p.ln2_offset), accumulate);
     // Attention: dX is now the gradient of x1.
     b.output->backward(space, y, kernel(p.output_kernel), dx, dy, kernel_gradient(p.output_kernel),
                        gradient(p.output_bias), accumulate);
-    b.attention->backward(space, batch, time, q, k, v, dy, dq, dk, dv);
+    ba.attention->backward(space, batch, time, q, k, v, dy, dq, dk, dv);
     // The three projections read the same input: their input gradients are summed here and
     // reduced over the shards once (each layer's own backward would reduce three times).
     const Matrix none;
@@ -214,11 +279,12 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
     ::lather::Impl::gemm(space, "N", "T", Scalar(1), dv, kernel(p.value_kernel), Scalar(1), dtmp);
     if (st.shard_count > 1)
       st.transport.allreduce(space, Kokkos::View<Scalar*, memory_space>(dtmp.data(), dtmp.span()), comm::Combine::sum);
-    layer_norm_backward<ExecutionSpace, Scalar>(space, x, value(p.ln1_scale), State::rows_of(b.mean1, rows),
-                                                State::rows_of(b.rstd1, rows), dtmp, dx, true, gradient(p.ln1_scale),
+    layer_norm_backward<ExecutionSpace, Scalar>(space, x, value(p.ln1_scale), State::rows_of(ba.mean1, rows),
+                                                State::rows_of(ba.rstd1, rows), dtmp, dx, true, gradient(p.ln1_scale),
                                                 gradient(p.ln1_offset), accumulate);
   }
-  embed_backward(space, batch, time, inputs, accumulate);
+  if (st.first_stage()) embed_backward(space, batch, time, inputs, accumulate);
+  // else dX holds the gradient of the stage's input, for the previous stage
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -245,11 +311,12 @@ void Transformer<ExecutionSpace, Scalar>::embed_backward(const ExecutionSpace& s
       Matrix(m_parameters.gradient(st.position_table).data(), m_config.block_size, columns), accumulate);
 }
 
-#define LATHER_NN_TRANSFORMER_PASSES(SPACE, SCALAR)                                                    \
-  template void Transformer<SPACE, SCALAR>::embed(const SPACE&, int, int, const Tokens&);              \
-  template void Transformer<SPACE, SCALAR>::forward(const SPACE&, int, int, const Tokens&);            \
-  template LanguageModelSums Transformer<SPACE, SCALAR>::loss(const SPACE&, int, const Tokens&, bool); \
-  template void Transformer<SPACE, SCALAR>::backward(const SPACE&, int, int, const Tokens&, bool);     \
+#define LATHER_NN_TRANSFORMER_PASSES(SPACE, SCALAR)                                                         \
+  template void Transformer<SPACE, SCALAR>::reserve(const SPACE&, int, int);                                \
+  template void Transformer<SPACE, SCALAR>::embed(const SPACE&, int, int, int, const Tokens&);              \
+  template void Transformer<SPACE, SCALAR>::forward(const SPACE&, int, int, int, const Tokens&);            \
+  template LanguageModelSums Transformer<SPACE, SCALAR>::loss(const SPACE&, int, int, const Tokens&, bool); \
+  template void Transformer<SPACE, SCALAR>::backward(const SPACE&, int, int, int, const Tokens&, bool);     \
   template void Transformer<SPACE, SCALAR>::embed_backward(const SPACE&, int, int, const Tokens&, bool);
 
 LATHER_NN_TRANSFORMER_PASSES(DefaultExecutionSpace, float)

@@ -3,6 +3,7 @@
 // kept for backward and the gradient scratch. Shared by transformer.cpp (construction, sampling,
 // memory) and transformer_passes.cpp (forward and backward).
 
+#include <lather/comm/stage_link.hpp>
 #include <lather/comm/transport.hpp>
 #include <lather/nn/causal_attention.hpp>
 #include <lather/nn/parallel_linear.hpp>
@@ -30,12 +31,28 @@ struct Transformer<ExecutionSpace, Scalar>::State {
     BlockParameters p;
     std::unique_ptr<Column> query, key, value, mlp_in;
     std::unique_ptr<Row> output, mlp_out;
-    std::unique_ptr<CausalAttention<ExecutionSpace, Scalar>> attention;
-    // Activations of the last forward, [capacity, width]: the block's input x, LN1(x) = a, the
-    // heads' q, k, v and attention output y, x1 = x + attention, LN2(x1) = b, the MLP's
-    // pre-activation h and GELU(h) = g; LayerNorm row statistics.
+  };
+  /// One block's activations of one forward, [capacity, width]: the block's input x, LN1(x) = a,
+  /// the heads' q, k, v and attention output y, x1 = x + attention, LN2(x1) = b, the MLP's
+  /// pre-activation h and GELU(h) = g; LayerNorm row statistics; the attention, which keeps its
+  /// probabilities.
+  struct BlockActivations {
     Matrix x, a, q, k, v, y, x1, b, h, g;
     Vector mean1, rstd1, mean2, rstd2;
+    std::unique_ptr<CausalAttention<ExecutionSpace, Scalar>> attention;
+  };
+  /// What one forward keeps for its backward: one slot per micro-batch a pipeline schedule keeps
+  /// in flight (one without a pipeline). x_final is the stream after this stage's last block: the
+  /// stage's output, or, on the last stage, the final LayerNorm's input.
+  struct Activations {
+    int capacity = 0;  ///< rows (batch x time) the buffers hold
+    std::vector<BlockActivations> blocks;
+    Matrix x_final, f, logits, dlogits;
+    Vector mean_f, rstd_f, row_loss;
+    // Pipeline transfers in flight from this slot: its output forward, its input's gradient (a copy
+    // of the scratch dx, which the next backward overwrites) back.
+    Matrix input_gradient;
+    typename comm::StageLink<ExecutionSpace, Scalar>::Outgoing forward_send, backward_send;
   };
 
   comm::Group shards;
@@ -44,19 +61,29 @@ struct Transformer<ExecutionSpace, Scalar>::State {
   int heads = 0;                              ///< heads on this shard
   int head_width = 0;                         ///< heads x head_dim
   int mlp_width = 0;                          ///< this shard's columns of the 4D hidden layer
-  int token_table = 0, position_table = 0, final_scale = 0, final_offset = 0, head_kernel = 0, head_bias = 0;
+  // Parameter positions of the embedding (first stage) and of the final LayerNorm and head (last
+  // stage); -1 where this stage has none.
+  int token_table = -1, position_table = -1, final_scale = -1, final_offset = -1, head_kernel = -1, head_bias = -1;
 
-  std::vector<Block> blocks;
+  // Pipeline stages: this rank's stage of `stages`, holding layers [first_layer, end_layer).
+  int stage = 0, stages = 1, first_layer = 0, end_layer = 0;
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == stages - 1; }
+  comm::Group world;     ///< the mesh's, where a pipeline's ranks agree on a failure
+  comm::Group pipeline;  ///< this rank's (replica, shard) over the stages
+  comm::StageLink<ExecutionSpace, Scalar> link;
+
+  std::vector<Block> blocks;  ///< this stage's layers
   std::unique_ptr<Column> head;
   std::unique_ptr<nn::VocabParallelCrossEntropy<ExecutionSpace, Scalar>> criterion;
   /// The all-reduces the model makes itself: the embedding sum and the attention input's gradient.
   comm::Transport<ExecutionSpace, Scalar> transport;
 
-  int capacity = 0;  ///< rows (batch x time) the buffers hold
-  Matrix x_final, f, logits, dlogits, positions;
-  Vector mean_f, rstd_f, row_loss;
-  // Gradient scratch: the residual stream's, a second [rows, D], the heads', the MLP's.
-  Matrix dx, dtmp, dq, dk, dv, dy, dg;
+  std::vector<Activations> slots;  ///< at least one
+  // Gradient scratch, shared by the slots' backwards: the residual stream's, a second [rows, D],
+  // the heads', the MLP's; the positions' columns (forward and backward).
+  int scratch_capacity = 0;
+  Matrix dx, dtmp, dq, dk, dv, dy, dg, positions;
 
   /// A [rows, width] View over the first rows of `buffer` (contiguous, so GEMMs take it as is).
   static Matrix rows_of(const Matrix& buffer, int rows) { return Matrix(buffer.data(), rows, buffer.extent(1)); }
@@ -66,7 +93,7 @@ struct Transformer<ExecutionSpace, Scalar>::State {
   struct BlockRows {
     Matrix x, a, q, k, v, y, x1, b, h, g;
   };
-  static BlockRows rows_of(const Block& block, int rows) {
+  static BlockRows rows_of(const BlockActivations& block, int rows) {
     return {rows_of(block.x, rows), rows_of(block.a, rows), rows_of(block.q, rows),  rows_of(block.k, rows),
             rows_of(block.v, rows), rows_of(block.y, rows), rows_of(block.x1, rows), rows_of(block.b, rows),
             rows_of(block.h, rows), rows_of(block.g, rows)};

@@ -52,6 +52,39 @@ TEST(Mesh, GroupsAreTheReferenceAxisIndexGroups) {
   }
 }
 
+// Three axes: r = (replica P + stage) S + shard. Every (stages, shards) pair that divides the
+// world, each group checked against the ranks it must hold, in the order it must hold them.
+TEST(Mesh, PipelineStagesSitBetweenReplicasAndShards) {
+  const int n = world_size(), rank = world_rank();
+  for (int stages = 1; stages <= n; ++stages)
+    for (int shards = 1; shards * stages <= n; ++shards) {
+      if (n % (stages * shards) != 0) continue;
+      Mesh mesh(MPI_COMM_WORLD, shards, stages);
+      const int replicas = n / (stages * shards);
+      EXPECT_EQ(mesh.pipeline_stages(), stages);
+      EXPECT_EQ(mesh.replicas(), replicas);
+      EXPECT_EQ(mesh.shard(), rank % shards);
+      EXPECT_EQ(mesh.stage(), (rank / shards) % stages);
+      EXPECT_EQ(mesh.replica(), rank / (shards * stages));
+      const auto at = [&](int i, int s, int d) { return (i * stages + s) * shards + d; };
+      std::vector<int> data_parallel, replica_shards, pipeline, stage;
+      for (int i = 0; i < replicas; ++i) data_parallel.push_back(at(i, mesh.stage(), mesh.shard()));
+      for (int d = 0; d < shards; ++d) replica_shards.push_back(at(mesh.replica(), mesh.stage(), d));
+      for (int s = 0; s < stages; ++s) pipeline.push_back(at(mesh.replica(), s, mesh.shard()));
+      for (int i = 0; i < replicas; ++i)
+        for (int d = 0; d < shards; ++d) stage.push_back(at(i, mesh.stage(), d));
+      EXPECT_EQ(mesh.data_parallel().ranks_in(mesh.world()), data_parallel);
+      EXPECT_EQ(mesh.shards().ranks_in(mesh.world()), replica_shards);
+      EXPECT_EQ(mesh.pipeline().ranks_in(mesh.world()), pipeline);
+      EXPECT_EQ(mesh.stage_ranks().ranks_in(mesh.world()), stage);
+      EXPECT_EQ(mesh.pipeline().rank(), mesh.stage());
+      EXPECT_EQ(mesh.first_stage(), mesh.stage() == 0);
+      EXPECT_EQ(mesh.last_stage(), mesh.stage() == stages - 1);
+    }
+  expect_error([&] { Mesh(MPI_COMM_WORLD, 1, 0); }, "pipeline_stages must be >= 1, got 0");
+  expect_error([&] { Mesh(MPI_COMM_WORLD, 1, n + 1); }, "does not divide the world size");
+}
+
 // The tests run every rank on one machine: the node holds the whole group, and each split of it.
 TEST(Mesh, RanksOnNodeCountTheGroupOnThisMachine) {
   const int n = world_size();

@@ -35,7 +35,7 @@ foreach(flag IN LISTS train_flags)
     endif()
   endif()
 endforeach()
-foreach(sub root step balance reduce checkpoint tta)
+foreach(sub root step balance reduce checkpoint tta pipeline)
   execute_process(COMMAND "${BENCH}" ${sub} --help OUTPUT_VARIABLE sub_help RESULT_VARIABLE code)
   if(NOT code EQUAL 0)
     continue()  # not built in this configuration

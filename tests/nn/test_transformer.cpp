@@ -173,3 +173,146 @@ TEST(Transformer, BadConfigurationsNameTheField) {
 }
 
 }  // namespace
+
+namespace {
+
+using lather::nn::PipelineAction;
+using lather::nn::PipelineSchedule;
+
+// Every stage's actions: each micro-batch forward once and backward once after it, backwards in
+// micro-batch order, never more micro-batches alive than the slots, no slot reused while alive;
+// 1F1B's first stage keeps min(P, M) alive; the bound is (P - 1) / (M + P - 1).
+TEST(PipelineSchedule, ActionsKeepTheirPromises) {
+  for (const auto schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_forward_one_backward})
+    for (int stages = 1; stages <= 5; ++stages)
+      for (int stage = 0; stage < stages; ++stage)
+        for (int micro_batches = 1; micro_batches <= 9; ++micro_batches) {
+          const auto actions = lather::nn::pipeline_actions(schedule, stages, stage, micro_batches);
+          const int slots = lather::nn::activation_slots(schedule, stages, stage, micro_batches);
+          ASSERT_EQ(actions.size(), 2u * std::size_t(micro_batches));
+          std::vector<int> slot_of(std::size_t(micro_batches), -1);
+          std::vector<int> occupant(std::size_t(slots), -1);
+          int next_backward = 0, alive = 0, most_alive = 0;
+          for (const auto& a : actions) {
+            ASSERT_GE(a.slot, 0);
+            ASSERT_LT(a.slot, slots);
+            if (a.kind == PipelineAction::Kind::forward) {
+              ASSERT_EQ(slot_of[std::size_t(a.micro_batch)], -1) << "forward twice";
+              ASSERT_EQ(occupant[std::size_t(a.slot)], -1) << "slot " << a.slot << " still holds a micro-batch";
+              slot_of[std::size_t(a.micro_batch)] = a.slot;
+              occupant[std::size_t(a.slot)] = a.micro_batch;
+              most_alive = std::max(most_alive, ++alive);
+            } else {
+              ASSERT_EQ(a.micro_batch, next_backward++) << "backwards in micro-batch order";
+              ASSERT_EQ(slot_of[std::size_t(a.micro_batch)], a.slot) << "backward before its forward";
+              occupant[std::size_t(a.slot)] = -1;
+              --alive;
+            }
+          }
+          EXPECT_EQ(most_alive, slots);
+          if (schedule == PipelineSchedule::one_forward_one_backward)
+            EXPECT_EQ(slots, std::min(stages - stage, micro_batches));
+        }
+  EXPECT_DOUBLE_EQ(lather::nn::bubble_bound(2, 8), 1.0 / 9.0);
+  EXPECT_DOUBLE_EQ(lather::nn::bubble_bound(1, 8), 0.0);
+  EXPECT_THROW(lather::nn::parse_pipeline_schedule("interleaved"), lather::Error);
+}
+
+// The split minimises the largest stage's cost by exhaustive comparison over every split.
+TEST(PipelineSchedule, LayersSplitByCost) {
+  auto config = tiny();
+  config.vocab_size = 4096;  // a head worth half a block or more at this width
+  config.d_model = 16;
+  for (int layers = 1; layers <= 7; ++layers) {
+    config.n_layer = layers;
+    const double block = 6.0 * 12.0 * 16 * 16 + 12.0 * 16 * config.block_size, head = 6.0 * 16 * 4096;
+    for (int stages = 1; stages <= layers; ++stages) {
+      const auto split = lather::nn::split_layers(config, stages);
+      ASSERT_EQ(int(split.size()), stages);
+      const auto largest = [&](const std::vector<int>& ends) {
+        double worst = 0;
+        for (int s = 0, first = 0; s < stages; first = ends[std::size_t(s)], ++s)
+          worst = std::max(worst, (ends[std::size_t(s)] - first) * block + (s == stages - 1 ? head : 0));
+        return worst;
+      };
+      std::vector<int> ends;
+      for (int s = 0; s < stages; ++s) {
+        EXPECT_EQ(split[std::size_t(s)].first, s == 0 ? 0 : split[std::size_t(s - 1)].end);
+        EXPECT_GT(split[std::size_t(s)].end, split[std::size_t(s)].first);
+        ends.push_back(split[std::size_t(s)].end);
+      }
+      EXPECT_EQ(ends.back(), layers);
+      // Every split into non-empty consecutive ranges (stages - 1 cut points among layers - 1).
+      double best = 1e300;
+      for (unsigned mask = 0; mask < (1u << (layers - 1)); ++mask) {
+        if (__builtin_popcount(mask) != stages - 1) continue;
+        std::vector<int> cuts;
+        for (int k = 0; k < layers - 1; ++k)
+          if (mask & (1u << k)) cuts.push_back(k + 1);
+        cuts.push_back(layers);
+        best = std::min(best, largest(cuts));
+      }
+      EXPECT_DOUBLE_EQ(largest(ends), best) << layers << " layers on " << stages << " stages";
+    }
+  }
+  config.n_layer = 2;
+  EXPECT_THROW(lather::nn::split_layers(config, 3), lather::Error);
+}
+
+// P stages compute, in double, exactly what one process computes running the same micro-batches
+// as gradient accumulation: every gradient of every stage's tensors, the loss sums, evaluation and
+// the next token's logits on every stage (the same arithmetic; only where it runs differs).
+TEST(Transformer, PipelineStagesEqualOneProcess) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world < 2 || world > 4) GTEST_SKIP() << "2 to 4 stages";
+  auto config = tiny();
+  config.n_layer = 4;
+  const lather::comm::Mesh mesh(MPI_COMM_WORLD, 1, world);
+  Model staged(Exec(), config, 5, mesh);
+  Model whole(Exec(), config, 5);
+  std::vector<Batch> batches;
+  std::vector<Model::MicroBatch> micro;
+  for (int m = 0; m < 3; ++m) {
+    batches.push_back(make_batch(config.vocab_size));
+    // Different tokens per micro-batch: shift them.
+    auto hi = Kokkos::create_mirror_view(batches.back().inputs);
+    Kokkos::deep_copy(hi, batches.back().inputs);
+    for (std::size_t i = 0; i < hi.extent(0); ++i) hi(i) = (hi(i) + m) % config.vocab_size;
+    Kokkos::deep_copy(batches.back().inputs, hi);
+    micro.push_back({batches.back().batch, batches.back().time, batches.back().inputs, batches.back().targets});
+  }
+  const auto reference = whole.train_micro_batches(Exec(), PipelineSchedule::gpipe, micro, false);
+  for (const auto schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_forward_one_backward}) {
+    lather::nn::PipelineTimes times;
+    const auto sums = staged.train_micro_batches(Exec(), schedule, micro, false, &times);
+    EXPECT_EQ(times.events.size(), 6u);
+    EXPECT_LE(times.busy, times.seconds);
+    if (mesh.last_stage()) {
+      EXPECT_EQ(sums.loss, reference.loss);
+      EXPECT_EQ(sums.tokens, reference.tokens);
+    } else {
+      EXPECT_EQ(sums.tokens, 0);
+    }
+    const auto& mine = staged.parameters();
+    const auto& all = whole.parameters();
+    int matched = 0;
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      for (std::size_t j = 0; j < all.size(); ++j)
+        if (all.spec(j).name == mine.spec(i).name) {
+          EXPECT_EQ(host(mine.value(i)), host(all.value(j))) << mine.spec(i).name;
+          EXPECT_EQ(host(mine.gradient(i)), host(all.gradient(j))) << mine.spec(i).name;
+          ++matched;
+        }
+    EXPECT_EQ(matched, int(mine.size()));
+  }
+  const auto evaluated = staged.evaluate(Exec(), micro[1].batch, micro[1].time, micro[1].inputs, micro[1].targets);
+  const auto expected = whole.evaluate(Exec(), micro[1].batch, micro[1].time, micro[1].inputs, micro[1].targets);
+  if (mesh.last_stage()) EXPECT_EQ(evaluated.loss, expected.loss);
+  EXPECT_EQ(staged.next_token_logits(Exec(), {1, 2, 3}), whole.next_token_logits(Exec(), {1, 2, 3}));
+  const auto memory = staged.memory();
+  EXPECT_GT(memory.kept_activations, 0);
+  EXPECT_LT(memory.kept_activations, memory.activations);
+}
+
+}  // namespace

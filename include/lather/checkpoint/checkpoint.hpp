@@ -13,6 +13,16 @@
 // each reads; a corrupted, truncated or foreign file is refused on every rank with a message
 // naming the file, the dataset and the rows.
 //
+// Pipeline stages: on a Mesh of several stages, each stage's ranks pass the arrays of their own
+// stage (its parameters, its optimizer's state), and the file is still the one a single stage over
+// the whole parameter list writes, so that any replicas x stages x shards layout resumes on any
+// other. The stages' lists are merged into one (one exchange over mesh.pipeline()): an array of
+// some stages only is selected by none of the other ranks; a stacked array (ArraySlice::stacked,
+// Shampoo's statistics) is the stages' arrays one after the other in stage order, the same in
+// every dimension but the first; any other array several stages hold (the step, the RNG words)
+// must have one type and shape, is written by the first stage holding it and read by all of them.
+// Anything else is a lather::Error on every rank naming the array and the stages.
+//
 //   lather::checkpoint::Checkpointer checkpointer(mesh, {"checkpoints"});
 //   if (auto state = checkpointer.restore_latest(space, optimizer, params)) ...;  // resume
 //   checkpointer.save(space, optimizer, params);                                  // periodically
@@ -53,6 +63,9 @@ struct ArraySlice {
   std::vector<std::int64_t> rows;
   std::vector<std::int64_t> offset, count;
   bool writer = true;
+  /// The leading dimension counts items of the optimizer's own numbering (StateArray::stacked):
+  /// with pipeline stages, each stage's items follow those of the stages before it.
+  bool stacked = false;
   void* data = nullptr;  ///< host memory: written from on save, read into on load (saves write
                          ///< page-aligned memory, e.g. a PageAlignedVector, without a copy)
 
@@ -74,6 +87,7 @@ struct TrainingState {
   std::vector<std::uint64_t> rng;  ///< RNG state words, replicated on all ranks
   int world_size = 1;              ///< written by save; read back for information
   int weight_shards = 1;           ///< save: used unless the Checkpointer's Mesh has shards
+  int pipeline_stages = 1;         ///< save: used unless the Checkpointer's Mesh has stages
   Attributes extra;                ///< anything else (written as root attributes)
   std::string file;                ///< restore: the checkpoint it was read from
 };
@@ -86,7 +100,7 @@ struct TrainingState {
 /// each; rows tied to unsplit parameters by shard 0 only. A Checkpointer built on a Mesh knows its
 /// roles.
 struct WriterRoles {
-  bool world_root = true;    ///< e.g. world rank 0
+  bool world_root = true;    ///< e.g. world rank 0; on a Mesh, rank 0 of this rank's stage_ranks()
   bool replica_root = true;  ///< e.g. rank 0 of this rank's data-parallel group (replica 0)
   int shard = 0;             ///< this rank's weight shard
   static WriterRoles single() { return {}; }
@@ -230,6 +244,10 @@ class Checkpointer {
   WriterRoles m_roles;
   int m_weight_shards = 1;
   CheckpointOptions m_options;
+  /// The mesh's pipeline group (one process on its own without stages) and stage count: with
+  /// more than one stage, save and load first merge the stages' arrays into one list.
+  comm::Group m_pipeline;
+  int m_pipeline_stages = 1;
   /// Rank 0 deletes the checkpoints beyond keep_last on a helper thread once the new one is
   /// published (deleting a large file can take a tenth of a second or more); the next save,
   /// list() and the destructor wait for it, so the directory is never seen half pruned.

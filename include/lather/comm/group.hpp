@@ -23,6 +23,7 @@
 #include <lather/core/fault_injection.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/comm/node_occupancy.hpp>
+#include <lather/comm/request.hpp>
 
 #if LATHER_ENABLE_MPI
 #include <mpi.h>
@@ -117,6 +118,12 @@ class Group {
   void send(const T* values, std::size_t count, int destination, int tag) const;
   template <class T>
   void receive(T* values, std::size_t count, int source, int tag) const;
+  /// Nonblocking send and receive (MPI_Isend, MPI_Irecv) of at most 2^30 elements; the buffer must
+  /// stay alive and untouched until the Request's wait() returns.
+  template <class T>
+  Request start_send(const T* values, std::size_t count, int destination, int tag) const;
+  template <class T>
+  Request start_receive(T* values, std::size_t count, int source, int tag) const;
   /// Sends `out` to `partner` and receives `in` from it (MPI_Sendrecv).
   template <class T>
   void exchange(const T* out, std::size_t out_count, T* in, std::size_t in_count, int partner, int tag) const;

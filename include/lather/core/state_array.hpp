@@ -68,6 +68,12 @@ struct StateArray {
   /// With `rows`: the parameter each row belongs to, so that rows of parameters that every weight
   /// shard holds are written by one shard only. Empty: rows are not tied to parameters.
   std::vector<int> row_parameter;
+  /// The leading dimension counts items of the optimizer's own numbering, in the order of its
+  /// parameter list (Shampoo's statistics). Optimizers over consecutive parts of one parameter
+  /// list (pipeline stages) store theirs one after the other in stage order: a checkpoint of
+  /// several stages stacks stage s's items after those of the stages before it. A rank that
+  /// holds none of a stacked array's items (no rows, no bytes) selects no rows of it.
+  bool stacked = false;
   StateBytes<MemorySpace> device_bytes;
   StateBytes<Kokkos::HostSpace> host_bytes;
 

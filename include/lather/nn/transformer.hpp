@@ -19,6 +19,16 @@
 // Parameters are initialised from a seed on the global tensors (GPT-2's scheme: N(0, 0.02), the
 // residual projections N(0, 0.02 / sqrt(2 n_layer))), so every shard count starts from the same
 // model.
+//
+// Pipeline stages (a Mesh with P > 1 stages) split the layers further: stage s holds the
+// consecutive blocks split_layers() gives it, the embedding lives on stage 0 and the final
+// LayerNorm, head and cross-entropy on stage P - 1, and each stage's parameter list holds only its
+// own tensors (named as in the whole model, so checkpoints do not depend on the split).
+// train_micro_batches() runs a schedule (pipeline_schedule.hpp): stage s receives the stream
+// [micro-batch tokens, D] from stage s - 1, runs its blocks and sends it on; backward, the stream's
+// gradient travels back the same way (comm::StageLink, shard d of a stage talking to shard d of
+// its neighbours). The arithmetic of each micro-batch is that of one stage, so P stages give the
+// numbers of one stage running the same micro-batches as gradient accumulation, bit for bit.
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_NN)
 #error "lather/nn/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
@@ -27,6 +37,7 @@
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/tensor_parallel.hpp>
 #include <lather/core/parameters.hpp>
+#include <lather/nn/pipeline_schedule.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -58,6 +69,30 @@ struct TransformerConfig {
   double training_flops_per_token(int time) const;
 };
 
+/// The blocks [first, end) of one pipeline stage.
+struct StageLayers {
+  int first = 0, end = 0;
+};
+/// Consecutive, non-empty block ranges for `stages` stages that minimise the largest stage's cost
+/// per token: a block's training flops at context block_size (training_flops_per_token's terms),
+/// plus the head's 6 d_model vocab_size on the last stage (the embedding, a lookup, is free). Of
+/// the splits with the same largest cost, the one with the smallest cost spread. Throws
+/// lather::Error when stages < 1 or stages > n_layer.
+std::vector<StageLayers> split_layers(const TransformerConfig& config, int stages);
+
+/// What one pipeline stage did in train_micro_batches(): seconds from the call's start.
+struct PipelineEvent {
+  bool forward = true;
+  int micro_batch = 0;
+  double begin = 0, end = 0;
+};
+struct PipelineTimes {
+  double seconds = 0;  ///< the whole schedule, through the last send's completion
+  double busy = 0;     ///< in forward and backward passes (each fenced)
+  std::vector<PipelineEvent> events;
+  double idle() const { return seconds - busy; }
+};
+
 /// Sums over a batch, counted once per replica (the same on every shard).
 struct LanguageModelSums {
   double loss = 0;    ///< summed cross-entropy, nats
@@ -66,9 +101,12 @@ struct LanguageModelSums {
   long tokens = 0;
 };
 
-/// Bytes of the Views a model holds, by kind (what sharding divides).
+/// Bytes of the Views a model holds, by kind (what sharding divides). `activations` counts
+/// everything the passes allocate; `kept_activations`, its part that a forward keeps for its
+/// backward (one set per micro-batch a pipeline schedule keeps in flight), without the backward's
+/// scratch.
 struct ModelMemory {
-  std::int64_t parameters = 0, gradients = 0, activations = 0, communication = 0;
+  std::int64_t parameters = 0, gradients = 0, activations = 0, communication = 0, kept_activations = 0;
 };
 
 template <class ExecutionSpace, class Scalar = float>
@@ -79,7 +117,14 @@ class Transformer {
   using Tokens = Kokkos::View<std::int32_t*, memory_space>;
   using Parameters = ParameterList<Scalar, memory_space>;
 
-  /// Collective over mesh.shards().
+  /// One micro-batch of train_micro_batches(): `batch` windows of `time` tokens (inputs read on
+  /// the first stage, targets on the last).
+  struct MicroBatch {
+    int batch = 0, time = 0;
+    Tokens inputs, targets;
+  };
+
+  /// Collective over mesh.shards() (and the mesh's world, with pipeline stages).
   Transformer(const ExecutionSpace& space, const TransformerConfig& config, std::uint64_t seed,
               const comm::Mesh& mesh = comm::Mesh());
   ~Transformer();
@@ -101,7 +146,18 @@ class Transformer {
   /// the shards, which pass the same tokens.
   LanguageModelSums train_batch(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,
                                 const Tokens& targets, bool accumulate);
-  /// Forward only.
+  /// Forward and backward of `micro_batches` in the order of `schedule` on this pipeline stage; the
+  /// gradients of the summed loss over all of them are written (added when `accumulate`), adding
+  /// the micro-batches in order. Collective over the mesh: every rank passes the same batch and
+  /// time per micro-batch. The sums are the last stage's (zero on the others). Any failure on any
+  /// rank (including the test fault point "transformer.pipeline") becomes, after the schedule, a
+  /// lather::Error on every rank of the mesh. `times`, when given, receives this rank's timeline.
+  /// Without stages it runs the micro-batches one after the other.
+  LanguageModelSums train_micro_batches(const ExecutionSpace& space, PipelineSchedule schedule,
+                                        const std::vector<MicroBatch>& micro_batches, bool accumulate,
+                                        PipelineTimes* times = nullptr);
+  /// Forward only. With pipeline stages the batch flows through every stage and the sums are the
+  /// last stage's (zero on the others).
   LanguageModelSums evaluate(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,
                              const Tokens& targets);
   /// The logits of the token after the last of `context` (time = its length <= block_size), over
@@ -111,13 +167,23 @@ class Transformer {
   /// Bytes held now; activations grow with the largest batch x time seen.
   ModelMemory memory() const;
 
+  /// This rank's pipeline stage and its blocks.
+  int stage() const;
+  int stages() const;
+  StageLayers layers() const;
+
   // Implementation steps. Public only because nvcc rejects an extended __host__ __device__ lambda
   // whose enclosing member function is private; not for users.
   struct State;
-  void forward(const ExecutionSpace& space, int batch, int time, const Tokens& inputs);
-  LanguageModelSums loss(const ExecutionSpace& space, int rows, const Tokens& targets, bool backward);
-  void backward(const ExecutionSpace& space, int batch, int time, const Tokens& inputs, bool accumulate);
-  void embed(const ExecutionSpace& space, int batch, int time, const Tokens& inputs);
+  void reserve(const ExecutionSpace& space, int slot, int rows);
+  void forward(const ExecutionSpace& space, int slot, int batch, int time, const Tokens& inputs);
+  LanguageModelSums loss(const ExecutionSpace& space, int slot, int rows, const Tokens& targets, bool backward);
+  void backward(const ExecutionSpace& space, int slot, int batch, int time, const Tokens& inputs, bool accumulate);
+  void embed(const ExecutionSpace& space, int slot, int batch, int time, const Tokens& inputs);
+  /// Pipeline stages: one forward of slot 0 through every stage; the loss sums of `targets` on the
+  /// last stage when given. Failures agreed over the mesh.
+  LanguageModelSums forward_through_stages(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,
+                                           const Tokens* targets);
   void embed_backward(const ExecutionSpace& space, int batch, int time, const Tokens& inputs, bool accumulate);
 
  private:

@@ -101,6 +101,7 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
         a.rows = rows;
         a.row_parameter = row_parameter;
         a.writer = m_step_plan.distributed || rank == 0;
+        a.stacked = true;  // rows are statistics, numbered over this optimizer's parameters
         // The stored slots; an unused slot (no statistic here) is not state.
         a.device_bytes = Kokkos::subview(
             part.bytes, std::make_pair(std::size_t(0), std::size_t(rows.size() * a.row_elements()) * size_of(a.dtype)));
@@ -118,6 +119,7 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::state_arrays(const ExecutionSpace
     }
     const auto per_statistic = [&](const std::string& name, DType dtype, void* data) {
       auto a = host_array(name, dtype, {n}, data, std::int64_t(local.size()));
+      a.stacked = true;
       if (!m_plan.all_local()) {
         a.rows.assign(local.begin(), local.end());
         for (int s : local) a.row_parameter.push_back(m_plan.statistic_owner[s]);
