@@ -3,8 +3,8 @@
 // launched with (replicas x --stages stages), and before them the same ranks as replicas alone
 // (the data-parallel baseline of tokens/s). Per schedule: each stage's time in passes and its
 // idle fraction over the last --steps - --warmup-steps steps, the measured bubble beside the
-// bound (P - 1) / (M + P - 1), the activations each stage keeps for backward (from the Views), and
-// tokens/s.
+// bound (P - 1) / (M + P - 1) and beside the bubble its last step's pass times allow, the
+// activations each stage keeps for backward (from the Views), and tokens/s.
 #include "bench_common.hpp"
 
 #include "trainer.hpp"
@@ -20,6 +20,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <tuple>
+#include <utility>
 
 namespace lather::bench {
 namespace {
@@ -34,6 +37,57 @@ struct PipelineOptions {
   std::string optimizer = "adamw";
   bool data_parallel_baseline = true;
 };
+
+/// The idle fraction of one step of replica 0 / shard 0 from a --pipeline-timeline file: measured
+/// (1 - each stage's time in passes over the step's span, averaged over the stages), and replayed
+/// (the same passes, each as long as measured, run in the schedule's order with the data between
+/// stages arriving the moment it is sent). The replay is what the schedule allows with these
+/// pass times; what the measured bubble has beyond it is the transfers' cost.
+std::pair<double, double> step_bubbles(const std::string& file) {
+  std::ifstream in(file);
+  const auto timeline = nlohmann::json::parse(in);
+  const int P = timeline["pipeline_stages"];
+  std::vector<std::vector<nlohmann::json>> lanes(static_cast<std::size_t>(P));
+  for (const auto& r : timeline["ranks"])
+    if (r["replica"] == 0 && r["shard"] == 0) lanes[r["stage"].get<std::size_t>()] = r["passes"];
+  std::vector<double> busy(static_cast<std::size_t>(P), 0.0), clock(static_cast<std::size_t>(P), 0.0);
+  std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
+  std::map<std::tuple<int, bool, int>, double> ends;  // (stage, forward, micro-batch) -> replayed end
+  double measured_span = 0;
+  for (int s = 0; s < P; ++s)
+    for (const auto& p : lanes[std::size_t(s)]) {
+      busy[std::size_t(s)] += p["end"].get<double>() - p["begin"].get<double>();
+      measured_span = std::max(measured_span, p["end"].get<double>());
+    }
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int s = 0; s < P; ++s) {
+      auto& k = next[std::size_t(s)];
+      if (k >= lanes[std::size_t(s)].size()) continue;
+      const auto& p = lanes[std::size_t(s)][k];
+      const bool forward = p["pass"] == "forward";
+      const int m = p["micro_batch"];
+      double ready = clock[std::size_t(s)];
+      const int from = forward ? s - 1 : s + 1;  // the stage whose pass this one waits for
+      if (from >= 0 && from < P) {
+        const auto dependency = ends.find({from, forward, m});
+        if (dependency == ends.end()) continue;
+        ready = std::max(ready, dependency->second);
+      }
+      clock[std::size_t(s)] = ready + (p["end"].get<double>() - p["begin"].get<double>());
+      ends[{s, forward, m}] = clock[std::size_t(s)];
+      ++k;
+      progressed = true;
+    }
+  }
+  const double replayed_span = *std::max_element(clock.begin(), clock.end());
+  double measured = 0, replayed = 0;
+  for (int s = 0; s < P; ++s) {
+    measured += (1.0 - busy[std::size_t(s)] / std::max(measured_span, 1e-12)) / P;
+    replayed += (1.0 - busy[std::size_t(s)] / std::max(replayed_span, 1e-12)) / P;
+  }
+  return {measured, replayed};
+}
 
 /// The metrics records of one run, read on rank 0.
 std::vector<nlohmann::json> records(const std::string& file) {
@@ -71,12 +125,14 @@ void run_pipeline(const PipelineOptions& o) {
     t.eval_windows = 8;
     t.quiet = true;
     t.metrics = metrics_file;
+    const std::string timeline_file = metrics_file + ".timeline.json";
     if (run == "replicas") {
       t.accumulate = o.micro_batches;  // the same micro-batches per replica's share
     } else {
       t.pipeline_stages = o.stages;
       t.micro_batches = o.micro_batches;
       t.pipeline_schedule = run;
+      t.pipeline_timeline = timeline_file;
     }
     const auto result = train::train(t, world, [](const std::string&) {});
     if (rank != 0) continue;
@@ -128,6 +184,10 @@ void run_pipeline(const PipelineOptions& o) {
       record["bubble_fraction"] = mean;
       record["bubble_bound"] = bound;
       record["bubble_minus_bound"] = mean - bound;
+      const auto [last_step, replayed] = step_bubbles(timeline_file);
+      std::filesystem::remove(timeline_file);
+      record["last_step_bubble"] = last_step;
+      record["last_step_bubble_replayed"] = replayed;
       record["kept_activations_by_stage"] = kept;
       if (run == "gpipe") gpipe = record;
       record["baseline"] = "gpipe";
