@@ -97,8 +97,9 @@ int info(const std::string& path) {
   };
   std::printf("file:            %s\n", file.c_str());
   std::printf("step:            %s\n", integer("step").c_str());
-  std::printf("written by:      %s ranks (world_size %s, weight_shards %s)\n", integer("writer_ranks").c_str(),
-              integer("world_size").c_str(), integer("weight_shards").c_str());
+  std::printf("written by:      %s ranks (world_size %s, weight_shards %s, pipeline_stages %s)\n",
+              integer("writer_ranks").c_str(), integer("world_size").c_str(), integer("weight_shards").c_str(),
+              integer("pipeline_stages").c_str());
   std::printf("data position:   epoch %s, sample %s\n", integer("epoch").c_str(), integer("sample_offset").c_str());
   std::printf("library version: %s (format %s), created %s\n", text("library_version").c_str(),
               integer("format_version").c_str(), text("created").c_str());
