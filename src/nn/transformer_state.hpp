@@ -10,6 +10,7 @@
 #include <lather/nn/vocab_parallel_cross_entropy.hpp>
 #include <lather/nn/transformer.hpp>
 
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -79,7 +80,8 @@ struct Transformer<ExecutionSpace, Scalar>::State {
   /// The all-reduces the model makes itself: the embedding sum and the attention input's gradient.
   comm::Transport<ExecutionSpace, Scalar> transport;
 
-  std::vector<Activations> slots;  ///< at least one
+  // A deque: growing it never moves a slot, whose sends in flight hold pointers into it.
+  std::deque<Activations> slots;  ///< at least one
   // Gradient scratch, shared by the slots' backwards: the residual stream's, a second [rows, D],
   // the heads', the MLP's; the positions' columns (forward and backward).
   int scratch_capacity = 0;
