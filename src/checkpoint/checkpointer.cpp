@@ -561,6 +561,7 @@ void Checkpointer::load(const std::string& file, const std::vector<ArraySlice>& 
       if (a.selection != ArraySlice::Selection::rows || element_count(a.shape) == 0 || ranges[k].in_place) continue;
       std::vector<char> sorted(a.bytes());
       scatter_contiguous_rows(m_group, a, ranges[k].bytes.data(), ranges[k].first, sorted.data());
+      if (sorted.empty()) continue;  // no rows here (another stage's array): a.data may be null
       if (rows_sorted(a))
         std::memcpy(a.data, sorted.data(), sorted.size());
       else
