@@ -50,10 +50,13 @@ Curve reference_of(TrainOptions o, int micro_batches, const std::string& tag) {
   return run(o, 1, tag + "-1x1x1-m" + std::to_string(micro_batches));
 }
 
-void expect_layouts_match(OptimizerKind optimizer, const std::string& tag) {
+/// The layouts against one rank; `every_count`: also 1, 2 and 8 micro-batches on 1 x 2 x 1 (the
+/// schedules' mechanics, the same for every optimizer: run for one of them).
+void expect_layouts_match(OptimizerKind optimizer, const std::string& tag, bool every_count) {
   const auto o = pipeline_run(optimizer);
   std::map<int, Curve> references;
-  for (int m : {1, 2, 4, 8}) references[m] = reference_of(o, m, tag);
+  for (int m : {1, 2, 4, 8})
+    if (every_count || m == 4 || m == 8) references[m] = reference_of(o, m, tag);
   if (world_rank() == 0)
     EXPECT_LT(references[4].losses.rbegin()->second, references[4].losses.begin()->second - 0.3) << "it learns";
   struct Case {
@@ -66,6 +69,9 @@ void expect_layouts_match(OptimizerKind optimizer, const std::string& tag) {
                         {{1, 2, 1}, 8, "1f1b"},  {{2, 2, 1}, 4, "1f1b"}, {{1, 2, 2}, 4, "gpipe"},
                         {{3, 1, 1}, 4, "1f1b"}};
   for (const auto& c : cases) {
+    if (!references.count(c.micro_batches) || (!every_count && c.layout.stages == 2 && c.layout.replicas == 1 &&
+                                               c.layout.shards == 1 && c.micro_batches != 4))
+      continue;
     const std::string name = tag + " " + c.layout.name() + " " + c.schedule + " m" + std::to_string(c.micro_batches);
     const Curve curve = run(shaped(o, c.layout, c.micro_batches, c.schedule), c.layout.ranks(), name);
     const bool stages_only = c.layout.replicas == 1 && c.layout.shards == 1;
@@ -77,13 +83,13 @@ void expect_layouts_match(OptimizerKind optimizer, const std::string& tag) {
 TEST(PipelineTraining, LossCurveOfAdamWDoesNotDependOnTheLayout) {
   if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   install_termination_handler();
-  expect_layouts_match(OptimizerKind::adamw, "adamw");
+  expect_layouts_match(OptimizerKind::adamw, "adamw", true);
 }
 
 TEST(PipelineTraining, LossCurveOfShampooDoesNotDependOnTheLayout) {
   if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   install_termination_handler();
-  expect_layouts_match(OptimizerKind::shampoo, "shampoo");
+  expect_layouts_match(OptimizerKind::shampoo, "shampoo", false);
 }
 
 // SOAP and Muon work over each stage's own tensors too (Muon names the embeddings and head it
