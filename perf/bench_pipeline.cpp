@@ -11,6 +11,7 @@
 
 #include <lather/comm/group.hpp>
 #include <lather/core/error.hpp>
+#include <lather/nn/pipeline_schedule.hpp>
 
 #include <mpi.h>
 #include <nlohmann/json.hpp>
@@ -169,15 +170,13 @@ void run_pipeline(const PipelineOptions& o) {
                              {"tokens_per_second", tokens_per_second},
                              {"final_train_loss", result.train_loss}};
     if (run != "replicas") {
-      double span = 1e-12, mean = 0;
-      for (double s : schedule) span = std::max(span, s);
-      std::vector<double> idle;
+      const auto idle = nn::stage_idle_fractions(busy, schedule);
+      double mean = 0;
       for (std::size_t k = 0; k < busy.size(); ++k) {
-        idle.push_back(1.0 - busy[k] / span);
-        mean += idle.back() / double(busy.size());
+        mean += idle[k] / double(busy.size());
         busy_max = std::max(busy_max, busy[k]), busy_min = std::min(busy_min, busy[k]);
       }
-      const double bound = double(o.stages - 1) / double(o.micro_batches + o.stages - 1);
+      const double bound = nn::bubble_bound(o.stages, o.micro_batches);
       record["stage_busy_seconds"] = busy;
       record["stage_imbalance"] = busy_min > 0 ? busy_max / busy_min - 1.0 : -1.0;
       record["stage_idle_fraction"] = idle;

@@ -343,7 +343,9 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       }
       if (micro_batches.empty()) continue;
       nn::PipelineTimes times;
-      const auto r = model.train_micro_batches(space, schedule, micro_batches, written, &times);
+      // The passes' times (a fence after each) only where they are reported.
+      const bool timing = stages > 1 || !o.pipeline_timeline.empty();
+      const auto r = model.train_micro_batches(space, schedule, micro_batches, written, timing ? &times : nullptr);
       written = true;
       local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
       busy_seconds += times.busy, schedule_seconds += times.seconds;
@@ -411,19 +413,14 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
         const double mine[2] = {busy_seconds, schedule_seconds};
         std::vector<double> all(2 * std::size_t(stages));
         mesh.pipeline().allgather(mine, 2, all.data());
-        // A stage that finishes first (GPipe's last) waits for the others at the next step: every
-        // stage's idle time is counted against the longest schedule.
-        std::vector<double> busy, total, bubble;
-        double span = 1e-12, bubble_mean = 0;
+        std::vector<double> busy, total;
         for (int st = 0; st < stages; ++st) {
           busy.push_back(all[2 * std::size_t(st)]);
           total.push_back(all[2 * std::size_t(st) + 1]);
-          span = std::max(span, total.back());
         }
-        for (int st = 0; st < stages; ++st) {
-          bubble.push_back(1.0 - busy[std::size_t(st)] / span);
-          bubble_mean += bubble.back() / stages;
-        }
+        const auto bubble = nn::stage_idle_fractions(busy, total);
+        double bubble_mean = 0;
+        for (double b : bubble) bubble_mean += b / stages;
         const double bound = nn::bubble_bound(stages, o.micro_batches);
         record["stage_busy_seconds"] = busy;
         record["stage_schedule_seconds"] = total;

@@ -49,4 +49,14 @@ std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, int stag
 
 double bubble_bound(int stages, int micro_batches) { return double(stages - 1) / double(micro_batches + stages - 1); }
 
+std::vector<double> stage_idle_fractions(const std::vector<double>& busy, const std::vector<double>& schedule) {
+  LATHER_REQUIRE(busy.size() == schedule.size(), "stage_idle_fractions: ", busy.size(), " busy times for ",
+                 schedule.size(), " schedules");
+  double span = 1e-12;
+  for (double s : schedule) span = std::max(span, s);
+  std::vector<double> idle;
+  for (double b : busy) idle.push_back(1.0 - b / span);
+  return idle;
+}
+
 }  // namespace lather::nn

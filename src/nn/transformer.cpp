@@ -256,13 +256,7 @@ template <class ExecutionSpace, class Scalar>
 LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_batch(const ExecutionSpace& space, int batch, int time,
                                                                    const Tokens& inputs, const Tokens& targets,
                                                                    bool accumulate) {
-  if (m_state->stages > 1)
-    return train_micro_batches(space, PipelineSchedule::gpipe, {MicroBatch{batch, time, inputs, targets}}, accumulate);
-  reserve(space, 0, batch * time);
-  forward(space, 0, batch, time, inputs);
-  const auto sums = loss(space, 0, batch * time, targets, true);
-  backward(space, 0, batch, time, inputs, accumulate);
-  return sums;
+  return train_micro_batches(space, PipelineSchedule::gpipe, {MicroBatch{batch, time, inputs, targets}}, accumulate);
 }
 
 template <class ExecutionSpace, class Scalar>

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <utility>
 
 namespace lather::nn {
 
@@ -19,24 +21,41 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-/// This stage's verdict on a pass: the fault point, agreed over the shards of the stage (whose
-/// tensor-parallel all-reduces would otherwise wait for a shard that skips the pass), then the
-/// pass itself. Returns false, keeping the first message in `error`, when it did not run or threw.
-template <class Pass>
-bool run_pass(const comm::Group& shards, bool ok, std::string& error, Pass&& pass) {
-  if (ok) {
-    std::string fault = ::lather::Impl::local_failure("transformer.pipeline", [] {});
-    if (!fault.empty()) {
-      if (error.empty()) error = fault;
-      ok = false;
-    }
+/// This rank's part in a schedule that a failure must not stop: the first failure's message, and
+/// whether this rank still computes (false once it failed or a neighbour sent a failure).
+struct Verdict {
+  std::string error;
+  bool ok = true;
+  void fail(const std::string& message) {
+    if (error.empty()) error = message;
+    ok = false;
   }
-  if (shards.size() > 1) ok = shards.allreduce(int(ok), comm::Combine::min) != 0;
-  if (!ok) return false;
-  std::string failure = ::lather::Impl::local_failure(nullptr, std::forward<Pass>(pass));
-  if (failure.empty()) return true;
-  if (error.empty()) error = failure;
-  return false;
+  /// Runs `work`; what it throws becomes this rank's failure.
+  template <class Work>
+  void run(Work&& work) {
+    const std::string message = ::lather::Impl::local_failure(nullptr, std::forward<Work>(work));
+    if (!message.empty()) fail(message);
+  }
+};
+
+/// A pass of this stage: the fault point, agreed over the shards of the stage (whose
+/// tensor-parallel all-reduces would otherwise wait for a shard that skips the pass), then the
+/// pass itself, unless the verdict already says no.
+template <class Pass>
+void run_pass(const comm::Group& shards, Verdict& verdict, Pass&& pass) {
+  if (verdict.ok) {
+    const std::string fault = ::lather::Impl::local_failure("transformer.pipeline", [] {});
+    if (!fault.empty()) verdict.fail(fault);
+  }
+  if (shards.size() > 1 && shards.allreduce(int(verdict.ok), comm::Combine::min) == 0) verdict.ok = false;
+  if (verdict.ok) verdict.run(std::forward<Pass>(pass));
+}
+
+/// The first `rows` rows of an activation as the flat View a transfer moves.
+template <class Matrix>
+auto flat_rows(const Matrix& m, int rows) {
+  return Kokkos::View<typename Matrix::value_type*, typename Matrix::memory_space>(m.data(),
+                                                                                   std::size_t(rows) * m.extent(1));
 }
 
 }  // namespace
@@ -55,17 +74,21 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_micro_batches(const
                    "Transformer::train_micro_batches: a micro-batch of ", mb.batch, " windows of ", mb.time,
                    " tokens; each needs 1 or more windows of 1 to ", m_config.block_size);
   const auto start = Clock::now();
-  PipelineTimes local_times;
-  auto& t = times ? *times : local_times;
-  t = PipelineTimes();
+  if (times) *times = PipelineTimes();
   LanguageModelSums sums;
+  const auto add = [&](const LanguageModelSums& r) {
+    sums.loss += r.loss, sums.z_loss += r.z_loss, sums.correct += r.correct, sums.tokens += r.tokens;
+  };
+  // A timeline costs a fence after every pass (a pass's time is its kernels'); without one asked
+  // for, the passes queue as they always did.
   const auto timed = [&](bool forward, int m, auto&& pass) {
+    if (!times) return pass();
     const double begin = since(start);
     pass();
     ::lather::Impl::fence(space, "Lather::Transformer::pipeline: pass done");
     const double end = since(start);
-    t.busy += end - begin;
-    t.events.push_back({forward, m, begin, end});
+    times->busy += end - begin;
+    times->events.push_back({forward, m, begin, end});
   };
 
   if (st.stages == 1) {
@@ -74,44 +97,41 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_micro_batches(const
       const auto& mb = micro_batches[std::size_t(m)];
       const int rows = mb.batch * mb.time;
       reserve(space, 0, rows);
-      LanguageModelSums r;
       timed(true, m, [&] {
         forward(space, 0, mb.batch, mb.time, mb.inputs);
-        r = loss(space, 0, rows, mb.targets, true);
+        add(loss(space, 0, rows, mb.targets, true));
       });
       timed(false, m, [&] { backward(space, 0, mb.batch, mb.time, mb.inputs, accumulate || m > 0); });
-      sums.loss += r.loss, sums.z_loss += r.z_loss, sums.correct += r.correct, sums.tokens += r.tokens;
     }
-    t.seconds = since(start);
+    if (times) times->seconds = since(start);
     return sums;
   }
 
-  std::string error;  // this rank's own failure, the first one
-  bool ok = true;     // false once this rank failed or a neighbour sent a failure
+  using Outgoing = typename comm::StageLink<ExecutionSpace, Scalar>::Outgoing;
+  using Flat = Kokkos::View<Scalar*, memory_space>;
+  Verdict verdict;
   const int slots = activation_slots(schedule, st.stages, st.stage, M);
   // The slots, grown before the schedule (an agreement over the shards when they grow).
-  {
+  verdict.run([&] {
     int largest = 0;
     for (const auto& mb : micro_batches) largest = std::max(largest, mb.batch * mb.time);
-    const std::string failure = ::lather::Impl::local_failure(nullptr, [&] {
-      for (int s = 0; s < slots; ++s) reserve(space, s, largest);
-    });
-    if (!failure.empty()) error = failure, ok = false;
-  }
-  const auto rows_of = [](const Matrix& m, int rows) {
-    return Kokkos::View<Scalar*, memory_space>(m.data(), std::size_t(rows) * m.extent(1));
-  };
+    for (int s = 0; s < slots; ++s) reserve(space, s, largest);
+  });
+  // Takes the neighbour's transfer into `into`, or drops it once this rank computes no more.
   const auto receive = [&](comm::StageDirection direction, const Matrix& into, int rows) {
-    const std::string failure = ::lather::Impl::local_failure(nullptr, [&] {
-      const bool keep = ok && into.data() != nullptr;
-      const auto view = keep ? rows_of(into, rows) : Kokkos::View<Scalar*, memory_space>();
-      const bool sent = st.link.receive(space, direction, keep ? view : Kokkos::View<Scalar*, memory_space>(), keep);
-      if (!sent) ok = false;
+    verdict.run([&] {
+      const bool keep = verdict.ok && into.data() != nullptr;
+      if (!st.link.receive(space, direction, keep ? flat_rows(into, rows) : Flat(), keep)) verdict.ok = false;
     });
-    if (!failure.empty()) {
-      if (error.empty()) error = failure;
-      ok = false;
-    }
+  };
+  // Sends `data` (or, after a failure, the status alone) from `out`; without a slot (its growth
+  // failed) from a scratch transfer, completed at once.
+  const auto send = [&](comm::StageDirection direction, Outgoing* out, const Flat& data) {
+    verdict.run([&] {
+      Outgoing scratch;
+      st.link.start_send(space, direction, verdict.ok ? data : Flat(), verdict.ok, out ? *out : scratch);
+      if (!out) scratch.wait();
+    });
   };
 
   for (const auto& action : pipeline_actions(schedule, st.stages, st.stage, M)) {
@@ -125,45 +145,30 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_micro_batches(const
         slot->backward_send.wait();
       }
       if (!st.first_stage()) receive(comm::StageDirection::forward, slot ? slot->blocks[0].x : Matrix(), rows);
-      ok = run_pass(st.shards, ok, error, [&] {
+      run_pass(st.shards, verdict, [&] {
         timed(true, m, [&] {
           forward(space, action.slot, mb.batch, mb.time, mb.inputs);
-          if (st.last_stage()) {
-            const auto r = loss(space, action.slot, rows, mb.targets, true);
-            sums.loss += r.loss, sums.z_loss += r.z_loss, sums.correct += r.correct, sums.tokens += r.tokens;
-          }
+          if (st.last_stage()) add(loss(space, action.slot, rows, mb.targets, true));
         });
       });
-      if (!st.last_stage()) {
-        const auto failure = ::lather::Impl::local_failure(nullptr, [&] {
-          typename comm::StageLink<ExecutionSpace, Scalar>::Outgoing scratch;
-          auto& out = slot ? slot->forward_send : scratch;
-          st.link.start_send(space, comm::StageDirection::forward,
-                             ok ? rows_of(slot->x_final, rows) : Kokkos::View<Scalar*, memory_space>(), ok, out);
-          if (!slot) out.wait();
-        });
-        if (!failure.empty() && error.empty()) error = failure, ok = false;
-      }
+      if (!st.last_stage())
+        send(comm::StageDirection::forward, slot ? &slot->forward_send : nullptr,
+             verdict.ok ? flat_rows(slot->x_final, rows) : Flat());
     } else {
       if (!st.last_stage()) receive(comm::StageDirection::backward, st.dx, rows);
-      ok = run_pass(st.shards, ok, error, [&] {
+      run_pass(st.shards, verdict, [&] {
         timed(false, m, [&] { backward(space, action.slot, mb.batch, mb.time, mb.inputs, accumulate || m > 0); });
       });
       if (!st.first_stage()) {
-        const auto failure = ::lather::Impl::local_failure(nullptr, [&] {
-          typename comm::StageLink<ExecutionSpace, Scalar>::Outgoing scratch;
-          auto& out = slot ? slot->backward_send : scratch;
-          Kokkos::View<Scalar*, memory_space> gradient;
-          if (ok) {
+        Flat gradient;
+        if (verdict.ok)
+          verdict.run([&] {
             // dX is scratch that the next backward overwrites: the slot's copy travels.
-            out.wait();
-            gradient = rows_of(slot->input_gradient, rows);
-            Kokkos::deep_copy(space, gradient, rows_of(st.dx, rows));
-          }
-          st.link.start_send(space, comm::StageDirection::backward, gradient, ok, out);
-          if (!slot) out.wait();
-        });
-        if (!failure.empty() && error.empty()) error = failure, ok = false;
+            slot->backward_send.wait();
+            gradient = flat_rows(slot->input_gradient, rows);
+            Kokkos::deep_copy(space, gradient, flat_rows(st.dx, rows));
+          });
+        send(comm::StageDirection::backward, slot ? &slot->backward_send : nullptr, gradient);
       }
     }
   }
@@ -171,8 +176,8 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_micro_batches(const
     slot.forward_send.wait();
     slot.backward_send.wait();
   }
-  t.seconds = since(start);
-  st.world.agree_on_failure("Transformer pipeline", error);
+  if (times) times->seconds = since(start);
+  st.world.agree_on_failure("Transformer pipeline", verdict.error);
   return sums;
 }
 
@@ -181,45 +186,35 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::forward_through_stages(co
                                                                               int time, const Tokens& inputs,
                                                                               const Tokens* targets) {
   auto& st = *m_state;
+  using Flat = Kokkos::View<Scalar*, memory_space>;
   const int rows = batch * time;
-  std::string error;
-  bool ok = true;
+  Verdict verdict;
   LanguageModelSums sums;
-  {
-    const std::string failure = ::lather::Impl::local_failure(nullptr, [&] { reserve(space, 0, rows); });
-    if (!failure.empty()) error = failure, ok = false;
-  }
+  verdict.run([&] { reserve(space, 0, rows); });
   auto* slot = st.slots.empty() ? nullptr : &st.slots[0];
   if (slot) {
     slot->forward_send.wait();
     slot->backward_send.wait();
   }
-  const auto flat = [&](const Matrix& m) {
-    return Kokkos::View<Scalar*, memory_space>(m.data(), std::size_t(rows) * m.extent(1));
-  };
-  if (!st.first_stage()) {
-    const std::string failure = ::lather::Impl::local_failure(nullptr, [&] {
-      const bool keep = ok && slot;
-      if (!st.link.receive(space, comm::StageDirection::forward,
-                           keep ? flat(slot->blocks[0].x) : Kokkos::View<Scalar*, memory_space>(), keep))
-        ok = false;
+  if (!st.first_stage())
+    verdict.run([&] {
+      const bool keep = verdict.ok && slot;
+      if (!st.link.receive(space, comm::StageDirection::forward, keep ? flat_rows(slot->blocks[0].x, rows) : Flat(),
+                           keep))
+        verdict.ok = false;
     });
-    if (!failure.empty()) error = error.empty() ? failure : error, ok = false;
-  }
-  ok = run_pass(st.shards, ok, error, [&] {
+  run_pass(st.shards, verdict, [&] {
     forward(space, 0, batch, time, inputs);
     if (st.last_stage() && targets) sums = loss(space, 0, rows, *targets, false);
   });
-  if (!st.last_stage()) {
-    const std::string failure = ::lather::Impl::local_failure(nullptr, [&] {
+  if (!st.last_stage())
+    verdict.run([&] {
       typename comm::StageLink<ExecutionSpace, Scalar>::Outgoing out;
-      st.link.start_send(space, comm::StageDirection::forward,
-                         ok ? flat(slot->x_final) : Kokkos::View<Scalar*, memory_space>(), ok, out);
+      st.link.start_send(space, comm::StageDirection::forward, verdict.ok ? flat_rows(slot->x_final, rows) : Flat(),
+                         verdict.ok, out);
       out.wait();
     });
-    if (!failure.empty()) error = error.empty() ? failure : error, ok = false;
-  }
-  st.world.agree_on_failure("Transformer pipeline", error);
+  st.world.agree_on_failure("Transformer pipeline", verdict.error);
   return sums;
 }
 

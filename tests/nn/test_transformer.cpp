@@ -215,6 +215,11 @@ TEST(PipelineSchedule, ActionsKeepTheirPromises) {
         }
   EXPECT_DOUBLE_EQ(lather::nn::bubble_bound(2, 8), 1.0 / 9.0);
   EXPECT_DOUBLE_EQ(lather::nn::bubble_bound(1, 8), 0.0);
+  // Against the longest schedule (5 s): 1 - 3/5 and 1 - 4/5.
+  const auto idle = lather::nn::stage_idle_fractions({3.0, 4.0}, {5.0, 4.0});
+  ASSERT_EQ(idle.size(), 2u);
+  EXPECT_DOUBLE_EQ(idle[0], 0.4);
+  EXPECT_DOUBLE_EQ(idle[1], 0.2);
   EXPECT_THROW(lather::nn::parse_pipeline_schedule("interleaved"), lather::Error);
 }
 

@@ -96,21 +96,17 @@ class StageLink {
     std::int64_t status = 0;
     m_pipeline.start_receive(&status, 1, from, tag(direction)).wait();
     if (status == failed) return false;
-    if (!keep) {
+    const std::size_t count = into.extent(0);
+    // The count is sent before the payload, so a mismatch is found before the payload's receive
+    // (which would fail or truncate). A payload not kept, or of another size, is taken into a
+    // scratch buffer and dropped.
+    if (!keep || status != std::int64_t(count)) {
       host_view sink(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::StageLink::sink"),
                      std::size_t(std::max<std::int64_t>(status, 0)));
       m_pipeline.start_receive(sink.data(), sink.extent(0), from, tag(direction)).wait();
+      LATHER_REQUIRE(!keep, "StageLink: stage ", from, " sent ", status, " elements, stage ", m_stage, " expected ",
+                     count);
       return true;
-    }
-    const std::size_t count = into.extent(0);
-    // The count is sent before the payload, so a mismatch is found before the payload's receive
-    // (which would fail or truncate): the payload is then taken into a scratch buffer and dropped.
-    if (status != std::int64_t(count)) {
-      host_view sink(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::StageLink::sink"),
-                     std::size_t(status > 0 ? status : 0));
-      if (status > 0) m_pipeline.start_receive(sink.data(), sink.extent(0), from, tag(direction)).wait();
-      LATHER_FAIL("StageLink: stage ", from_stage(from), " sent ", status, " elements, stage ", m_stage, " expected ",
-                  count);
     }
     if (direct) {
       m_pipeline.start_receive(into.data(), count, from, tag(direction)).wait();
@@ -134,7 +130,6 @@ class StageLink {
                    " has no ", direction == StageDirection::forward ? "next" : "previous", " stage");
     return to;
   }
-  int from_stage(int rank) const { return rank; }
   static int tag(StageDirection direction) { return direction == StageDirection::forward ? 71 : 72; }
 };
 

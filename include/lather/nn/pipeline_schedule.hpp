@@ -37,5 +37,10 @@ std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, int stag
 int activation_slots(PipelineSchedule schedule, int stages, int stage, int micro_batches);
 /// The idle fraction of a step with equal stage times: (P - 1) / (M + P - 1).
 double bubble_bound(int stages, int micro_batches);
+/// The measured idle fraction of each stage, 1 - busy / the longest schedule: a stage that ends
+/// its schedule first (GPipe's last) waits for the others at the next step, so every stage's time
+/// counts against the longest. `busy` and `schedule` hold each stage's seconds in passes and in
+/// whole schedules over the same steps.
+std::vector<double> stage_idle_fractions(const std::vector<double>& busy, const std::vector<double>& schedule);
 
 }  // namespace lather::nn

@@ -151,7 +151,8 @@ class Transformer {
   /// the micro-batches in order. Collective over the mesh: every rank passes the same batch and
   /// time per micro-batch. The sums are the last stage's (zero on the others). Any failure on any
   /// rank (including the test fault point "transformer.pipeline") becomes, after the schedule, a
-  /// lather::Error on every rank of the mesh. `times`, when given, receives this rank's timeline.
+  /// lather::Error on every rank of the mesh. `times`, when given, receives this rank's timeline
+  /// (at the cost of a fence after every pass).
   /// Without stages it runs the micro-batches one after the other.
   LanguageModelSums train_micro_batches(const ExecutionSpace& space, PipelineSchedule schedule,
                                         const std::vector<MicroBatch>& micro_batches, bool accumulate,
