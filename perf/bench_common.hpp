@@ -62,6 +62,7 @@ void register_root(CLI::App& app);
 void register_balance(CLI::App& app);
 void register_checkpoint(CLI::App& app);  // LATHER_ENABLE_HDF5 builds only
 void register_reduce(CLI::App& app);      // LATHER_ENABLE_MPI builds only
+void register_overlap(CLI::App& app);     // LATHER_ENABLE_MPI builds only
 void register_tta(CLI::App& app);         // builds with the driver only
 void register_pipeline(CLI::App& app);    // builds with the driver only
 void register_step(CLI::App& app);

@@ -41,6 +41,7 @@ int main(int argc, char** argv) try {
 #endif
 #if LATHER_ENABLE_MPI
     lather::bench::register_reduce(app);
+    lather::bench::register_overlap(app);
 #endif
     const bool root = lather::bench::world_group().rank() == 0;
     if (root && !blas_note.empty()) std::fprintf(stderr, "lather-bench: %s\n", blas_note.c_str());

@@ -298,6 +298,11 @@ void add_options(CLI::App& app, TrainOptions& o, std::optional<ModelKind> help_m
       ->capture_default_str();
   add_choice(app, "--wire-precision", o.wire_precision, wire_precision_names(),
              "Gradient reduction on the wire: native, bf16 or fp16");
+  app.add_flag("--overlap-reduction", o.overlap_reduction,
+               "Reduce each gradient bucket as soon as the backward has written it (bit-identical results)");
+  app.add_option("--bucket-bytes", o.bucket_bytes,
+                 "Bytes per gradient bucket, one reduction each (0: 64 MiB, or 1 MiB with --overlap-reduction)")
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of the HDF5 checkpoints");
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "Write a checkpoint every N steps (and at the end, and on SIGTERM); 0: only at the end and on SIGTERM")

@@ -331,30 +331,38 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     bool written = false;         // gradients written by an earlier round of this step
     double step_schedule = 0;
     last_step_events.clear();
-    for (int round = 0; round < o.accumulate; ++round) {
-      std::vector<Model::MicroBatch> micro_batches;
-      for (int j = 0; j < o.micro_batches; ++j) {
-        const auto [m0, m1] = share(mine_end - mine_begin, micro_steps, long(round) * o.micro_batches + j);
-        if (m1 == m0) continue;
-        auto& into = stagings[micro_batches.size()];
-        into.load(space, corpus.train, offsets.data() + mine_begin + m0, int(m1 - m0), block);
-        micro_batches.push_back({int(m1 - m0), block, into.inputs(), into.targets()});
-        step_tokens += (m1 - m0) * block;
+    const GradientsReady ready =
+        start_reduction(space, o, *reducer, parameters, double((mine_end - mine_begin) * block));
+    const long last_piece = last_nonempty_share(mine_end - mine_begin, micro_steps);
+    run_passes(space, *reducer, [&] {
+      for (int round = 0; round < o.accumulate; ++round) {
+        std::vector<Model::MicroBatch> micro_batches;
+        for (int j = 0; j < o.micro_batches; ++j) {
+          const auto [m0, m1] = share(mine_end - mine_begin, micro_steps, long(round) * o.micro_batches + j);
+          if (m1 == m0) continue;
+          auto& into = stagings[micro_batches.size()];
+          into.load(space, corpus.train, offsets.data() + mine_begin + m0, int(m1 - m0), block);
+          micro_batches.push_back({int(m1 - m0), block, into.inputs(), into.targets()});
+          step_tokens += (m1 - m0) * block;
+        }
+        if (micro_batches.empty()) continue;
+        nn::PipelineTimes times;
+        // The passes' times (a fence after each) only where they are reported.
+        const bool timing = stages > 1 || !o.pipeline_timeline.empty();
+        // The hook in the round of the step's last micro-batch, whose backward is the last.
+        const bool last_round = last_piece / o.micro_batches == round;
+        const auto r = model.train_micro_batches(space, schedule, micro_batches, written, timing ? &times : nullptr,
+                                                 last_round ? ready : GradientsReady());
+        written = true;
+        local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
+        busy_seconds += times.busy, schedule_seconds += times.seconds;
+        for (auto e : times.events) {  // the rounds one after the other
+          e.begin += step_schedule, e.end += step_schedule;
+          last_step_events.push_back(e);
+        }
+        step_schedule += times.seconds;
       }
-      if (micro_batches.empty()) continue;
-      nn::PipelineTimes times;
-      // The passes' times (a fence after each) only where they are reported.
-      const bool timing = stages > 1 || !o.pipeline_timeline.empty();
-      const auto r = model.train_micro_batches(space, schedule, micro_batches, written, timing ? &times : nullptr);
-      written = true;
-      local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
-      busy_seconds += times.busy, schedule_seconds += times.seconds;
-      for (auto e : times.events) {  // the rounds one after the other
-        e.begin += step_schedule, e.end += step_schedule;
-        last_step_events.push_back(e);
-      }
-      step_schedule += times.seconds;
-    }
+    });
     reduce_and_step(space, o, *reducer, *optimizer, parameters, double(step_tokens));
     // Over the whole mesh, so that a signal seen by any rank stops every rank after this step;
     // the shards of a replica hold the same sums, counted once by dividing by their number.

@@ -241,6 +241,7 @@ void TrainOptions::validate() const {
   for (int h : hidden) require_range("--hidden sizes", h, 1, max_layer_size);
   require_range("--weight-shards", weight_shards, 1, max_shards);
   require_range("--accumulate", accumulate, 1, max_batch_size);
+  require_range("--bucket-bytes", bucket_bytes, 0L, long(1) << 40);
   (void)reduction_name(reduce);  // one of the driver's reductions
   LATHER_REQUIRE(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got ", checkpoint_every);
   LATHER_REQUIRE(checkpoint_every == 0 || !checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");

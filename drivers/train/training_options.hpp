@@ -75,6 +75,11 @@ struct TrainOptions {
   long train_samples = 0;      ///< use only the first N training samples (0: all)
   long test_samples = 0;       ///< evaluate on the first N test samples (0: all)
   comm::WirePrecision wire_precision = comm::WirePrecision::native;
+  /// Reduce each bucket of gradients as the last micro-batch's backward finishes it, instead of
+  /// all of them after the backward (the same bits).
+  bool overlap_reduction = false;
+  /// Bytes of a gradient bucket (ReduceOptions::fusion_bytes); 0: 64 MiB, or 1 MiB overlapped.
+  long bucket_bytes = 0;
   double momentum = 0.9;             ///< SGD
   bool quiet = false;                ///< no progress lines (metrics file only)
   std::vector<std::string> shampoo;  ///< name=value pairs, the reference's option names

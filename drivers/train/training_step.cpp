@@ -9,6 +9,9 @@ std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Me
   // One read of the gradients per step, folded into the layout agreement the reducer makes
   // anyway: a diverging run stops with the rank and parameter named instead of spreading NaN.
   options.check_finite = true;
+  options.fusion_bytes = o.bucket_bytes > 0    ? std::size_t(o.bucket_bytes)
+                         : o.overlap_reduction ? std::size_t(1) << 20
+                                               : options.fusion_bytes;
   auto reducer = std::make_unique<comm::GradientReducer<Space, float>>(mesh, options);
   std::vector<std::string> names;
   for (const auto& spec : parameters) names.push_back(spec.name);
@@ -16,10 +19,51 @@ std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Me
   return reducer;
 }
 
+long last_nonempty_share(long count, long parts) {
+  for (long k = parts; k-- > 0;) {
+    const auto [begin, end] = share(count, parts, k);
+    if (end > begin) return k;
+  }
+  return -1;
+}
+
+GradientsReady start_reduction(const Space& space, const TrainOptions& o, comm::GradientReducer<Space, float>& reducer,
+                               const ParameterList<float, Memory>& parameters, double local_weight) {
+  if (!o.overlap_reduction) return {};
+  // Adasum reduces per-replica means: the weight is not the reducer's (reduce_and_step scales).
+  reducer.start(space, parameters.gradients(), o.reduce,
+                o.reduce == comm::ReduceOp::weighted_mean ? local_weight : 1.0);
+  auto* target = &reducer;
+  return [target, space](std::size_t first, std::size_t last) {
+    if (first < last)
+      target->ready(space, first, last);
+    else
+      target->progress(space);
+  };
+}
+
 void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientReducer<Space, float>& reducer,
                      optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
                      double local_weight) {
   const auto& grads = parameters.gradients();
+  if (reducer.overlapping()) {
+    // A replica with no sample this step ran no backward: its zero gradients are ready now.
+    if (local_weight == 0) {
+      Kokkos::deep_copy(space, parameters.gradient_buffer(), 0.0f);
+      reducer.ready(space, 0, grads.size());
+    }
+    if (o.reduce != comm::ReduceOp::weighted_mean) {
+      // Adasum's buckets wait for finish(): the per-replica mean is taken first, as below.
+      const float scale = local_weight > 0 ? float(1.0 / local_weight) : 0.0f;
+      const auto all = parameters.gradient_buffer();
+      Kokkos::parallel_for(
+          "lather-train::scale", Kokkos::RangePolicy<Space>(space, 0, all.extent(0)),
+          KOKKOS_LAMBDA(std::int64_t k) { all(k) *= scale; });
+    }
+    reducer.finish(space);
+    optimizer.step(space, parameters);
+    return;
+  }
   // A replica with no sample this step contributes zero gradients.
   if (local_weight == 0) Kokkos::deep_copy(space, parameters.gradient_buffer(), 0.0f);
   // Gradients are sums over this replica's samples (or tokens): their weighted mean is the mean
@@ -46,17 +90,21 @@ StepSums training_step(const Space& space, const TrainOptions& o, const data::La
                        StepParts& parts) {
   const auto& parameters = parts.model.parameters();
   const auto [mine_begin, mine_end] = share(end - begin, replicas, replica);
+  const GradientsReady ready = start_reduction(space, o, parts.reducer, parameters, double(mine_end - mine_begin));
+  const long last = last_nonempty_share(mine_end - mine_begin, o.accumulate);
   StepSums sums;
-  for (int k = 0; k < o.accumulate; ++k) {
-    const auto [m0, m1] = share(mine_end - mine_begin, o.accumulate, k);
-    if (m1 == m0) continue;
-    const auto [x, y] =
-        parts.staging.load(space, train_set, order.data(), begin + mine_begin + m0, begin + mine_begin + m1);
-    const auto r = parts.model.train_batch(space, x, y, sums.samples > 0);
-    sums.loss += r.loss_sum;
-    sums.correct += double(r.correct);
-    sums.samples += double(r.samples);
-  }
+  run_passes(space, parts.reducer, [&] {
+    for (int k = 0; k < o.accumulate; ++k) {
+      const auto [m0, m1] = share(mine_end - mine_begin, o.accumulate, k);
+      if (m1 == m0) continue;
+      const auto [x, y] =
+          parts.staging.load(space, train_set, order.data(), begin + mine_begin + m0, begin + mine_begin + m1);
+      const auto r = parts.model.train_batch(space, x, y, sums.samples > 0, k == last ? ready : GradientsReady());
+      sums.loss += r.loss_sum;
+      sums.correct += double(r.correct);
+      sums.samples += double(r.samples);
+    }
+  });
   reduce_and_step(space, o, parts.reducer, parts.optimizer, parameters, sums.samples);
   return sums;
 }

@@ -39,11 +39,32 @@ void place_gradients(const Space& space, comm::GradientReducer<Space, float>& re
   if (storage.data() != nullptr) model.place_gradients(space, storage);
 }
 
+/// With --overlap-reduction, before the step's micro-batches: starts the reduction that the last
+/// micro-batch's backward feeds through the hook returned (an empty hook without the flag).
+/// Collective over the data-parallel group. `local_weight`: this replica's samples or tokens in
+/// the whole step.
+GradientsReady start_reduction(const Space& space, const TrainOptions& o, comm::GradientReducer<Space, float>& reducer,
+                               const ParameterList<float, Memory>& parameters, double local_weight);
+
 /// The end of every step: the gradients (sums over this replica's `local_weight` samples or
-/// tokens) reduced over the data-parallel group as --reduce says, then the optimizer's update.
+/// tokens) reduced over the data-parallel group as --reduce says (or the overlapped reduction
+/// finished), then the optimizer's update.
 void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientReducer<Space, float>& reducer,
                      optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
                      double local_weight);
+
+/// Runs `backward` (this rank's passes of the step); with an overlapped reduction in flight, a
+/// failure there is handed to the reduction's finish(), which makes it the same error on every
+/// rank of the data-parallel group instead of leaving the others waiting.
+template <class Passes>
+void run_passes(const Space& space, comm::GradientReducer<Space, float>& reducer, Passes&& passes) {
+  if (!reducer.overlapping()) return passes();
+  const std::string failure = ::lather::Impl::local_failure(nullptr, std::forward<Passes>(passes));
+  if (!failure.empty()) reducer.finish(space, failure);  // throws on every rank
+}
+
+/// The index of the last of `parts` shares of `count` items that holds any (-1: none).
+long last_nonempty_share(long count, long parts);
 
 /// The step on samples order[begin, end) of the training set (the global batch; this replica
 /// takes its share). Collective over the mesh.

@@ -515,10 +515,90 @@ Request Group::start_receive(T* values, std::size_t count, int source, int tag) 
   LATHER_REQUIRE(count <= max_count, "Group::start_receive: ", count, " elements; at most ", max_count, " at once");
   Request request;
   request.m_receive = true;
+  request.m_call = "MPI_Irecv";
 #if LATHER_ENABLE_MPI
   Impl::check_mpi(MPI_Irecv(values, int(count), datatype<T>(), source, tag, st.comm, &request.m_request), "MPI_Irecv");
 #else
   (void)values, (void)tag;
+#endif
+  return request;
+}
+
+Request Group::start_barrier() const {
+  const auto& st = state();
+  Request request;
+  request.m_call = "MPI_Ibarrier";
+#if LATHER_ENABLE_MPI
+  if (!st.local) Impl::check_mpi(MPI_Ibarrier(st.comm, &request.m_request), "MPI_Ibarrier");
+#else
+  (void)st;
+#endif
+  return request;
+}
+
+template <class T>
+Request Group::start_allreduce(T* values, std::size_t count, Combine op) const {
+  const auto& st = state();
+  LATHER_REQUIRE(count <= max_count, "Group::start_allreduce: ", count, " elements; at most ", max_count, " at once");
+  Request request;
+  request.m_call = "MPI_Iallreduce";
+#if LATHER_ENABLE_MPI
+  if (!st.local)
+    Impl::check_mpi(
+        MPI_Iallreduce(MPI_IN_PLACE, values, int(count), datatype<T>(), operation(op), st.comm, &request.m_request),
+        "MPI_Iallreduce");
+#else
+  (void)st, (void)values, (void)op;
+#endif
+  return request;
+}
+
+template <class T>
+Request Group::start_alltoall(const T* send, std::size_t per_rank, T* receive) const {
+  const auto& st = state();
+  LATHER_REQUIRE(per_rank <= max_count, "Group::start_alltoall: ", per_rank, " elements per rank; at most ", max_count,
+                 " at once");
+  Request request;
+  request.m_call = "MPI_Ialltoall";
+  if (st.local) {
+    if (per_rank > 0 && send != receive) std::memmove(receive, send, per_rank * sizeof(T));
+    return request;
+  }
+#if LATHER_ENABLE_MPI
+  const int n = int(per_rank);
+  Impl::check_mpi(MPI_Ialltoall(send, n, datatype<T>(), receive, n, datatype<T>(), st.comm, &request.m_request),
+                  "MPI_Ialltoall");
+#endif
+  return request;
+}
+
+template <class T>
+Request Group::start_allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts) const {
+  const auto& st = state();
+  LATHER_REQUIRE(int(counts.size()) == st.size, "Group::start_allgatherv: ", counts.size(), " counts for a group of ",
+                 st.size);
+  Request request;
+  request.m_call = "MPI_Iallgatherv";
+  if (st.local) {
+    if (counts[0] > 0 && send != receive) std::memmove(receive, send, counts[0] * sizeof(T));
+    return request;
+  }
+#if LATHER_ENABLE_MPI
+  std::size_t total = 0;
+  for (auto c : counts) total += c;
+  LATHER_REQUIRE(total <= std::size_t(INT_MAX), "Group::start_allgatherv: ", total,
+                 " elements in all exceed MPI's int counts");
+  std::vector<int> count, displacement;
+  std::tie(count, displacement) = int_counts(counts, "Group::start_allgatherv");
+  // MPI reads the counts and displacements until the transfer completes: the Request keeps them.
+  request.m_arguments = count;
+  request.m_arguments.insert(request.m_arguments.end(), displacement.begin(), displacement.end());
+  const int* counts_kept = request.m_arguments.data();
+  const int* displacements_kept = counts_kept + st.size;
+  const void* from = send == receive + displacement[st.rank] ? MPI_IN_PLACE : send;
+  Impl::check_mpi(MPI_Iallgatherv(from, count[st.rank], datatype<T>(), receive, counts_kept, displacements_kept,
+                                  datatype<T>(), st.comm, &request.m_request),
+                  "MPI_Iallgatherv");
 #endif
   return request;
 }
@@ -559,17 +639,20 @@ void Group::agree_on_failure(const std::string& context, const std::string& loca
   throw Error((named ? std::string() : prefix) + message + where, nullptr, 0);
 }
 
-#define LATHER_COMM_GROUP_INSTANTIATE(T)                                                   \
-  template void Group::allreduce<T>(T*, std::size_t, Combine) const;                       \
-  template void Group::allreduce<T>(const T*, T*, std::size_t, Combine) const;             \
-  template void Group::broadcast<T>(T*, std::size_t, int) const;                           \
-  template void Group::allgather<T>(const T*, std::size_t, T*) const;                      \
-  template void Group::allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const; \
-  template void Group::alltoall<T>(const T*, std::size_t, T*) const;                       \
-  template void Group::send<T>(const T*, std::size_t, int, int) const;                     \
-  template void Group::receive<T>(T*, std::size_t, int, int) const;                        \
-  template Request Group::start_send<T>(const T*, std::size_t, int, int) const;            \
-  template Request Group::start_receive<T>(T*, std::size_t, int, int) const;               \
+#define LATHER_COMM_GROUP_INSTANTIATE(T)                                                            \
+  template void Group::allreduce<T>(T*, std::size_t, Combine) const;                                \
+  template void Group::allreduce<T>(const T*, T*, std::size_t, Combine) const;                      \
+  template void Group::broadcast<T>(T*, std::size_t, int) const;                                    \
+  template void Group::allgather<T>(const T*, std::size_t, T*) const;                               \
+  template void Group::allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const;          \
+  template void Group::alltoall<T>(const T*, std::size_t, T*) const;                                \
+  template void Group::send<T>(const T*, std::size_t, int, int) const;                              \
+  template void Group::receive<T>(T*, std::size_t, int, int) const;                                 \
+  template Request Group::start_send<T>(const T*, std::size_t, int, int) const;                     \
+  template Request Group::start_receive<T>(T*, std::size_t, int, int) const;                        \
+  template Request Group::start_allreduce<T>(T*, std::size_t, Combine) const;                       \
+  template Request Group::start_alltoall<T>(const T*, std::size_t, T*) const;                       \
+  template Request Group::start_allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const; \
   template void Group::exchange<T>(const T*, std::size_t, T*, std::size_t, int, int) const;
 
 LATHER_COMM_GROUP_INSTANTIATE(char)

@@ -123,4 +123,18 @@ void NodeWindow::synchronize() const {
 #endif
 }
 
+void NodeWindow::sync_memory() const {
+#if LATHER_ENABLE_MPI
+  check_mpi(MPI_Win_sync(m_state->window), "MPI_Win_sync");
+#endif
+}
+
+Request NodeWindow::start_barrier() const {
+#if LATHER_ENABLE_MPI
+  return m_state->group.start_barrier();
+#else
+  return Request();
+#endif
+}
+
 }  // namespace lather::comm

@@ -14,6 +14,8 @@ Request::Request(Request&& other) noexcept {
   m_request = std::exchange(other.m_request, MPI_REQUEST_NULL);
 #endif
   m_receive = other.m_receive;
+  m_call = other.m_call;
+  m_arguments = std::move(other.m_arguments);
 }
 
 Request& Request::operator=(Request&& other) noexcept {
@@ -23,6 +25,8 @@ Request& Request::operator=(Request&& other) noexcept {
     m_request = std::exchange(other.m_request, MPI_REQUEST_NULL);
 #endif
     m_receive = other.m_receive;
+    m_call = other.m_call;
+    m_arguments = std::move(other.m_arguments);
   }
   return *this;
 }
@@ -40,11 +44,10 @@ bool Request::active() const noexcept {
 void Request::wait() {
 #if LATHER_ENABLE_MPI
   if (m_request == MPI_REQUEST_NULL) return;
-  const char* call = m_receive ? "MPI_Irecv" : "MPI_Isend";
   if (Impl::yield_while_waiting())
-    Impl::wait_yielding(&m_request, 1, call);
+    Impl::wait_yielding(&m_request, 1, m_call);
   else
-    Impl::check_mpi(MPI_Wait(&m_request, MPI_STATUS_IGNORE), call);
+    Impl::check_mpi(MPI_Wait(&m_request, MPI_STATUS_IGNORE), m_call);
   m_request = MPI_REQUEST_NULL;
 #endif
 }
@@ -53,7 +56,7 @@ bool Request::test() {
 #if LATHER_ENABLE_MPI
   if (m_request == MPI_REQUEST_NULL) return true;
   int done = 0;
-  Impl::check_mpi(MPI_Test(&m_request, &done, MPI_STATUS_IGNORE), m_receive ? "MPI_Irecv" : "MPI_Isend");
+  Impl::check_mpi(MPI_Test(&m_request, &done, MPI_STATUS_IGNORE), m_call);
   if (done) m_request = MPI_REQUEST_NULL;
   return done != 0;
 #else
@@ -65,7 +68,8 @@ void Request::release() noexcept {
 #if LATHER_ENABLE_MPI
   if (m_request == MPI_REQUEST_NULL) return;
   // An error path: the transfer's owner unwinds. A receive nobody will match is cancelled; a send
-  // completes once its receiver takes it (the pipeline's protocol posts every receive).
+  // completes once its receiver takes it (the pipeline's protocol posts every receive), a
+  // collective once every rank has started it (its owner's protocol starts it everywhere).
   if (m_receive) MPI_Cancel(&m_request);
   MPI_Wait(&m_request, MPI_STATUS_IGNORE);
   m_request = MPI_REQUEST_NULL;

@@ -229,7 +229,8 @@ BatchResult Mlp<ExecutionSpace>::loss_and_gradient(const ExecutionSpace& space, 
 }
 
 template <class ExecutionSpace>
-void Mlp<ExecutionSpace>::backward(const ExecutionSpace& space, const Matrix& inputs, int rows, bool accumulate) {
+void Mlp<ExecutionSpace>::backward(const ExecutionSpace& space, const Matrix& inputs, int rows, bool accumulate,
+                                   const GradientsReady& ready) {
   using Range = std::pair<int, int>;
   using Contiguous = Kokkos::View<float**, Kokkos::LayoutRight, memory_space, Unmanaged>;
   const Range r(0, rows);
@@ -252,6 +253,7 @@ void Mlp<ExecutionSpace>::backward(const ExecutionSpace& space, const Matrix& in
       m_rows[l]->backward(space, input, weight(l), dz, da, dw, db, accumulate);
     else
       m_columns[l]->backward(space, input, weight(l), dz, da, dw, db, accumulate);
+    if (ready) ready(std::size_t(2 * l), std::size_t(2 * l + 2));  // this layer's kernel and bias
     if (l == 0) break;
     // Through the previous ReLU into that layer's dZ; where the previous layer's output was
     // all-gathered, this shard's slice of the gradient.
@@ -285,14 +287,14 @@ BatchResult Mlp<ExecutionSpace>::evaluate(const ExecutionSpace& space, const Mat
 
 template <class ExecutionSpace>
 BatchResult Mlp<ExecutionSpace>::train_batch(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels,
-                                             bool accumulate) {
+                                             bool accumulate, const GradientsReady& ready) {
   const int rows = int(inputs.extent(0));
   LATHER_REQUIRE(int(inputs.extent(1)) == m_layers.front().in, "MLP input has ", inputs.extent(1),
                  " features, the model expects ", m_layers.front().in);
   allocate_activations(space, rows);
   forward(space, inputs, rows);
   const BatchResult result = loss_and_gradient(space, labels, rows, true);
-  backward(space, inputs, rows, accumulate);
+  backward(space, inputs, rows, accumulate, ready);
   return result;
 }
 

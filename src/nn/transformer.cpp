@@ -255,8 +255,9 @@ Transformer<ExecutionSpace, Scalar>::~Transformer() = default;
 template <class ExecutionSpace, class Scalar>
 LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_batch(const ExecutionSpace& space, int batch, int time,
                                                                    const Tokens& inputs, const Tokens& targets,
-                                                                   bool accumulate) {
-  return train_micro_batches(space, PipelineSchedule::gpipe, {MicroBatch{batch, time, inputs, targets}}, accumulate);
+                                                                   bool accumulate, const GradientsReady& ready) {
+  return train_micro_batches(space, PipelineSchedule::gpipe, {MicroBatch{batch, time, inputs, targets}}, accumulate,
+                             nullptr, ready);
 }
 
 template <class ExecutionSpace, class Scalar>

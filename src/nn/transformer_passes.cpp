@@ -72,6 +72,13 @@ void progress_sends(State& st) {
   }
 }
 
+/// Tensors [first, last) of the stage's list hold their final gradients (or, empty, a point
+/// between layers), where train_micro_batches asked for it.
+template <class State>
+void report_ready(State& st, int first, int last) {
+  if (st.gradients_ready) (*st.gradients_ready)(std::size_t(first), std::size_t(last));
+}
+
 }  // namespace
 
 template <class ExecutionSpace, class Scalar>
@@ -243,9 +250,12 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
                                                 State::rows_of(activations.mean_f, rows),
                                                 State::rows_of(activations.rstd_f, rows), dtmp, dx, false,
                                                 gradient(st.final_scale), gradient(st.final_offset), accumulate);
+    // The final LayerNorm's and the head's tensors, consecutive in the list.
+    report_ready(st, st.final_scale, st.head_bias + 1);
   }  // else dX holds the gradient of the stage's output, received from the next stage
   for (std::size_t l = st.blocks.size(); l-- > 0;) {
     progress_sends(st);
+    report_ready(st, 0, 0);
     auto& b = st.blocks[l];
     auto& ba = activations.blocks[l];
     const auto& p = b.p;
@@ -282,8 +292,12 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
     layer_norm_backward<ExecutionSpace, Scalar>(space, x, value(p.ln1_scale), State::rows_of(ba.mean1, rows),
                                                 State::rows_of(ba.rstd1, rows), dtmp, dx, true, gradient(p.ln1_scale),
                                                 gradient(p.ln1_offset), accumulate);
+    report_ready(st, p.ln1_scale, p.mlp_out_bias + 1);  // the block's tensors, consecutive in the list
   }
-  if (st.first_stage()) embed_backward(space, batch, time, inputs, accumulate);
+  if (st.first_stage()) {
+    embed_backward(space, batch, time, inputs, accumulate);
+    report_ready(st, st.token_table, st.position_table + 1);
+  }
   // else dX holds the gradient of the stage's input, for the previous stage
 }
 

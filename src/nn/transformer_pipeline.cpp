@@ -51,6 +51,22 @@ void run_pass(const comm::Group& shards, Verdict& verdict, Pass&& pass) {
   if (verdict.ok) verdict.run(std::forward<Pass>(pass));
 }
 
+/// The hook backward() reports each layer's gradients to, for the lifetime of this object (the
+/// step's last backward, which writes them for the last time).
+template <class State>
+class ReadyDuring {
+ public:
+  ReadyDuring(State& st, const GradientsReady* ready) : m_st(st) {
+    if (ready && *ready) m_st.gradients_ready = ready;
+  }
+  ~ReadyDuring() { m_st.gradients_ready = nullptr; }
+  ReadyDuring(const ReadyDuring&) = delete;
+  ReadyDuring& operator=(const ReadyDuring&) = delete;
+
+ private:
+  State& m_st;
+};
+
 /// The first `rows` rows of an activation as the flat View a transfer moves.
 template <class Matrix>
 auto flat_rows(const Matrix& m, int rows) {
@@ -64,7 +80,8 @@ template <class ExecutionSpace, class Scalar>
 LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_micro_batches(const ExecutionSpace& space,
                                                                            PipelineSchedule schedule,
                                                                            const std::vector<MicroBatch>& micro_batches,
-                                                                           bool accumulate, PipelineTimes* times) {
+                                                                           bool accumulate, PipelineTimes* times,
+                                                                           const GradientsReady& ready) {
   ::lather::Impl::ScopedRegion region("Lather::Transformer::train_micro_batches");
   auto& st = *m_state;
   const int M = int(micro_batches.size());
@@ -101,6 +118,7 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_micro_batches(const
         forward(space, 0, mb.batch, mb.time, mb.inputs);
         add(loss(space, 0, rows, mb.targets, true));
       });
+      const ReadyDuring last(st, m + 1 == M ? &ready : nullptr);
       timed(false, m, [&] { backward(space, 0, mb.batch, mb.time, mb.inputs, accumulate || m > 0); });
     }
     if (times) times->seconds = since(start);
@@ -156,6 +174,7 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_micro_batches(const
              verdict.ok ? flat_rows(slot->x_final, rows) : Flat());
     } else {
       if (!st.last_stage()) receive(comm::StageDirection::backward, st.dx, rows);
+      const ReadyDuring last(st, m + 1 == M ? &ready : nullptr);
       run_pass(st.shards, verdict, [&] {
         timed(false, m, [&] { backward(space, action.slot, mb.batch, mb.time, mb.inputs, accumulate || m > 0); });
       });
@@ -220,7 +239,7 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::forward_through_stages(co
 
 #define LATHER_NN_TRANSFORMER_PIPELINE(SPACE, SCALAR)                                                                  \
   template LanguageModelSums Transformer<SPACE, SCALAR>::train_micro_batches(                                          \
-      const SPACE&, PipelineSchedule, const std::vector<MicroBatch>&, bool, PipelineTimes*);                           \
+      const SPACE&, PipelineSchedule, const std::vector<MicroBatch>&, bool, PipelineTimes*, const GradientsReady&);    \
   template LanguageModelSums Transformer<SPACE, SCALAR>::forward_through_stages(const SPACE&, int, int, const Tokens&, \
                                                                                 const Tokens*);
 

@@ -7,6 +7,7 @@
 #include "common/mpi_ranks.hpp"
 
 #include <lather/core/error.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/data/idx.hpp>
 
 #include <gtest/gtest.h>
@@ -130,6 +131,60 @@ TEST(Training, SameSeedSameNumbers) {
   const auto o = small_run("shampoo");
   const auto a = losses(o, MPI_COMM_WORLD, "seed-a"), b = losses(o, MPI_COMM_WORLD, "seed-b");
   if (world_rank() == 0) EXPECT_EQ(a, b);
+}
+
+// --overlap-reduction reduces each bucket as the backward finishes it, with the blocking
+// reduction's buckets and order of sums: the same bits, so the same curve to the last digit, for
+// replicas, weight shards, accumulation and Adasum, on 3 and 4 ranks.
+TEST(Training, OverlappedReductionGivesTheBlockingBits) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) GTEST_SKIP() << "needs 4 ranks";
+  struct Layout {
+    int ranks, shards, accumulate;
+    const char* reduce;
+  };
+  for (const Layout& l :
+       {Layout{4, 1, 2, "mean"}, Layout{4, 2, 1, "mean"}, Layout{3, 1, 1, "mean"}, Layout{4, 1, 1, "adasum"}}) {
+    auto o = small_run("shampoo");
+    o.weight_shards = l.shards;
+    o.accumulate = l.accumulate;
+    o.bucket_bytes = 4096;  // many buckets
+    for (const auto& [name, op] : lather::train::reduction_names())
+      if (name == l.reduce) o.reduce = op;
+    const std::string what = std::to_string(l.ranks) + " ranks, " + std::to_string(l.shards) + " shards, accumulate " +
+                             std::to_string(l.accumulate) + ", " + l.reduce;
+    MPI_Comm comm = first_ranks(l.ranks);
+    const auto blocking = losses(o, comm, "blocking");
+    o.overlap_reduction = true;
+    const auto overlapped = losses(o, comm, "overlapped");
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    if (world_rank() == 0) {
+      ASSERT_FALSE(blocking.empty()) << what;
+      EXPECT_EQ(overlapped, blocking) << what;
+    }
+  }
+}
+
+// A failure in a bucket of the overlapped reduction on one rank is the same error on every rank.
+TEST(Training, AFailureInTheOverlappedReductionStopsEveryRank) {
+  auto o = small_run("adam");
+  o.overlap_reduction = true;
+  o.bucket_bytes = 4096;
+  lather::Impl::set_fault_hook([](const char* point) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (std::string(point) == "reduce.overlapped" && rank == size - 1)
+      throw lather::Error("injected failure in a bucket", nullptr, 0);
+  });
+  try {
+    train(o, MPI_COMM_WORLD, [](const std::string&) {});
+    ADD_FAILURE() << "no error on rank " << world_rank();
+  } catch (const lather::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("injected failure in a bucket"), std::string::npos) << e.what();
+  }
+  lather::Impl::set_fault_hook(nullptr);
 }
 
 TEST(Training, AdasumTrains) {

@@ -30,6 +30,35 @@ TEST(TransformerTraining, LossCurveDoesNotDependOnTheMesh) {
   }
 }
 
+// --overlap-reduction: each block's gradients reduced as the backward leaves the block, in the
+// blocking reduction's buckets and order: the same bits, so the same curve to the last digit,
+// with replicas, weight shards and pipeline stages (the last micro-batch's backward reports).
+TEST(TransformerTraining, OverlappedReductionGivesTheBlockingBits) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  struct Layout {
+    int ranks, shards, stages, micro_batches, accumulate;
+  };
+  for (const Layout l : {Layout{3, 1, 1, 1, 2}, Layout{4, 2, 1, 1, 1}, Layout{4, 1, 2, 3, 2}}) {
+    auto o = small_run();
+    o.max_steps = 20;
+    o.weight_shards = l.shards;
+    o.pipeline_stages = l.stages;
+    o.micro_batches = l.micro_batches;
+    o.accumulate = l.accumulate;
+    o.bucket_bytes = 8192;  // several buckets per block
+    const std::string name = std::to_string(l.ranks) + " ranks, " + std::to_string(l.shards) + " shards, " +
+                             std::to_string(l.stages) + " stages";
+    const Curve blocking = run(o, l.ranks, "blocking");
+    o.overlap_reduction = true;
+    const Curve overlapped = run(o, l.ranks, "overlapped");
+    if (world_rank() == 0) {
+      EXPECT_EQ(overlapped.losses.size(), 4u) << name;
+      EXPECT_EQ(overlapped.losses, blocking.losses) << name;
+      EXPECT_EQ(overlapped.validation, blocking.validation) << name;
+    }
+  }
+}
+
 TEST(TransformerTraining, KillAndResumeEqualsUninterrupted) {
   if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   install_termination_handler();

@@ -124,6 +124,18 @@ class Group {
   Request start_send(const T* values, std::size_t count, int destination, int tag) const;
   template <class T>
   Request start_receive(T* values, std::size_t count, int source, int tag) const;
+  /// Nonblocking collectives (MPI_Ibarrier, MPI_Iallreduce in place, MPI_Ialltoall,
+  /// MPI_Iallgatherv) of at most 2^30 elements (per rank, for the all-to-all; in all, for the
+  /// all-gather), with the blocking forms' meaning: every rank of the group must start the same
+  /// ones in the same order, and the buffers stay alive and untouched until wait() returns. On a
+  /// local group they complete at once.
+  Request start_barrier() const;
+  template <class T>
+  Request start_allreduce(T* values, std::size_t count, Combine op) const;
+  template <class T>
+  Request start_alltoall(const T* send, std::size_t per_rank, T* receive) const;
+  template <class T>
+  Request start_allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts) const;
   /// Sends `out` to `partner` and receives `in` from it (MPI_Sendrecv).
   template <class T>
   void exchange(const T* out, std::size_t out_count, T* in, std::size_t in_count, int partner, int tag) const;

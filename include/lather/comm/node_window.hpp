@@ -45,6 +45,11 @@ class NodeWindow {
   /// Collective: every rank's stores into the window before it are seen by every rank after it
   /// (MPI_Win_sync, barrier, MPI_Win_sync).
   void synchronize() const;
+  /// synchronize() in three parts, for a rank that computes while it waits: sync_memory() (this
+  /// rank's stores seen, others' loaded: MPI_Win_sync), start_barrier() on the window's group,
+  /// and sync_memory() again once the barrier's Request completes.
+  void sync_memory() const;
+  Request start_barrier() const;
 
  private:
   struct State;

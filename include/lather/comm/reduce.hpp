@@ -146,6 +146,42 @@ class GradientReducer {
   double reduce(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op, double local_weight = 1.0,
                 const std::vector<AgreedValue>& agreed = {}, const std::string& local_error = std::string());
 
+  // ---- the reduction overlapped with the backward pass ------------------------------------------
+  // As PyTorch DDP's autograd hooks: start() before the backward, ready() as each tensor's
+  // gradient becomes final (the models report it from their backward, layer by layer, last layer
+  // first), progress() between layers, finish() after the backward. A bucket starts as soon as it
+  // and every bucket after it in the list are ready (the backward finishes the last tensors
+  // first; the order is the same on every rank whatever the order of ready()), as nonblocking
+  // transfers that MPI moves whenever this rank calls into it (ready, progress, finish). The
+  // buckets, pieces, kernels and order of the sums are reduce()'s: the results are the same bits.
+  // Sum, mean and weighted mean, at any wire precision; Adasum's dot products need whole buckets
+  // and its partners wait on each other, so its buckets all wait for finish(), which reduces them
+  // as reduce() does.
+  //
+  // Failures: start() makes reduce()'s agreement (the layout, the options, the weight, the
+  // caller's `local_error`), so what fails before the backward is an error on every rank, with the
+  // tensors untouched. After it, a rank that fails (its backward throws, a bucket's local work
+  // fails, check_finite finds a NaN or Inf, a tensor is never reported ready) must still call
+  // finish(), with its message: it starts the buckets not yet started, so every transfer of the
+  // other ranks is matched, and one small agreement then makes the first failure the same
+  // lather::Error on every rank. The tensors are then partly reduced: drop the step (the next
+  // backward overwrites them). Adasum's finish() agrees before it reduces, leaving them untouched.
+
+  /// Collective: the agreement of reduce(), then the reduction waits for ready(). One overlapped
+  /// reduction at a time; reduce() and broadcast() may not be called until finish().
+  void start(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op, double local_weight = 1.0,
+             const std::vector<AgreedValue>& agreed = {}, const std::string& local_error = std::string());
+  /// Tensors [first, last) of the list hold their final gradients (written by kernels on `space`).
+  /// Starts the buckets that are now ready and lets MPI progress those in flight. Local.
+  void ready(const ExecutionSpace& space, std::size_t first, std::size_t last);
+  /// Lets MPI progress the buckets in flight without waiting (call between layers). Local.
+  void progress(const ExecutionSpace& space);
+  /// Collective: starts what is left, waits for every bucket, and agrees on failure (above).
+  /// Returns what reduce() returns: the global weight (weighted_mean) or the group size.
+  double finish(const ExecutionSpace& space, const std::string& local_error = std::string());
+  /// True between start() and finish().
+  bool overlapping() const;
+
   /// Memory for a ParameterList's gradients that the group's ranks on this node share, where sums
   /// go through the node-shared window (ReduceOptions::shared_memory; a group on one node, host
   /// memory, native wire precision): a list placed here (ParameterList::place_gradients, or the

@@ -1,8 +1,11 @@
 #pragma once
-// A nonblocking point-to-point transfer (Group::start_send, Group::start_receive). wait()
-// completes it, yielding the CPU between tests where the collectives do (src/comm/waiting.hpp).
-// A Request destroyed before wait() completes it there: a receive is cancelled first, a send is
-// waited for, so MPI never writes to or reads from a buffer its owner has freed.
+// A nonblocking transfer: point-to-point (Group::start_send, Group::start_receive) or collective
+// (Group::start_barrier, start_allreduce, start_alltoall, start_allgatherv). wait() completes it,
+// yielding the CPU between tests where the collectives do (src/comm/waiting.hpp). A Request
+// destroyed before wait() completes it there: a receive is cancelled first, a send or a
+// collective is waited for, so MPI never writes to or reads from a buffer its owner has freed. A
+// collective cannot be cancelled: its owner's protocol must bring every rank of the group to it
+// (GradientReducer's overlapped reduction starts every bucket on every rank, failed or not).
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
 #error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
@@ -13,6 +16,8 @@
 #if LATHER_ENABLE_MPI
 #include <mpi.h>
 #endif
+
+#include <vector>
 
 namespace lather::comm {
 
@@ -42,6 +47,8 @@ class Request {
   MPI_Request m_request = MPI_REQUEST_NULL;
 #endif
   bool m_receive = false;
+  const char* m_call = "MPI_Isend";  ///< the MPI call that started it, for error messages
+  std::vector<int> m_arguments;      ///< counts and displacements MPI reads until completion
   void release() noexcept;
 };
 

@@ -12,6 +12,7 @@
 #include <lather/core/kokkos_compat.hpp>
 
 #include <lather/comm/group.hpp>
+#include <lather/comm/request.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -133,7 +134,70 @@ class Transport {
     count_call(mine.extent(0));
   }
 
+  // ---- nonblocking forms, one transfer in flight at a time per Transport (one set of host
+  // staging buffers): start_* hands the data to MPI (staged out first where MPI cannot read it)
+  // and returns the Requests; once they complete, finish_* brings a staged result into place.
+  // At most chunk() elements per call (per rank for the all-to-all).
+
+  /// Elements of one transfer: the blocking calls above split larger Views into chunks of this.
+  std::size_t chunk() const { return m_chunk; }
+
+  /// allreduce() of one chunk, in place.
+  Request start_allreduce(const ExecutionSpace& space, const view& data, Combine op = Combine::sum) {
+    require_chunk(data.extent(0), "start_allreduce");
+    T* buffer = stage_out(space, data, 0, data.extent(0), m_send);
+    count_call(data.extent(0));
+    return m_group.start_allreduce(buffer, data.extent(0), op);
+  }
+  void finish_allreduce(const ExecutionSpace& space, const view& data) {
+    stage_in(space, data, 0, data.extent(0), m_send);
+  }
+
+  /// exchange() of one chunk each way: the receive, then the send.
+  std::vector<Request> start_exchange(const ExecutionSpace& space, const view& outgoing, const view& incoming,
+                                      int partner, int tag) {
+    require_chunk(std::max(outgoing.extent(0), incoming.extent(0)), "start_exchange");
+    T* send_buffer = stage_out(space, outgoing, 0, outgoing.extent(0), m_send);
+    T* receive_buffer_ = receive_buffer(space, incoming, 0, incoming.extent(0), m_receive);
+    std::vector<Request> requests;
+    requests.push_back(m_group.start_receive(receive_buffer_, incoming.extent(0), partner, tag));
+    requests.push_back(m_group.start_send(send_buffer, outgoing.extent(0), partner, tag));
+    count_call(outgoing.extent(0));
+    return requests;
+  }
+  void finish_exchange(const ExecutionSpace& space, const view& incoming) {
+    stage_in(space, incoming, 0, incoming.extent(0), m_receive);
+  }
+
+  /// alltoall() (per_rank elements to every rank).
+  Request start_alltoall(const ExecutionSpace& space, const view& outgoing, const view& incoming,
+                         std::size_t per_rank) {
+    T* send_buffer = stage_out(space, outgoing, 0, outgoing.extent(0), m_send);
+    T* receive_buffer_ = receive_buffer(space, incoming, 0, incoming.extent(0), m_receive);
+    count_call(outgoing.extent(0));
+    return m_group.start_alltoall(send_buffer, per_rank, receive_buffer_);
+  }
+  void finish_alltoall(const ExecutionSpace& space, const view& incoming) {
+    stage_in(space, incoming, 0, incoming.extent(0), m_receive);
+  }
+
+  /// allgatherv().
+  Request start_allgatherv(const ExecutionSpace& space, const view& mine, const view& all,
+                           const std::vector<std::size_t>& counts) {
+    T* send_buffer = stage_out(space, mine, 0, mine.extent(0), m_send);
+    T* receive_buffer_ = receive_buffer(space, all, 0, all.extent(0), m_receive);
+    count_call(mine.extent(0));
+    return m_group.start_allgatherv(send_buffer, receive_buffer_, counts);
+  }
+  void finish_allgatherv(const ExecutionSpace& space, const view& all) {
+    stage_in(space, all, 0, all.extent(0), m_receive);
+  }
+
  private:
+  void require_chunk(std::size_t count, const char* call) const {
+    LATHER_REQUIRE(count <= m_chunk, "Transport::", call, ": ", count, " elements; at most ", m_chunk, " at once");
+  }
+
   template <class Body>
   void for_chunks(std::size_t n, Body&& body) const {
     for (std::size_t begin = 0; begin < n; begin += m_chunk) body(begin, std::min(m_chunk, n - begin));

@@ -15,11 +15,19 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace lather {
+
+/// What a model's backward pass reports as it goes, as PyTorch DDP's autograd hooks do: after a
+/// layer has written its parameters' gradients for the last time in the step, the range
+/// [first, last) of their indices in the model's ParameterList (the last layer first); between
+/// layers, an empty range, where a reduction in flight may progress
+/// (comm::GradientReducer::ready and progress).
+using GradientsReady = std::function<void(std::size_t first, std::size_t last)>;
 
 /// A trainable tensor: a name for messages and checkpoints, and the shape of the tensor this rank
 /// holds. With weight sharding (tensor parallelism) the tensor is this rank's slice of a global

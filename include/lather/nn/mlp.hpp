@@ -62,8 +62,10 @@ class Mlp {
 
   /// Forward and backward on one micro-batch: the gradient of the summed loss is added to the
   /// parameters' gradients (set instead of added when `accumulate` is false). Collective over the
-  /// shards when split.
-  BatchResult train_batch(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels, bool accumulate);
+  /// shards when split. `ready`, when given, hears of each layer's gradients as the backward
+  /// writes them (the step's last micro-batch: an overlapped reduction).
+  BatchResult train_batch(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels, bool accumulate,
+                          const GradientsReady& ready = {});
   /// Forward only: loss sum and correct count.
   BatchResult evaluate(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels);
 
@@ -71,7 +73,8 @@ class Mlp {
   // (KOKKOS_LAMBDA) whose enclosing member function is private or protected; not for users.
   void forward(const ExecutionSpace& space, const Matrix& inputs, int rows);
   BatchResult loss_and_gradient(const ExecutionSpace& space, const Labels& labels, int rows, bool backward);
-  void backward(const ExecutionSpace& space, const Matrix& inputs, int rows, bool accumulate);
+  void backward(const ExecutionSpace& space, const Matrix& inputs, int rows, bool accumulate,
+                const GradientsReady& ready = {});
 
  private:
   using ConstMatrix = Kokkos::View<const float**, Kokkos::LayoutRight, memory_space>;

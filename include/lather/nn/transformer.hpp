@@ -143,20 +143,22 @@ class Transformer {
   /// Forward and backward on `batch` windows of `time` tokens: inputs and targets hold
   /// batch x time token ids, row b * time + t. The gradient of the summed loss (cross-entropy plus
   /// z-loss) is written to the parameters' gradients, or added when `accumulate`. Collective over
-  /// the shards, which pass the same tokens.
+  /// the shards, which pass the same tokens. `ready`, when given, hears of each layer's gradients as
+  /// the backward writes them (an overlapped reduction).
   LanguageModelSums train_batch(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,
-                                const Tokens& targets, bool accumulate);
+                                const Tokens& targets, bool accumulate, const GradientsReady& ready = {});
   /// Forward and backward of `micro_batches` in the order of `schedule` on this pipeline stage; the
   /// gradients of the summed loss over all of them are written (added when `accumulate`), adding
   /// the micro-batches in order. Collective over the mesh: every rank passes the same batch and
   /// time per micro-batch. The sums are the last stage's (zero on the others). Any failure on any
   /// rank (including the test fault point "transformer.pipeline") becomes, after the schedule, a
   /// lather::Error on every rank of the mesh. `times`, when given, receives this rank's timeline
-  /// (at the cost of a fence after every pass).
+  /// (at the cost of a fence after every pass). `ready`, when given, hears of each layer's
+  /// gradients during the last micro-batch's backward, which writes them for the last time.
   /// Without stages it runs the micro-batches one after the other.
   LanguageModelSums train_micro_batches(const ExecutionSpace& space, PipelineSchedule schedule,
                                         const std::vector<MicroBatch>& micro_batches, bool accumulate,
-                                        PipelineTimes* times = nullptr);
+                                        PipelineTimes* times = nullptr, const GradientsReady& ready = {});
   /// Forward only. With pipeline stages the batch flows through every stage and the sums are the
   /// last stage's (zero on the others).
   LanguageModelSums evaluate(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,

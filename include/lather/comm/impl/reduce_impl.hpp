@@ -76,61 +76,10 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
   auto& st = *m_state;
   const std::string context = "GradientReducer::" + to_string(op);
   Impl::ScopedRegion region("Lather::" + context);
-
-  std::vector<std::int64_t> sizes(gradients.size());
-  for (std::size_t t = 0; t < gradients.size(); ++t) sizes[t] = std::int64_t(gradients[t].extent(0));
-  const bool same_as_before = st.layout_known && st.layout.sizes == sizes;
-  Impl::Layout layout = same_as_before ? st.layout : Impl::plan_layout(sizes, st.fusion_elements);
-
+  LATHER_REQUIRE(!st.overlap.active, context, ": an overlapped reduction is in flight (start() without finish())");
+  const double global_weight =
+      st.agree_before(space, gradients, op, local_weight, agreed, caller_error, context, false);
   const bool weighted = op == ReduceOp::weighted_mean;
-  const bool weight_valid = std::isfinite(local_weight) && local_weight >= 0;
-  double global_weight = double(st.size);
-  // This rank's work before the reduction: the caller's, the scan for non-finite values and the
-  // buffers. What fails here is agreed below, with the layout, so every rank throws it.
-  std::string local_error = caller_error, non_finite;
-  if (local_error.empty())
-    local_error = lather::Impl::local_failure(Impl::reduce_fault_point(op), [&] {
-      if (st.options.check_finite) non_finite = st.first_non_finite(space, gradients);
-      if (non_finite.empty()) st.prepare(op, layout);
-    });
-  if (local_error.empty()) local_error = non_finite;
-  if (weighted && !weight_valid && local_error.empty())
-    local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
-  const bool placed = st.shared.placed(st.rank, gradients);
-  if (st.options.verify_layout || !same_as_before) {
-    std::vector<AgreementField> extra = {
-        {"gradients placed in the reducer's shared window (shared_gradient_storage)", std::int64_t(placed)}};
-    for (const auto& value : agreed) extra.push_back({value.name, value.value, value.has_required, value.required});
-    const double sum = st.agree(context, int(op), st.options.wire_precision, layout, std::move(extra),
-                                weighted ? std::vector<double>{local_weight} : std::vector<double>{}, local_error);
-    if (weighted) global_weight = sum;
-  } else if (st.options.check_finite) {
-    // No layout agreement: the verdict on the gradients, and the weight, in one small collective.
-    st.group.agree_on_failure(context, local_error);
-    ++st.statistics.scalar_collectives;
-    if (weighted) {
-      global_weight = st.group.allreduce(local_weight, Combine::sum);
-      ++st.statistics.scalar_collectives;
-    }
-  } else {
-    // No agreement at all (verify_layout off, the layout unchanged, check_finite off): the caller
-    // vouched for every rank, so a failure here can only be thrown on this rank.
-    if (!(weighted && !weight_valid)) LATHER_REQUIRE(local_error.empty(), context, ": ", local_error);
-    if (weighted) {
-      // An invalid weight anywhere turns the sum into NaN, an error on every rank.
-      const double mine = weight_valid ? local_weight : std::numeric_limits<double>::quiet_NaN();
-      global_weight = st.group.allreduce(mine, Combine::sum);
-      ++st.statistics.scalar_collectives;
-    }
-  }
-  if (weighted)
-    LATHER_REQUIRE(std::isfinite(global_weight) && global_weight > 0, context,
-                   ": the global weight (sum of the local weights over the ", st.size, " ranks of the group) is ",
-                   global_weight, "; it must be finite and > 0 (this rank's weight: ", local_weight, ")");
-  st.layout = std::move(layout);
-  st.layout_known = true;
-  st.placed_agreed = placed;
-
   switch (op) {
     case ReduceOp::sum:
       st.sum_like(space, gradients, 1.0);
@@ -155,6 +104,117 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
   Impl::fence(space, "Lather::" + context + ": gradients reduced");
   ++st.statistics.calls;
   return weighted ? global_weight : double(st.size);
+}
+
+template <class ExecutionSpace, class Scalar>
+void GradientReducer<ExecutionSpace, Scalar>::start(const ExecutionSpace& space, const tensor_list& gradients,
+                                                    ReduceOp op, double local_weight,
+                                                    const std::vector<AgreedValue>& agreed,
+                                                    const std::string& caller_error) {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  auto& st = *m_state;
+  const std::string context = "GradientReducer::start(" + to_string(op) + ")";
+  Impl::ScopedRegion region("Lather::GradientReducer::start");
+  LATHER_REQUIRE(!st.overlap.active, context, ": an overlapped reduction is in flight (start() without finish())");
+  const double global_weight = st.agree_before(space, gradients, op, local_weight, agreed, caller_error, context, true);
+  LATHER_REQUIRE(op != ReduceOp::adasum || st.options.wire_precision == WirePrecision::native, context,
+                 ": exact Adasum sends the native type; ReduceOptions::wire_precision must be native, got ",
+                 to_string(st.options.wire_precision));
+  auto& ov = st.overlap;
+  ov.queue.clear();
+  ov.operation = int(op);
+  ov.deferred = op == ReduceOp::adasum || op == ReduceOp::adasum_approx;
+  ov.result = op == ReduceOp::weighted_mean ? global_weight : double(st.size);
+  ov.factor = op == ReduceOp::mean ? 1.0 / st.size : op == ReduceOp::weighted_mean ? 1.0 / global_weight : 1.0;
+  ov.windowed = false;
+  if (!ov.deferred) {
+    // Collective the first time (after the agreement, every rank is here).
+    ov.windowed =
+        st.shared.active(st.group, st.options.shared_memory && st.options.wire_precision == WirePrecision::native);
+    if (ov.windowed) st.shared.prepare(st.group, st.layout);
+  }
+  const auto& buckets = st.layout.buckets;
+  ov.ready.assign(gradients.size(), 0);
+  ov.bucket_of.assign(gradients.size(), 0);
+  ov.missing.assign(buckets.size(), 0);
+  ov.bucket_first.assign(buckets.size(), 0);
+  std::int64_t first = 0;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    ov.bucket_first[b] = first;
+    first += buckets[b].elements;
+    ov.missing[b] = std::int64_t(buckets[b].last - buckets[b].first);
+    for (std::size_t t = buckets[b].first; t < buckets[b].last; ++t) ov.bucket_of[t] = b;
+  }
+  ov.next = int(buckets.size()) - 1;
+  st.overlap_tensors = gradients;
+  ov.active = true;
+  if (!ov.deferred) st.launch_ready_buckets(space);  // empty buckets need no ready()
+}
+
+template <class ExecutionSpace, class Scalar>
+void GradientReducer<ExecutionSpace, Scalar>::ready(const ExecutionSpace& space, std::size_t first, std::size_t last) {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  auto& st = *m_state;
+  auto& ov = st.overlap;
+  LATHER_REQUIRE(ov.active, "GradientReducer::ready: no overlapped reduction in flight (call start() first)");
+  LATHER_REQUIRE(first <= last && last <= ov.ready.size(), "GradientReducer::ready: tensors [", first, ", ", last,
+                 ") of a list of ", ov.ready.size());
+  for (std::size_t t = first; t < last; ++t)
+    if (!ov.ready[t]) {
+      ov.ready[t] = 1;
+      --ov.missing[ov.bucket_of[t]];
+    }
+  if (ov.deferred) return;
+  st.launch_ready_buckets(space);
+  ov.queue.advance();
+}
+
+template <class ExecutionSpace, class Scalar>
+void GradientReducer<ExecutionSpace, Scalar>::progress(const ExecutionSpace&) {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  if (m_state->overlap.active) m_state->overlap.queue.advance();
+}
+
+template <class ExecutionSpace, class Scalar>
+double GradientReducer<ExecutionSpace, Scalar>::finish(const ExecutionSpace& space, const std::string& caller_error) {
+  LATHER_REQUIRE(m_state, "GradientReducer: used after being moved from");
+  auto& st = *m_state;
+  auto& ov = st.overlap;
+  LATHER_REQUIRE(ov.active, "GradientReducer::finish: no overlapped reduction in flight (call start() first)");
+  const auto op = ReduceOp(ov.operation);
+  const std::string context = "GradientReducer::" + to_string(op);
+  Impl::ScopedRegion region("Lather::GradientReducer::finish");
+  std::string local_error = caller_error;
+  for (std::size_t t = 0; t < ov.ready.size() && local_error.empty(); ++t)
+    if (!ov.ready[t])
+      local_error = lather::Impl::concat(
+          t < st.tensor_names.size() ? "'" + st.tensor_names[t] + "'" : "tensor " + std::to_string(t),
+          " was never reported ready (GradientReducer::ready) before finish()");
+  // Whatever this rank's state, it starts every bucket the others start.
+  ov.active = false;
+  if (!ov.deferred) {
+    for (auto& missing : ov.missing) missing = 0;
+    st.launch_ready_buckets(space);
+    st.overlap.queue.drain();
+  }
+  if (local_error.empty()) local_error = ov.queue.error();
+  if (ov.deferred && local_error.empty() && st.options.check_finite)
+    local_error = st.first_non_finite(space, st.overlap_tensors);
+  ov.queue.clear();
+  const auto tensors = std::move(st.overlap_tensors);
+  st.overlap_tensors = tensor_list();
+  st.group.agree_on_failure(context, local_error);
+  ++st.statistics.scalar_collectives;
+  if (op == ReduceOp::adasum) st.adasum(space, tensors);
+  if (op == ReduceOp::adasum_approx) st.adasum_approx(space, tensors);
+  Impl::fence(space, "Lather::" + context + ": gradients reduced");
+  ++st.statistics.calls;
+  return ov.result;
+}
+
+template <class ExecutionSpace, class Scalar>
+bool GradientReducer<ExecutionSpace, Scalar>::overlapping() const {
+  return m_state && m_state->overlap.active;
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -195,6 +255,7 @@ void GradientReducer<ExecutionSpace, Scalar>::broadcast(const ExecutionSpace& sp
   auto& st = *m_state;
   const std::string context = "GradientReducer::broadcast";
   Impl::ScopedRegion region("Lather::" + context);
+  LATHER_REQUIRE(!st.overlap.active, context, ": an overlapped reduction is in flight (start() without finish())");
   std::vector<std::int64_t> sizes(tensors.size());
   for (std::size_t t = 0; t < tensors.size(); ++t) sizes[t] = std::int64_t(tensors[t].extent(0));
   const bool same_as_before = st.layout_known && st.layout.sizes == sizes;

@@ -1,7 +1,8 @@
 #pragma once
 // What a GradientReducer holds between calls (its group, options, layout and buffers) and the
 // bodies of its reductions: packing into buckets, the sums (MPI, two-rank pairs, the 16-bit
-// wire), exact and approximate Adasum, and the broadcast. Included at the end of reduce_impl.hpp,
+// wire), exact and approximate Adasum, the broadcast, and the same sums as nonblocking steps for
+// the overlapped reduction (impl/overlap.hpp). Included at the end of reduce_impl.hpp,
 // which defines the public calls on top of them: the agreement before each call and the dispatch
 // to these bodies.
 
@@ -14,6 +15,7 @@
 #include <lather/comm/impl/reduce_impl.hpp>
 #include <lather/comm/impl/kernels.hpp>
 #include <lather/comm/impl/layout.hpp>
+#include <lather/comm/impl/overlap.hpp>
 #include <lather/comm/impl/support.hpp>
 #include <lather/comm/impl/window_sum.hpp>
 #include <lather/comm/reduce.hpp>
@@ -54,16 +56,24 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   ReducerStatistics statistics;
   std::vector<std::string> tensor_names;
 
-  /// "" or what is wrong with the first tensor holding a NaN or Inf (check_finite).
-  std::string first_non_finite(const ExecutionSpace& space, const tensor_list& tensors) const {
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
+  Impl::OverlapState overlap;  ///< the reduction in flight between start() and finish()
+  tensor_list overlap_tensors;
+
+  /// "" or what is wrong with the first of tensors [first, last) holding a NaN or Inf
+  /// (check_finite); `consequence` ends the message.
+  std::string first_non_finite(const ExecutionSpace& space, const tensor_list& tensors, std::size_t first,
+                               std::size_t last, const char* consequence = "nothing was reduced") const {
+    for (std::size_t t = first; t < last; ++t) {
       const long bad = Impl::count_non_finite(space, Impl::Vector<const S, M>(tensors[t]));
       if (bad > 0)
         return lather::Impl::concat(
             t < tensor_names.size() ? "'" + tensor_names[t] + "'" : "tensor " + std::to_string(t), " (",
-            tensors[t].extent(0), " elements) holds ", bad, " NaN or Inf values on this rank; nothing was reduced");
+            tensors[t].extent(0), " elements) holds ", bad, " NaN or Inf values on this rank; ", consequence);
     }
     return {};
+  }
+  std::string first_non_finite(const ExecutionSpace& space, const tensor_list& tensors) const {
+    return first_non_finite(space, tensors, 0, tensors.size());
   }
 
   template <class T>
@@ -76,6 +86,89 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
 
   static auto range(std::int64_t begin, std::int64_t count) {
     return std::make_pair(std::size_t(begin), std::size_t(begin + count));
+  }
+
+  // ---- before the data moves ---------------------------------------------------------------------
+
+  /// What reduce() and start() do before any data moves: the layout (planned again when the sizes
+  /// changed), this rank's preparation (the caller's verdict, the scan for non-finite values
+  /// unless `overlapped`, the buffers), and the agreement on all of it. Returns the global weight
+  /// (weighted mean) or the group size; throws on every rank what failed on any.
+  double agree_before(const ExecutionSpace& space, const tensor_list& gradients, ReduceOp op, double local_weight,
+                      const std::vector<AgreedValue>& agreed, const std::string& caller_error,
+                      const std::string& context, bool overlapped) {
+    std::vector<std::int64_t> sizes(gradients.size());
+    for (std::size_t t = 0; t < gradients.size(); ++t) sizes[t] = std::int64_t(gradients[t].extent(0));
+    const bool same_as_before = layout_known && layout.sizes == sizes;
+    Impl::Layout planned = same_as_before ? layout : Impl::plan_layout(sizes, fusion_elements);
+
+    const bool weighted = op == ReduceOp::weighted_mean;
+    const bool weight_valid = std::isfinite(local_weight) && local_weight >= 0;
+    double global_weight = double(size);
+    // This rank's work before the reduction: the caller's, the scan for non-finite values and the
+    // buffers. What fails here is agreed below, with the layout, so every rank throws it.
+    std::string local_error = caller_error, non_finite;
+    if (local_error.empty())
+      local_error = lather::Impl::local_failure(overlapped ? "reduce.start" : Impl::reduce_fault_point(op), [&] {
+        // Overlapped, each bucket is scanned as it starts: its gradients do not exist yet.
+        if (options.check_finite && !overlapped) non_finite = first_non_finite(space, gradients);
+        if (non_finite.empty()) prepare(op, planned);
+        if (overlapped) prepare_overlap(planned);
+      });
+    if (local_error.empty()) local_error = non_finite;
+    if (weighted && !weight_valid && local_error.empty())
+      local_error = lather::Impl::concat("the local weight must be finite and >= 0, got ", local_weight);
+    const bool placed = shared.placed(rank, gradients);
+    if (options.verify_layout || !same_as_before) {
+      std::vector<AgreementField> extra = {
+          {"gradients placed in the reducer's shared window (shared_gradient_storage)", std::int64_t(placed)}};
+      for (const auto& value : agreed) extra.push_back({value.name, value.value, value.has_required, value.required});
+      const double sum = agree(context, int(op), options.wire_precision, planned, std::move(extra),
+                               weighted ? std::vector<double>{local_weight} : std::vector<double>{}, local_error);
+      if (weighted) global_weight = sum;
+    } else if (options.check_finite) {
+      // No layout agreement: the verdict on the gradients, and the weight, in one small collective.
+      group.agree_on_failure(context, local_error);
+      ++statistics.scalar_collectives;
+      if (weighted) {
+        global_weight = group.allreduce(local_weight, Combine::sum);
+        ++statistics.scalar_collectives;
+      }
+    } else {
+      // No agreement at all (verify_layout off, the layout unchanged, check_finite off): the caller
+      // vouched for every rank, so a failure here can only be thrown on this rank.
+      if (!(weighted && !weight_valid)) LATHER_REQUIRE(local_error.empty(), context, ": ", local_error);
+      if (weighted) {
+        // An invalid weight anywhere turns the sum into NaN, an error on every rank.
+        const double mine = weight_valid ? local_weight : std::numeric_limits<double>::quiet_NaN();
+        global_weight = group.allreduce(mine, Combine::sum);
+        ++statistics.scalar_collectives;
+      }
+    }
+    if (weighted)
+      LATHER_REQUIRE(std::isfinite(global_weight) && global_weight > 0, context,
+                     ": the global weight (sum of the local weights over the ", size, " ranks of the group) is ",
+                     global_weight, "; it must be finite and > 0 (this rank's weight: ", local_weight, ")");
+    layout = std::move(planned);
+    layout_known = true;
+    placed_agreed = placed;
+    return global_weight;
+  }
+
+  /// The buffers the overlapped steps capture, beyond prepare()'s: allocated before the first
+  /// bucket starts, never reallocated while one is in flight.
+  void prepare_overlap(const Impl::Layout& planned) {
+    if (size == 1) return;
+    const std::int64_t largest = std::min<std::int64_t>(fusion_elements, planned.largest_bucket);
+    if (options.wire_precision == WirePrecision::native) {
+      const std::int64_t piece = pair_piece();
+      if (size == 2) ensure(partner, (std::min(piece, planned.largest_bucket) + 1) / 2, "partner");
+    } else {
+      const std::int64_t segment = (largest + size - 1) / size;
+      ensure(wire_out, segment * size, "wire_out");
+      ensure(wire_in, segment * size, "wire_in");
+      ensure(wire_own, segment, "wire_own");
+    }
   }
 
   // ---- agreement ------------------------------------------------------------------------------
@@ -166,6 +259,15 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   /// Shampoo step. The sum of the scaled values equals the scaled sum exactly when the rank count
   /// is a power of two, else to a rounding per addend.
   static constexpr std::int64_t scaled_piece_bytes = std::int64_t(1) << 20;
+  /// Elements per piece of a native sum of `length` elements on more than two ranks: the scaled
+  /// pieces of a mean on the host, else the whole.
+  static std::int64_t native_piece(std::int64_t length, double factor) {
+    return factor == 1.0 || !Impl::runs_on_host<ExecutionSpace>
+               ? std::max<std::int64_t>(length, 1)
+               : std::max<std::int64_t>(1, scaled_piece_bytes / std::int64_t(sizeof(S)));
+  }
+  /// Elements per piece of a two-rank sum.
+  static std::int64_t pair_piece() { return std::max<std::int64_t>(2, scaled_piece_bytes / std::int64_t(sizeof(S))); }
 
   /// data := factor * (sum over the group of data), natively or through the 16-bit wire.
   void sum_in_place(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
@@ -173,9 +275,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
       sum_pair(space, data, factor);
     } else if (options.wire_precision == WirePrecision::native) {
       const std::int64_t length = std::int64_t(data.extent(0));
-      const std::int64_t piece = factor == 1.0 || !Impl::runs_on_host<ExecutionSpace>
-                                     ? std::max<std::int64_t>(length, 1)
-                                     : std::max<std::int64_t>(1, scaled_piece_bytes / std::int64_t(sizeof(S)));
+      const std::int64_t piece = native_piece(length, factor);
       for (std::int64_t begin = 0; begin < length; begin += piece) {
         const Impl::Vector<S, M> part = Kokkos::subview(data, range(begin, std::min(piece, length - begin)));
         Impl::scale(space, part, factor);
@@ -196,7 +296,7 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
   void sum_pair(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
     constexpr int halves_tag = 0x1b00, results_tag = 0x1b01;
     const std::int64_t length = std::int64_t(data.extent(0));
-    const std::int64_t piece = std::max<std::int64_t>(2, scaled_piece_bytes / std::int64_t(sizeof(S)));
+    const std::int64_t piece = pair_piece();
     ensure(partner, (std::min(piece, length) + 1) / 2, "partner");
     for (std::int64_t begin = 0; begin < length; begin += piece) {
       const std::int64_t count = std::min(piece, length - begin), half = count / 2;
@@ -353,6 +453,189 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
       sum_in_place(space, gradient, 1.0);
       if (!in_place(tensors, bucket)) unpack(space, tensors, bucket);
     }
+  }
+
+  // ---- the overlapped reduction: sum_like()'s work as nonblocking steps ------------------------
+  // Each push_* mirrors the blocking body named in its comment, piece for piece and chunk for
+  // chunk, so that the results are the same bits.
+
+  void push_local(std::function<void()> work) { overlap.queue.push({std::move(work), {}}); }
+  void push_start(std::function<std::vector<Request>()> start) { overlap.queue.push({{}, std::move(start)}); }
+  static std::vector<Request> one(Request request) {
+    std::vector<Request> requests;
+    requests.push_back(std::move(request));
+    return requests;
+  }
+
+  /// transport.allreduce(space, data).
+  void push_allreduce(const ExecutionSpace& space, const Impl::Vector<S, M>& data) {
+    const std::int64_t n = std::int64_t(data.extent(0)), chunk = std::int64_t(transport.chunk());
+    for (std::int64_t begin = 0; begin < n; begin += chunk) {
+      const Impl::Vector<S, M> part = Kokkos::subview(data, range(begin, std::min(chunk, n - begin)));
+      push_start([this, space, part] { return one(transport.start_allreduce(space, part)); });
+      push_local([this, space, part] { transport.finish_allreduce(space, part); });
+    }
+  }
+
+  /// transport.exchange(space, outgoing, incoming, partner, tag).
+  void push_exchange(const ExecutionSpace& space, const Impl::Vector<S, M>& outgoing,
+                     const Impl::Vector<S, M>& incoming, int partner, int tag) {
+    const std::int64_t n_out = std::int64_t(outgoing.extent(0)), n_in = std::int64_t(incoming.extent(0));
+    const std::int64_t chunk = std::int64_t(transport.chunk());
+    const std::int64_t chunks = std::max((n_out + chunk - 1) / chunk, (n_in + chunk - 1) / chunk);
+    for (std::int64_t k = 0; k < chunks; ++k) {
+      const std::int64_t out_begin = std::min(n_out, k * chunk), in_begin = std::min(n_in, k * chunk);
+      const Impl::Vector<S, M> out = Kokkos::subview(outgoing, range(out_begin, std::min(chunk, n_out - out_begin)));
+      const Impl::Vector<S, M> in = Kokkos::subview(incoming, range(in_begin, std::min(chunk, n_in - in_begin)));
+      push_start(
+          [this, space, out, in, partner, tag] { return transport.start_exchange(space, out, in, partner, tag); });
+      push_local([this, space, in] { transport.finish_exchange(space, in); });
+    }
+  }
+
+  /// sum_pair(space, data, factor).
+  void push_sum_pair(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
+    constexpr int halves_tag = 0x1b00, results_tag = 0x1b01;
+    const std::int64_t length = std::int64_t(data.extent(0));
+    const std::int64_t piece = pair_piece();
+    for (std::int64_t begin = 0; begin < length; begin += piece) {
+      const std::int64_t count = std::min(piece, length - begin), half = count / 2;
+      const auto first = range(begin, half), second = range(begin + half, count - half);
+      const Impl::Vector<S, M> keep = Kokkos::subview(data, rank == 0 ? first : second);
+      const Impl::Vector<S, M> give = Kokkos::subview(data, rank == 0 ? second : first);
+      const Impl::Vector<S, M> incoming = Kokkos::subview(partner, range(0, std::int64_t(keep.extent(0))));
+      push_exchange(space, give, incoming, 1 - rank, halves_tag);
+      push_local([space, keep, incoming, factor] {
+        Impl::add_scaled(space, keep, Impl::Vector<const S, M>(incoming), factor);
+      });
+      push_exchange(space, keep, give, 1 - rank, results_tag);
+    }
+  }
+
+  /// sum_wire16(space, data, factor).
+  void push_sum_wire16(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
+    const bool bfloat16 = options.wire_precision == WirePrecision::bfloat16;
+    const std::int64_t length = std::int64_t(data.extent(0));
+    for (std::int64_t begin = 0; begin < length; begin += fusion_elements) {
+      const std::int64_t count = std::min(fusion_elements, length - begin);
+      const std::int64_t segment = (count + size - 1) / size, padded = segment * size;
+      const Impl::Vector<std::uint16_t, M> out = Kokkos::subview(wire_out, range(0, padded));
+      const Impl::Vector<std::uint16_t, M> in = Kokkos::subview(wire_in, range(0, padded));
+      const Impl::Vector<std::uint16_t, M> own = Kokkos::subview(wire_own, range(0, segment));
+      const Impl::Vector<S, M> chunk = Kokkos::subview(data, range(begin, count));
+      const int ranks = size;
+      push_local(
+          [space, chunk, out, bfloat16] { Impl::encode16(space, Impl::Vector<const S, M>(chunk), out, bfloat16); });
+      push_start([this, space, out, in, segment] {
+        return one(wire_transport.start_alltoall(space, out, in, std::size_t(segment)));
+      });
+      push_local([this, space, in] { wire_transport.finish_alltoall(space, in); });
+      push_local([space, in, own, ranks, segment, factor, bfloat16] {
+        Impl::reduce_segments16(space, Impl::Vector<const std::uint16_t, M>(in), ranks, std::size_t(segment),
+                                float(factor), own, bfloat16);
+      });
+      push_start([this, space, own, out, segment, ranks] {
+        return one(
+            wire_transport.start_allgatherv(space, own, out, std::vector<std::size_t>(ranks, std::size_t(segment))));
+      });
+      push_local([this, space, out] { wire_transport.finish_allgatherv(space, out); });
+      push_local([space, out, chunk, count, bfloat16] {
+        Impl::decode16(space, Impl::Vector<const std::uint16_t, M>(Kokkos::subview(out, range(0, count))), chunk,
+                       bfloat16);
+      });
+    }
+  }
+
+  /// sum_in_place(space, data, factor).
+  void push_sum_in_place(const ExecutionSpace& space, const Impl::Vector<S, M>& data, double factor) {
+    if (options.wire_precision == WirePrecision::native && size == 2) {
+      push_sum_pair(space, data, factor);
+    } else if (options.wire_precision == WirePrecision::native) {
+      const std::int64_t length = std::int64_t(data.extent(0));
+      const std::int64_t piece = native_piece(length, factor);
+      for (std::int64_t begin = 0; begin < length; begin += piece) {
+        const Impl::Vector<S, M> part = Kokkos::subview(data, range(begin, std::min(piece, length - begin)));
+        push_local([space, part, factor] { Impl::scale(space, part, factor); });
+        push_allreduce(space, part);
+      }
+    } else {
+      push_sum_wire16(space, data, factor);
+    }
+  }
+
+  /// sum_bucket_through_window(...) for bucket `b` at element `first` of the slots.
+  void push_window_sum(const ExecutionSpace& space, std::size_t b, std::int64_t first, double factor) {
+    if constexpr (Impl::WindowSums<ExecutionSpace, S>::capable) {
+      const Impl::Bucket bucket = layout.buckets[b];
+      const NodeWindow* window = &shared.window();
+      const auto move = [this, space, window, bucket, first](bool in) {
+        Impl::move_bucket_through_slot(space, *window, rank, overlap_tensors, layout.sizes, bucket, first, in);
+      };
+      push_local([space, window, move] {
+        move(true);
+        ::lather::Impl::fence(space, "Lather::GradientReducer: bucket in the shared window");
+        window->sync_memory();
+      });
+      push_start([window] { return one(window->start_barrier()); });
+      push_local([this, space, window, bucket, first, factor] {
+        window->sync_memory();
+        Impl::sum_share_of_bucket<ExecutionSpace, S>(space, *window, rank, size, bucket, first, factor);
+        ::lather::Impl::fence(space, "Lather::GradientReducer: share summed");
+        window->sync_memory();
+      });
+      push_start([window] { return one(window->start_barrier()); });
+      push_local([window, move] {
+        window->sync_memory();
+        move(false);
+      });
+    } else {
+      (void)space, (void)b, (void)first, (void)factor;
+    }
+  }
+
+  /// Bucket `b` of the overlapped reduction: sum_like()'s work on it, with the check for
+  /// non-finite values (check_finite) and the fault-injection point first.
+  void push_bucket(const ExecutionSpace& space, std::size_t b) {
+    const Impl::Bucket bucket = layout.buckets[b];
+    if (bucket.elements == 0) return;
+    const double factor = overlap.factor;
+    push_local([this, space, bucket] {
+      lather::Impl::fault_point("reduce.overlapped");
+      if (options.check_finite) {
+        const std::string bad = first_non_finite(space, overlap_tensors, bucket.first, bucket.last,
+                                                 "the reduction went on and its result is discarded");
+        LATHER_REQUIRE(bad.empty(), bad);
+      }
+    });
+    const tensor_list& tensors = overlap_tensors;
+    const bool native = options.wire_precision == WirePrecision::native;
+    if (overlap.windowed && shared.takes(bucket, placed_agreed)) {
+      push_window_sum(space, b, placed_agreed ? overlap.bucket_first[b] : 0, factor);
+    } else if (size == 1) {
+      push_local([this, space, bucket, factor] {
+        for (std::size_t t = bucket.first; t < bucket.last; ++t) Impl::scale(space, overlap_tensors[t], factor);
+      });
+    } else {
+      const bool contiguous = in_place(tensors, bucket);
+      const Impl::Vector<S, M> data =
+          contiguous ? Impl::Vector<S, M>(tensors[bucket.first].data(), std::size_t(bucket.elements))
+                     : Impl::Vector<S, M>(Kokkos::subview(fusion, range(0, bucket.elements)));
+      if (!contiguous) push_local([this, space, bucket] { pack(space, overlap_tensors, bucket); });
+      if (contiguous || !native || size == 2) {
+        push_sum_in_place(space, data, factor);
+        if (!contiguous) push_local([this, space, bucket] { unpack(space, overlap_tensors, bucket); });
+      } else {
+        push_allreduce(space, data);
+        push_local([this, space, bucket, factor] { unpack(space, overlap_tensors, bucket, factor); });
+      }
+    }
+  }
+
+  /// Starts every bucket whose tensors are all ready, last first, stopping at the first that is
+  /// not: every rank starts them in the same order whatever the order of ready().
+  void launch_ready_buckets(const ExecutionSpace& space) {
+    while (overlap.next >= 0 && overlap.missing[std::size_t(overlap.next)] == 0)
+      push_bucket(space, std::size_t(overlap.next--));
   }
 
   void broadcast(const ExecutionSpace& space, const tensor_list& tensors, int root) {

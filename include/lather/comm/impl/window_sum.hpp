@@ -70,6 +70,38 @@ bool lies_in_slot(const NodeWindow& window, int rank, const TensorList<S, Memory
   return std::size_t(at) * sizeof(S) <= window.bytes();
 }
 
+/// Copies one bucket of `tensors` (sizes: the list's tensor sizes) into this rank's slot at
+/// element `first` (`in`), or back out of it, skipping tensors that lie there already.
+template <class ExecutionSpace, class S>
+void move_bucket_through_slot(const ExecutionSpace& space, const NodeWindow& window, int rank,
+                              const TensorList<S, typename ExecutionSpace::memory_space>& tensors,
+                              const std::vector<std::int64_t>& sizes, const Bucket& bucket, std::int64_t first,
+                              bool in) {
+  using M = typename ExecutionSpace::memory_space;
+  S* const mine = static_cast<S*>(window.slot(rank));
+  std::int64_t at = first;
+  for (std::size_t t = bucket.first; t < bucket.last; at += sizes[t++]) {
+    const std::int64_t n = sizes[t];
+    if (n == 0 || tensors[t].data() == mine + at) continue;
+    const Kokkos::View<S*, M> place(mine + at, std::size_t(n));
+    if (in)
+      Kokkos::deep_copy(space, place, tensors[t]);
+    else
+      Kokkos::deep_copy(space, tensors[t], place);
+  }
+}
+
+/// This rank's share of a bucket at element `first` of every slot: summed over the slots (times
+/// `factor`) into every slot. Every rank's bucket must be in its slot (a barrier before).
+template <class ExecutionSpace, class S>
+void sum_share_of_bucket(const ExecutionSpace& space, const NodeWindow& window, int rank, int size,
+                         const Bucket& bucket, std::int64_t first, double factor) {
+  std::vector<S*> slots(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) slots[std::size_t(r)] = static_cast<S*>(window.slot(r));
+  const std::int64_t begin = bucket.elements * rank / size, end = bucket.elements * (rank + 1) / size;
+  sum_slots(space, slots.data(), size, first + begin, first + end, factor);
+}
+
 /// One bucket of `tensors` (sizes: the list's tensor sizes): into this rank's slot at element
 /// `first` (its offset in a placed list, else 0) unless it lies there, a barrier, this rank's
 /// share of the elements summed over every slot (times `factor`) into every slot, a barrier, back
@@ -79,30 +111,13 @@ void sum_bucket_through_window(const ExecutionSpace& space, const NodeWindow& wi
                                const TensorList<S, typename ExecutionSpace::memory_space>& tensors,
                                const std::vector<std::int64_t>& sizes, const Bucket& bucket, std::int64_t first,
                                double factor) {
-  using M = typename ExecutionSpace::memory_space;
-  std::vector<S*> slots(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) slots[std::size_t(r)] = static_cast<S*>(window.slot(r));
-  S* const mine = slots[std::size_t(rank)];
-  const auto move = [&](bool in) {
-    std::int64_t at = first;
-    for (std::size_t t = bucket.first; t < bucket.last; at += sizes[t++]) {
-      const std::int64_t n = sizes[t];
-      if (n == 0 || tensors[t].data() == mine + at) continue;
-      const Kokkos::View<S*, M> place(mine + at, std::size_t(n));
-      if (in)
-        Kokkos::deep_copy(space, place, tensors[t]);
-      else
-        Kokkos::deep_copy(space, tensors[t], place);
-    }
-  };
-  move(true);
+  move_bucket_through_slot(space, window, rank, tensors, sizes, bucket, first, true);
   ::lather::Impl::fence(space, "Lather::GradientReducer: bucket in the shared window");
   window.synchronize();
-  const std::int64_t begin = bucket.elements * rank / size, end = bucket.elements * (rank + 1) / size;
-  sum_slots(space, slots.data(), size, first + begin, first + end, factor);
+  sum_share_of_bucket<ExecutionSpace, S>(space, window, rank, size, bucket, first, factor);
   ::lather::Impl::fence(space, "Lather::GradientReducer: share summed");
   window.synchronize();
-  move(false);
+  move_bucket_through_slot(space, window, rank, tensors, sizes, bucket, first, false);
 }
 
 /// The gradient reducer's node-shared path (ReduceOptions::shared_memory): its window, whether the
@@ -159,6 +174,9 @@ class WindowSums {
     if constexpr (capable)
       sum_bucket_through_window(space, m_window, group.rank(), group.size(), tensors, sizes, bucket, first, factor);
   }
+
+  /// The window (for the overlapped reduction, which runs sum()'s parts one by one).
+  const NodeWindow& window() const { return m_window; }
 
   /// GradientReducer::shared_gradient_storage: this rank's slot of a window of the group's largest
   /// `elements`, or an empty View where the path is not active. Collective.

@@ -1,0 +1,253 @@
+// lather-bench overlap: how much of the gradient reduction a training step exposes, blocking
+// (every bucket after the backward) and overlapped (each bucket as the backward finishes it,
+// GradientReducer::start/ready/finish), for the MLP and the transformer on the world's ranks as
+// replicas. A step is this rank's forward and backward passes on synthetic data plus the token- or
+// sample-weighted mean of the gradients (no optimizer: it adds the same time to every mode). Three
+// modes run in turn, step by step, so that load from elsewhere hits them alike:
+//   compute      the same step with the reduction over a group of this rank alone: the same
+//                calls and shapes, no communication (the no-op baseline)
+//   blocking     reduce() after the backward; its time alone is comm_seconds
+//   overlapped   start() before, ready() from the backward layer by layer, finish() after
+// One JSON object per model, printed by rank 0, with the slowest rank's medians:
+//   exposed_blocking_seconds / exposed_overlapped_seconds   step minus compute
+//   hidden_fraction   1 - exposed_overlapped / exposed_blocking (what overlap hid)
+//   ratio             overlapped_seconds / blocking_seconds (the baseline)
+//   same_bits         the overlapped gradients equal the blocking ones bit for bit (every rank)
+#include "bench_common.hpp"
+
+#include <lather/comm/mesh.hpp>
+#include <lather/comm/reduce.hpp>
+#include <lather/comm/replicas.hpp>
+#include <lather/core/error.hpp>
+#include <lather/core/kokkos_compat.hpp>
+#include <lather/nn/mlp.hpp>
+#include <lather/nn/transformer.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace lather::bench {
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Reducer = comm::GradientReducer<Space, float>;
+
+struct OverlapOptions {
+  std::vector<std::string> models = {"mlp", "transformer"};
+  std::vector<int> hidden = {512, 256};
+  int mlp_batch = 256;                                                                  ///< samples per rank
+  int n_layer = 4, n_head = 4, d_model = 128, block_size = 64, transformer_batch = 16;  ///< windows per rank
+  std::size_t bucket_bytes = std::size_t(1) << 20;
+  int steps = 30;
+  int warmup_steps = 5;
+};
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
+
+/// One model's step: its passes (with the hook, or none) and what it reduces.
+struct Workload {
+  std::string name;
+  std::function<void(const GradientsReady&)> passes;
+  const ParameterList<float, Space::memory_space>* parameters = nullptr;
+  std::function<void(const FlatTensor<float, Space::memory_space>&)> place_gradients;
+  double weight = 1;  ///< this rank's samples or tokens
+  std::int64_t parameter_count = 0;
+};
+
+Workload mlp_workload(const OverlapOptions& o, std::vector<std::shared_ptr<void>>& keep) {
+  std::vector<int> sizes = {784};
+  sizes.insert(sizes.end(), o.hidden.begin(), o.hidden.end());
+  sizes.push_back(10);
+  auto model = std::make_shared<nn::Mlp<Space>>(Space(), sizes, 7);
+  using Mlp = nn::Mlp<Space>;
+  auto x = std::make_shared<Mlp::Matrix>("bench::x", o.mlp_batch, 784);
+  auto y = std::make_shared<Mlp::Labels>("bench::y", o.mlp_batch);
+  {
+    auto hx = Kokkos::create_mirror_view(*x);
+    auto hy = Kokkos::create_mirror_view(*y);
+    std::mt19937 random(11);
+    std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+    for (int i = 0; i < o.mlp_batch; ++i) {
+      for (int j = 0; j < 784; ++j) hx(i, j) = pixel(random);
+      hy(i) = std::int32_t(random() % 10);
+    }
+    Kokkos::deep_copy(*x, hx);
+    Kokkos::deep_copy(*y, hy);
+  }
+  keep.push_back(model), keep.push_back(x), keep.push_back(y);
+  Workload w;
+  w.name = "mlp";
+  w.passes = [model, x, y](const GradientsReady& ready) { model->train_batch(Space(), *x, *y, false, ready); };
+  w.parameters = &model->parameters();
+  w.place_gradients = [model](const FlatTensor<float, Space::memory_space>& s) { model->place_gradients(Space(), s); };
+  w.weight = o.mlp_batch;
+  return w;
+}
+
+Workload transformer_workload(const OverlapOptions& o, std::vector<std::shared_ptr<void>>& keep) {
+  nn::TransformerConfig config;
+  config.vocab_size = 65;
+  config.n_layer = o.n_layer, config.n_head = o.n_head, config.d_model = o.d_model, config.block_size = o.block_size;
+  config.validate();
+  using Model = nn::Transformer<Space, float>;
+  auto model = std::make_shared<Model>(Space(), config, 7);
+  const int rows = o.transformer_batch * o.block_size;
+  auto inputs = std::make_shared<Model::Tokens>("bench::inputs", rows);
+  auto targets = std::make_shared<Model::Tokens>("bench::targets", rows);
+  {
+    auto hi = Kokkos::create_mirror_view(*inputs);
+    auto ht = Kokkos::create_mirror_view(*targets);
+    std::mt19937 random(13);
+    for (int i = 0; i < rows; ++i) hi(i) = std::int32_t(random() % 65), ht(i) = std::int32_t(random() % 65);
+    Kokkos::deep_copy(*inputs, hi);
+    Kokkos::deep_copy(*targets, ht);
+  }
+  keep.push_back(model), keep.push_back(inputs), keep.push_back(targets);
+  Workload w;
+  w.name = "transformer";
+  const int batch = o.transformer_batch, time = o.block_size;
+  w.passes = [model, inputs, targets, batch, time](const GradientsReady& ready) {
+    model->train_batch(Space(), batch, time, *inputs, *targets, false, ready);
+  };
+  w.parameters = &model->parameters();
+  w.place_gradients = [model](const FlatTensor<float, Space::memory_space>& s) { model->place_gradients(Space(), s); };
+  w.weight = double(rows);
+  return w;
+}
+
+void run_model(const OverlapOptions& o, const std::string& name, const comm::Group& world) {
+  // Two copies of the model (the same weights and data): one per world reducer, each with its
+  // gradients placed in its reducer's window, as lather-train places them.
+  std::vector<std::shared_ptr<void>> keep;
+  const auto make = [&] { return name == "mlp" ? mlp_workload(o, keep) : transformer_workload(o, keep); };
+  LATHER_REQUIRE(name == "mlp" || name == "transformer", "--model: '", name, "' is not mlp or transformer");
+  Workload blocking_model = make(), overlapped_model = make();
+  comm::ReduceOptions options;
+  options.fusion_bytes = o.bucket_bytes;
+  Reducer blocking(world, options), overlapped(world, options);
+  Reducer alone(world.split(world.rank(), 0), options);  // the no-op of the same shapes
+  for (const auto& pair :
+       {std::make_pair(&blocking_model, &blocking), std::make_pair(&overlapped_model, &overlapped)}) {
+    const auto elements = std::int64_t(pair.first->parameters->gradient_buffer().extent(0));
+    const auto storage = pair.second->shared_gradient_storage(elements);
+    if (storage.data() != nullptr) pair.first->place_gradients(storage);
+  }
+  const auto& grads = blocking_model.parameters->gradients();
+  const double weight = blocking_model.weight;
+  std::vector<double> compute, blocking_step, comm, overlapped_step, finish_wait;
+  bool same_bits = true;
+  const GradientsReady ready = [&](std::size_t first, std::size_t last) {
+    if (first < last)
+      overlapped.ready(Space(), first, last);
+    else
+      overlapped.progress(Space());
+  };
+  for (int step = 0; step < o.steps; ++step) {
+    const bool measured = step >= o.warmup_steps;
+    world.barrier();
+    double t0 = now();
+    blocking_model.passes({});
+    alone.weighted_mean(Space(), grads, weight);
+    Kokkos::fence();
+    if (measured) compute.push_back(now() - t0);
+
+    world.barrier();
+    t0 = now();
+    blocking_model.passes({});
+    Kokkos::fence();
+    const double t1 = now();
+    blocking.weighted_mean(Space(), grads, weight);
+    Kokkos::fence();
+    const double t2 = now();
+    if (measured) blocking_step.push_back(t2 - t0), comm.push_back(t2 - t1);
+
+    world.barrier();
+    t0 = now();
+    overlapped.start(Space(), overlapped_model.parameters->gradients(), comm::ReduceOp::weighted_mean, weight);
+    overlapped_model.passes(ready);
+    const double t3 = now();
+    overlapped.finish(Space());
+    Kokkos::fence();
+    const double t4 = now();
+    if (measured) overlapped_step.push_back(t4 - t0), finish_wait.push_back(t4 - t3);
+    if (step == 0) {
+      // The same weights, data and reduction: the same bits, or the overlap is wrong.
+      const auto a = comm::checksum<Space, float>(Space(), grads);
+      const auto b = comm::checksum<Space, float>(Space(), overlapped_model.parameters->gradients());
+      same_bits = world.allreduce(int(a == b), comm::Combine::min) == 1;
+    }
+  }
+  const auto slowest = [&](const std::vector<double>& v) { return world.allreduce(median(v), comm::Combine::max); };
+  const double c = slowest(compute), b = slowest(blocking_step), r = slowest(comm), v = slowest(overlapped_step),
+               f = slowest(finish_wait);
+  const double exposed_blocking = std::max(0.0, b - c), exposed_overlapped = std::max(0.0, v - c);
+  std::int64_t buckets = 0, running = 0;
+  for (const auto& g : grads) {  // ReduceOptions::fusion_bytes packing, as the reducer plans it
+    const std::int64_t bytes = std::int64_t(g.extent(0) * sizeof(float));
+    if (running > 0 && running + bytes > std::int64_t(o.bucket_bytes)) ++buckets, running = 0;
+    running += bytes;
+  }
+  buckets += running > 0 ? 1 : 0;
+  if (world.rank() == 0)
+    emit({{"bench", "overlap"},
+          {"model", name},
+          {"ranks", world.size()},
+          {"parameters", blocking_model.parameters->gradient_buffer().extent(0)},
+          {"bucket_bytes", o.bucket_bytes},
+          {"buckets", buckets},
+          {"steps", int(compute.size())},
+          {"compute_seconds", c},
+          {"blocking_seconds", b},
+          {"comm_seconds", r},
+          {"overlapped_seconds", v},
+          {"finish_wait_seconds", f},
+          {"exposed_blocking_seconds", exposed_blocking},
+          {"exposed_overlapped_seconds", exposed_overlapped},
+          {"hidden_fraction", exposed_blocking > 0 ? 1.0 - exposed_overlapped / exposed_blocking : 0.0},
+          {"ratio", v / b},
+          {"same_bits", same_bits}});
+}
+
+void run_overlap(const OverlapOptions& o) {
+  LATHER_REQUIRE(o.steps > o.warmup_steps && o.warmup_steps >= 0, "--steps ", o.steps, " must exceed --warmup-steps ",
+                 o.warmup_steps);
+  const comm::Group world(MPI_COMM_WORLD);
+  for (const auto& model : o.models) run_model(o, model, world);
+}
+
+}  // namespace
+
+void register_overlap(CLI::App& app) {
+  auto options = std::make_shared<OverlapOptions>();
+  auto* sub = app.add_subcommand("overlap",
+                                 "Communication a step exposes, blocking and overlapped with the backward, against "
+                                 "the same step without communication (MLP and transformer, ranks as replicas)");
+  add_list_option(*sub, "--model", options->models, "mlp, transformer");
+  add_list_option(*sub, "--hidden", options->hidden, "MLP hidden sizes");
+  sub->add_option("--mlp-batch", options->mlp_batch, "MLP samples per rank")->capture_default_str();
+  sub->add_option("--n-layer", options->n_layer, "Transformer blocks")->capture_default_str();
+  sub->add_option("--n-head", options->n_head, "Transformer heads")->capture_default_str();
+  sub->add_option("--d-model", options->d_model, "Transformer width")->capture_default_str();
+  sub->add_option("--block-size", options->block_size, "Tokens per window")->capture_default_str();
+  sub->add_option("--transformer-batch", options->transformer_batch, "Transformer windows per rank")
+      ->capture_default_str();
+  sub->add_option("--bucket-bytes", options->bucket_bytes, "Bytes per gradient bucket")->capture_default_str();
+  sub->add_option("--steps", options->steps, "Steps per mode, warm-up included")->capture_default_str();
+  sub->add_option("--warmup-steps", options->warmup_steps, "Steps not measured")->capture_default_str();
+  sub->callback([options] { run_overlap(*options); });
+}
+
+}  // namespace lather::bench
