@@ -9,7 +9,9 @@
 //   blocking     reduce() after the backward; its time alone is comm_seconds
 //   overlapped   start() before, ready() from the backward layer by layer, finish() after
 // One JSON object per model, printed by rank 0, with the slowest rank's medians:
-//   exposed_blocking_seconds / exposed_overlapped_seconds   step minus compute
+//   exposed_blocking_seconds / exposed_overlapped_seconds   step minus compute: the median of
+//                the differences within each round of the three modes (paired, so that the
+//                drift of a shared machine's speed between rounds cancels)
 //   hidden_fraction   1 - exposed_overlapped / exposed_blocking (what overlap hid)
 //   ratio             overlapped_seconds / blocking_seconds (the baseline)
 //   same_bits         the overlapped gradients equal the blocking ones bit for bit (every rank)
@@ -55,6 +57,14 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values.empty() ? 0.0 : values[values.size() / 2];
+}
+
+/// The half-width of the middle half of `values` (the interquartile range over 2), as a one-value
+/// list: the noise an exposed figure sits in.
+std::vector<double> spread(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  if (values.size() < 4) return {0.0};
+  return {(values[values.size() * 3 / 4] - values[values.size() / 4]) / 2};
 }
 
 /// One model's step: its passes (with the hook, or none) and what it reduces.
@@ -193,7 +203,14 @@ void run_model(const OverlapOptions& o, const std::string& name, const comm::Gro
   const auto slowest = [&](const std::vector<double>& v) { return world.allreduce(median(v), comm::Combine::max); };
   const double c = slowest(compute), b = slowest(blocking_step), r = slowest(comm), v = slowest(overlapped_step),
                f = slowest(finish_wait);
-  const double exposed_blocking = std::max(0.0, b - c), exposed_overlapped = std::max(0.0, v - c);
+  std::vector<double> blocking_minus_compute, overlapped_minus_compute;
+  for (std::size_t k = 0; k < compute.size(); ++k) {
+    blocking_minus_compute.push_back(blocking_step[k] - compute[k]);
+    overlapped_minus_compute.push_back(overlapped_step[k] - compute[k]);
+  }
+  const double exposed_blocking = slowest(blocking_minus_compute);
+  const double exposed_overlapped = slowest(overlapped_minus_compute);
+  const double exposed_spread = slowest(spread(blocking_minus_compute));
   std::int64_t buckets = 0, running = 0;
   for (const auto& g : grads) {  // ReduceOptions::fusion_bytes packing, as the reducer plans it
     const std::int64_t bytes = std::int64_t(g.extent(0) * sizeof(float));
@@ -217,6 +234,7 @@ void run_model(const OverlapOptions& o, const std::string& name, const comm::Gro
           {"exposed_blocking_seconds", exposed_blocking},
           {"exposed_overlapped_seconds", exposed_overlapped},
           {"hidden_fraction", exposed_blocking > 0 ? 1.0 - exposed_overlapped / exposed_blocking : 0.0},
+          {"exposed_spread_seconds", exposed_spread},
           {"ratio", v / b},
           {"same_bits", same_bits}});
 }
