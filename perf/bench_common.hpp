@@ -65,6 +65,7 @@ void register_reduce(CLI::App& app);      // LATHER_ENABLE_MPI builds only
 void register_overlap(CLI::App& app);     // LATHER_ENABLE_MPI builds only
 void register_tta(CLI::App& app);         // builds with the driver only
 void register_pipeline(CLI::App& app);    // builds with the driver only
+void register_plan(CLI::App& app);        // builds with the driver only
 void register_step(CLI::App& app);
 
 }  // namespace lather::bench

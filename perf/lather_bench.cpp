@@ -38,6 +38,7 @@ int main(int argc, char** argv) try {
 #if defined(LATHER_BENCH_TTA)
     lather::bench::register_tta(app);
     lather::bench::register_pipeline(app);
+    lather::bench::register_plan(app);
 #endif
 #if LATHER_ENABLE_MPI
     lather::bench::register_reduce(app);

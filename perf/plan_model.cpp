@@ -1,0 +1,93 @@
+#include "plan_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lather::plan {
+
+int log2_ceil(int p) {
+  int levels = 0;
+  for (int reach = 1; reach < p; reach *= 2) ++levels;
+  return levels;
+}
+
+double allreduce_seconds(const Network& net, int p, double bytes) {
+  if (p <= 1) return 0;
+  return 2.0 * log2_ceil(p) * net.alpha + 2.0 * (p - 1) / p * bytes * net.beta;
+}
+
+double allgather_seconds(const Network& net, int p, double bytes) {
+  if (p <= 1) return 0;
+  return log2_ceil(p) * net.alpha + double(p - 1) / p * bytes * net.beta;
+}
+
+double send_seconds(const Network& net, double bytes) { return net.alpha + bytes * net.beta; }
+
+double ModelCosts::passes_seconds(double rows) const {
+  const std::size_t n = std::min(pass_rows.size(), pass_seconds.size());
+  if (n == 0) return 0;
+  if (n == 1) return pass_seconds[0] * rows / pass_rows[0];
+  std::size_t k = 1;  // the segment [k - 1, k] that holds rows, or the nearest one
+  while (k + 1 < n && rows > pass_rows[k]) ++k;
+  const double x0 = pass_rows[k - 1], x1 = pass_rows[k], y0 = pass_seconds[k - 1], y1 = pass_seconds[k];
+  return std::max(0.0, y0 + (y1 - y0) * (rows - x0) / (x1 - x0));
+}
+
+std::string Layout::name() const {
+  return std::to_string(replicas) + " replicas x " + std::to_string(stages) + " stages x " + std::to_string(shards) +
+         " shards" + (overlap ? ", overlapped" : "");
+}
+
+Prediction predict(const ModelCosts& c, const Network& net, const Layout& l, double samples) {
+  Prediction out;
+  const int M = std::max(1, l.micro_batches), P = std::max(1, l.stages), S = std::max(1, l.shards);
+  const int R = std::max(1, l.replicas);
+  const double rows = samples * c.rows_per_sample, micro_rows = rows / M;
+  // One micro-batch's passes on one stage: its share of the blocks, split over the shards.
+  const double passes = c.passes_seconds(micro_rows) / (double(S) * P);
+  // The shards' all-reduces of one micro-batch on one stage (its share of the layers' messages).
+  const double tp = S > 1 ? (c.tensor_parallel_allreduces * 2.0 * log2_ceil(S) * net.alpha +
+                             2.0 * (S - 1) / S * micro_rows * c.tensor_parallel_bytes_per_row * net.beta) /
+                                P
+                          : 0.0;
+  // A pipeline runs M + P - 1 slots of the longest stage (the bubble); without stages, M passes.
+  const double slots = M + P - 1;
+  out.compute = slots * passes;
+  out.tensor_parallel = slots * tp;
+  // The fill and the drain: one transfer per boundary each way on the critical path.
+  out.pipeline = P > 1 ? 2.0 * (P - 1) * send_seconds(net, micro_rows * c.stream_bytes_per_row) : 0.0;
+  // The gradient reduction over the replicas: one all-reduce per bucket of this rank's gradients.
+  const double gradient_bytes = 4.0 * c.parameters / (double(S) * P);
+  const double buckets = std::max(1.0, std::ceil(gradient_bytes / std::max(1.0, l.bucket_bytes)));
+  out.reduction = R > 1 ? buckets * 2.0 * log2_ceil(R) * net.alpha + 2.0 * (R - 1) / R * gradient_bytes * net.beta : 0;
+  if (l.overlap && R > 1) {
+    // The backward (two thirds of the passes) runs while the buckets before the last reduce; the
+    // last bucket, written by the first layer, waits for the end of the backward.
+    const double backward = 2.0 / 3.0 * passes * M;
+    out.exposed = std::max(out.reduction / buckets, out.reduction - backward * (1.0 - 1.0 / buckets));
+  } else {
+    out.exposed = out.reduction;
+  }
+  // The optimizer on this rank's tensors; a distributed step splits it over the replicas and
+  // all-gathers the new values.
+  const double local_optimizer = c.optimizer_seconds / (double(S) * P);
+  out.optimizer =
+      c.distributed_step && R > 1 ? local_optimizer / R + allgather_seconds(net, R, gradient_bytes) : local_optimizer;
+  // The reducer's agreement and the step's loss sums: two small all-reduces over the replicas.
+  const double agreements = 2.0 * allreduce_seconds(net, R, 8.0);
+  out.step = out.compute + out.tensor_parallel + out.pipeline + out.exposed + out.optimizer + agreements;
+  // Memory: this rank's parameters, gradients and optimizer state, and the activations of the
+  // micro-batches a 1F1B stage keeps (P of them on the first stage, at most M).
+  const double state = c.optimizer_state_bytes / (double(S) * P) / (c.distributed_step ? R : 1);
+  const double kept = std::min(M, P);
+  out.memory_bytes = 2.0 * gradient_bytes + state + kept * micro_rows * c.activation_bytes_per_row / (double(S) * P);
+  out.samples_per_second = samples * R / out.step;
+  return out;
+}
+
+double scaling_efficiency(const Prediction& one_rank, const Prediction& at, const Layout& layout) {
+  const double per_rank = at.samples_per_second / layout.ranks();
+  return one_rank.samples_per_second > 0 ? per_rank / one_rank.samples_per_second : 0.0;
+}
+
+}  // namespace lather::plan

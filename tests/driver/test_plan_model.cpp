@@ -1,0 +1,109 @@
+// The cost model of lather-bench plan (perf/plan_model.hpp) against its closed forms: the
+// alpha-beta collectives, and a step assembled from them by hand for each kind of layout.
+#include "plan_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace {
+
+using namespace lather::plan;
+
+const Network net{2e-6, 1e-10, "test"};
+
+TEST(PlanModel, CollectivesFollowTheAlphaBetaForms) {
+  EXPECT_EQ(log2_ceil(1), 0);
+  EXPECT_EQ(log2_ceil(2), 1);
+  EXPECT_EQ(log2_ceil(3), 2);
+  EXPECT_EQ(log2_ceil(4096), 12);
+  EXPECT_EQ(allreduce_seconds(net, 1, 1e9), 0.0);
+  // 8 ranks, 1 MB: 2 * 3 messages and 2 * 7/8 of the bytes.
+  EXPECT_DOUBLE_EQ(allreduce_seconds(net, 8, 1e6), 6 * 2e-6 + 1.75 * 1e6 * 1e-10);
+  EXPECT_DOUBLE_EQ(allgather_seconds(net, 8, 1e6), 3 * 2e-6 + 0.875 * 1e6 * 1e-10);
+  EXPECT_DOUBLE_EQ(send_seconds(net, 1e6), 2e-6 + 1e-4);
+}
+
+ModelCosts costs() {
+  ModelCosts c;
+  c.model = "transformer";
+  c.rows_per_sample = 64;
+  // 1e-3 + 1e-5 rows, measured at 256, 512 and 2048 rows.
+  c.pass_rows = {256, 512, 2048};
+  c.pass_seconds = {1e-3 + 1e-5 * 256, 1e-3 + 1e-5 * 512, 1e-3 + 1e-5 * 2048};
+  c.optimizer_seconds = 4e-3;
+  c.parameters = 1e6;
+  c.optimizer_state_bytes = 8e6;
+  c.activation_bytes_per_row = 1000;
+  c.tensor_parallel_allreduces = 19;
+  c.tensor_parallel_bytes_per_row = 19 * 512;
+  c.stream_bytes_per_row = 512;
+  c.layers = 4;
+  return c;
+}
+
+TEST(PlanModel, PassesInterpolateBetweenTheMeasuredRows) {
+  ModelCosts c;
+  c.pass_rows = {100, 200, 400};
+  c.pass_seconds = {1.0, 1.5, 3.5};
+  EXPECT_DOUBLE_EQ(c.passes_seconds(100), 1.0);
+  EXPECT_DOUBLE_EQ(c.passes_seconds(150), 1.25);
+  EXPECT_DOUBLE_EQ(c.passes_seconds(300), 2.5);
+  EXPECT_DOUBLE_EQ(c.passes_seconds(800), 7.5);  // the last segment, extended
+  EXPECT_DOUBLE_EQ(c.passes_seconds(50), 0.75);  // the first, extended
+  EXPECT_DOUBLE_EQ(c.passes_seconds(0), 0.5);
+}
+
+TEST(PlanModel, OneRankIsItsPassesAndItsOptimizer) {
+  const auto p = predict(costs(), net, Layout(), 32);
+  EXPECT_DOUBLE_EQ(p.compute, 1e-3 + 1e-5 * 32 * 64);
+  EXPECT_EQ(p.reduction, 0.0);
+  EXPECT_EQ(p.tensor_parallel, 0.0);
+  EXPECT_DOUBLE_EQ(p.step, p.compute + 4e-3);
+  EXPECT_DOUBLE_EQ(p.memory_bytes, 2 * 4e6 + 8e6 + 32 * 64 * 1000);
+}
+
+TEST(PlanModel, ReplicasAddTheReductionAndOverlapHidesAllButTheLastBucket) {
+  Layout l;
+  l.replicas = 4;
+  const auto p = predict(costs(), net, l, 32);
+  const double reduction = 2 * 2 * 2e-6 + 2 * 0.75 * 4e6 * 1e-10;  // one 4 MB bucket
+  EXPECT_DOUBLE_EQ(p.reduction, reduction);
+  EXPECT_DOUBLE_EQ(p.step, p.compute + reduction + 4e-3 + 2 * allreduce_seconds(net, 4, 8));
+  l.overlap = true;
+  l.bucket_bytes = 1e6;  // four buckets
+  const auto q = predict(costs(), net, l, 32);
+  EXPECT_DOUBLE_EQ(q.reduction, 4 * 2 * 2 * 2e-6 + 2 * 0.75 * 4e6 * 1e-10);
+  EXPECT_DOUBLE_EQ(q.exposed, q.reduction / 4);  // the backward is far longer than the rest
+  EXPECT_NEAR(scaling_efficiency(predict(costs(), net, Layout(), 32), q, l), (p.compute + 4e-3) / q.step, 1e-12);
+}
+
+TEST(PlanModel, ShardsAndStagesSplitTheWorkAndAddTheirTransfers) {
+  Layout l;
+  l.shards = 2;
+  const auto s = predict(costs(), net, l, 32);
+  const double rows = 32 * 64;
+  EXPECT_DOUBLE_EQ(s.compute, (1e-3 + 1e-5 * rows) / 2);
+  EXPECT_DOUBLE_EQ(s.tensor_parallel, 19 * 2 * 2e-6 + 2 * 0.5 * rows * 19 * 512 * 1e-10);
+  EXPECT_DOUBLE_EQ(s.optimizer, 2e-3);
+  Layout p;
+  p.stages = 2;
+  p.micro_batches = 4;
+  const auto t = predict(costs(), net, p, 32);
+  const double micro = (1e-3 + 1e-5 * rows / 4) / 2;
+  EXPECT_DOUBLE_EQ(t.compute, 5 * micro);  // M + P - 1 slots
+  EXPECT_DOUBLE_EQ(t.pipeline, 2 * send_seconds(net, rows / 4 * 512));
+  EXPECT_DOUBLE_EQ(t.memory_bytes, 2 * 2e6 + 4e6 + 2 * (rows / 4) * 1000 / 2);
+}
+
+TEST(PlanModel, ADistributedStepSplitsTheOptimizerAndGathersTheParameters) {
+  auto c = costs();
+  c.distributed_step = true;
+  Layout l;
+  l.replicas = 8;
+  const auto p = predict(c, net, l, 32);
+  EXPECT_DOUBLE_EQ(p.optimizer, 4e-3 / 8 + allgather_seconds(net, 8, 4e6));
+  EXPECT_DOUBLE_EQ(p.memory_bytes, 2 * 4e6 + 8e6 / 8 + 32 * 64 * 1000);
+}
+
+}  // namespace
