@@ -70,6 +70,12 @@ struct Runner {
   std::function<ParameterList<float, Memory>&()> parameters;
   std::function<void(const FlatTensor<float, Memory>&)> place_gradients;
   double activation_bytes_per_row = 0;
+  std::function<double()> activation_bytes;  ///< held now, from the Views (0 where not known)
+};
+
+/// A rank's memory by kind, from the Views it holds after the steps.
+struct MeasuredMemory {
+  double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
 };
 
 nn::TransformerConfig transformer_config(const PlanOptions& o) {
@@ -117,6 +123,7 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
     double widths = 0;
     for (const auto& layer : model->layers()) widths += layer.out;
     r.activation_bytes_per_row = 2.0 * 4.0 * widths;  // pre-activations and activations
+    r.activation_bytes = [] { return 0.0; };        // nn::Mlp does not report them
     return r;
   }
   using Model = nn::Transformer<Space, float>;
@@ -147,6 +154,7 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
   // Measured after a pass: the activations of one slot, per row.
   r.passes(1, 1, {});
   r.activation_bytes_per_row = double(model->memory().activations) / double(time);
+  r.activation_bytes = [model] { return double(model->memory().activations); };
   return r;
 }
 
@@ -320,8 +328,9 @@ std::vector<plan::Layout> layouts(const PlanOptions& o, int ranks) {
   return out;
 }
 
-/// The layout run for real on the world: lather-train's step, its median time (slowest rank).
-double measure_step(const PlanOptions& o, const plan::Layout& l, const comm::Group& world) {
+/// The layout run for real on the world: lather-train's step, its median time (slowest rank),
+/// and the largest memory by kind of any rank.
+std::pair<double, MeasuredMemory> measure_step(const PlanOptions& o, const plan::Layout& l, const comm::Group& world) {
   const comm::Mesh mesh(world, l.shards, l.stages);
   Runner runner = make_runner(o, mesh, o.batch);
   auto& parameters = runner.parameters();
@@ -353,7 +362,12 @@ double measure_step(const PlanOptions& o, const plan::Layout& l, const comm::Gro
     Kokkos::fence();
     if (step >= o.warmup_steps) times.push_back(now() - t0);
   }
-  return world.allreduce(median(times), comm::Combine::max);
+  MeasuredMemory memory;
+  memory.parameters = world.allreduce(double(parameters.value_buffer().span() * sizeof(float)), comm::Combine::max);
+  memory.gradients = world.allreduce(double(parameters.gradient_buffer().span() * sizeof(float)), comm::Combine::max);
+  memory.optimizer_state = world.allreduce(double(optimizer->memory_report().total()), comm::Combine::max);
+  memory.activations = world.allreduce(runner.activation_bytes(), comm::Combine::max);
+  return {world.allreduce(median(times), comm::Combine::max), memory};
 }
 
 nlohmann::json parts(const plan::Prediction& p) {
@@ -395,8 +409,12 @@ void run_plan(const PlanOptions& o) {
   if (o.check)
     for (const auto& l : layouts(o, world.size())) {
       const auto p = plan::predict(costs, net, l, o.batch);
-      const double measured = measure_step(o, l, world);
+      const auto [measured, memory] = measure_step(o, l, world);
       auto record = parts(p);
+      record.update({{"measured_parameter_bytes", memory.parameters},
+                     {"measured_gradient_bytes", memory.gradients},
+                     {"measured_optimizer_state_bytes", memory.optimizer_state},
+                     {"measured_activation_bytes", memory.activations}});
       record.update({{"bench", "plan"},
                      {"check", true},
                      {"model", o.model},

@@ -19,6 +19,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <type_traits>
 
 namespace {
 
@@ -72,8 +73,9 @@ std::string describe(const Case& c) {
          (c.shared_memory ? ", shared memory" : ", MPI") + (c.contiguous ? ", contiguous" : ", separate");
 }
 
+/// `rounds` > 1 reduces again with the same reducers: the layout and buffers are reused.
 template <class T>
-void expect_same_bits_as_blocking(const Case& c) {
+void expect_same_bits_as_blocking(const Case& c, int rounds = 1) {
   const int rank = world_rank();
   ReduceOptions options;
   options.fusion_bytes = 4096;
@@ -82,7 +84,7 @@ void expect_same_bits_as_blocking(const Case& c) {
   options.check_finite = true;
   GradientReducer<Exec, T> blocking(MPI_COMM_WORLD, options), overlapped(MPI_COMM_WORLD, options);
   const double weight = 1.0 + rank % 3;      // weighted mean: ranks weigh differently
-  for (int round = 0; round < 2; ++round) {  // the second round reuses the layout and buffers
+  for (int round = 0; round < rounds; ++round) {
     const auto a = c.contiguous ? make_contiguous_inputs<T>(rank, sizes, round) : make_inputs<T>(rank, sizes, round);
     const auto b = c.contiguous ? make_contiguous_inputs<T>(rank, sizes, round) : make_inputs<T>(rank, sizes, round);
     const double expected = blocking.reduce(Exec(), a, c.op, weight);
@@ -102,11 +104,15 @@ using Scalars = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(Overlap, Scalars);
 
 TYPED_TEST(Overlap, SumsHaveTheBlockingReductionsBitsInAnyReadyOrder) {
+  // The 16-bit wire's kernels take float and double alike: float covers them.
+  const bool single = std::is_same<TypeParam, float>::value;
   for (bool shared_memory : {false, true})
     for (WirePrecision wire : {WirePrecision::native, WirePrecision::bfloat16})
       for (bool contiguous : {false, true})
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::weighted_mean})
-          expect_same_bits_as_blocking<TypeParam>({shared_memory, wire, contiguous, op});
+          if (single || wire == WirePrecision::native)
+            expect_same_bits_as_blocking<TypeParam>({shared_memory, wire, contiguous, op},
+                                                    op == ReduceOp::mean && contiguous ? 2 : 1);
 }
 
 TEST(Overlap, AdasumWaitsForFinishAndHasTheBlockingBits) {
