@@ -204,7 +204,9 @@ plan::ModelCosts measure_costs(const PlanOptions& o, const comm::Group& world) {
   c.optimizer_seconds = world.allreduce(total / (optimizer_steps - 1), comm::Combine::max);
   c.distributed_step = o.optimizer == "shampoo" || o.optimizer == "soap" || o.optimizer == "muon";
   c.parameters = double(parameters.gradient_buffer().extent(0));
-  c.optimizer_state_bytes = double(optimizer->memory_report().total());
+  const auto report = optimizer->memory_report();
+  c.optimizer_state_bytes = double(report.total());
+  c.optimizer_split_bytes = double(report.stack_bytes + report.quantized_bytes);
   c.activation_bytes_per_row = runner.activation_bytes_per_row;
   if (o.model == "mlp") {
     // Megatron's pairs: a row-parallel layer's output is all-reduced forward, a column-parallel
@@ -241,6 +243,7 @@ nlohmann::json to_json(const plan::ModelCosts& c) {
           {"distributed_step", c.distributed_step},
           {"parameters", c.parameters},
           {"optimizer_state_bytes", c.optimizer_state_bytes},
+          {"optimizer_split_bytes", c.optimizer_split_bytes},
           {"activation_bytes_per_row", c.activation_bytes_per_row},
           {"tensor_parallel_allreduces", c.tensor_parallel_allreduces},
           {"tensor_parallel_bytes_per_row", c.tensor_parallel_bytes_per_row},
@@ -259,6 +262,7 @@ plan::ModelCosts costs_from_json(const nlohmann::json& j, const std::string& fil
     c.distributed_step = j.at("distributed_step");
     c.parameters = j.at("parameters");
     c.optimizer_state_bytes = j.at("optimizer_state_bytes");
+    c.optimizer_split_bytes = j.at("optimizer_split_bytes");
     c.activation_bytes_per_row = j.at("activation_bytes_per_row");
     c.tensor_parallel_allreduces = j.at("tensor_parallel_allreduces");
     c.tensor_parallel_bytes_per_row = j.at("tensor_parallel_bytes_per_row");
@@ -409,7 +413,16 @@ void run_plan(const PlanOptions& o) {
   if (o.check)
     for (const auto& l : layouts(o, world.size())) {
       const auto p = plan::predict(costs, net, l, o.batch);
-      const auto [measured, memory] = measure_step(o, l, world);
+      std::pair<double, MeasuredMemory> result;
+      try {
+        result = measure_step(o, l, world);
+      } catch (const Error& e) {
+        // A layout the optimizer refuses (Shampoo's blocks across a shard's slice): the same
+        // error on every rank, agreed at its construction.
+        if (root) emit({{"bench", "plan"}, {"check", true}, {"layout", l.name()}, {"skipped", e.message()}});
+        continue;
+      }
+      const auto& [measured, memory] = result;
       auto record = parts(p);
       record.update({{"measured_parameter_bytes", memory.parameters},
                      {"measured_gradient_bytes", memory.gradients},

@@ -78,7 +78,8 @@ Prediction predict(const ModelCosts& c, const Network& net, const Layout& l, dou
   out.step = out.compute + out.tensor_parallel + out.pipeline + out.exposed + out.optimizer + agreements;
   // Memory: this rank's parameters, gradients and optimizer state, and the activations of the
   // micro-batches a 1F1B stage keeps (P of them on the first stage, at most M).
-  const double state = c.optimizer_state_bytes / (double(S) * P) / (c.distributed_step ? R : 1);
+  const double split = c.distributed_step ? c.optimizer_split_bytes : 0.0;
+  const double state = (c.optimizer_state_bytes - split + split / R) / (double(S) * P);
   const double kept = std::min(M, P);
   out.memory_bytes = 2.0 * gradient_bytes + state + kept * micro_rows * c.activation_bytes_per_row / (double(S) * P);
   out.samples_per_second = samples * R / out.step;

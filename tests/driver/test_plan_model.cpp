@@ -99,11 +99,12 @@ TEST(PlanModel, ShardsAndStagesSplitTheWorkAndAddTheirTransfers) {
 TEST(PlanModel, ADistributedStepSplitsTheOptimizerAndGathersTheParameters) {
   auto c = costs();
   c.distributed_step = true;
+  c.optimizer_split_bytes = 6e6;  // 2e6 of the 8e6 stays on every replica
   Layout l;
   l.replicas = 8;
   const auto p = predict(c, net, l, 32);
   EXPECT_DOUBLE_EQ(p.optimizer, 4e-3 / 8 + allgather_seconds(net, 8, 4e6));
-  EXPECT_DOUBLE_EQ(p.memory_bytes, 2 * 4e6 + 8e6 / 8 + 32 * 64 * 1000);
+  EXPECT_DOUBLE_EQ(p.memory_bytes, 2 * 4e6 + 2e6 + 6e6 / 8 + 32 * 64 * 1000);
 }
 
 }  // namespace
