@@ -206,7 +206,7 @@ plan::ModelCosts measure_costs(const PlanOptions& o, const comm::Group& world) {
   c.parameters = double(parameters.gradient_buffer().extent(0));
   const auto report = optimizer->memory_report();
   c.optimizer_state_bytes = double(report.total());
-  c.optimizer_split_bytes = double(report.stack_bytes + report.quantized_bytes);
+  c.optimizer_split_bytes = double(report.total() - report.local_bytes);
   c.activation_bytes_per_row = runner.activation_bytes_per_row;
   if (o.model == "mlp") {
     // Megatron's pairs: a row-parallel layer's output is all-reduced forward, a column-parallel

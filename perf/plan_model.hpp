@@ -38,8 +38,8 @@ struct ModelCosts {
   bool distributed_step = false;     ///< the optimizer splits its work over the replicas
   double parameters = 0;             ///< count (float32)
   double optimizer_state_bytes = 0;  ///< the whole model's
-  /// The part of it a distributed step splits over the replicas (the statistics and their roots,
-  /// quantized or not); the rest (per-parameter state, workspace) every replica keeps.
+  /// The part of it a distributed step splits over the replicas (the statistics, their roots and
+  /// the workspace of the blocks a rank updates); the per-parameter state every replica keeps.
   double optimizer_split_bytes = 0;
   double activation_bytes_per_row = 0;
   /// Tensor-parallel traffic per micro-batch, forward and backward: the shards' all-reduces and
