@@ -123,7 +123,7 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
     double widths = 0;
     for (const auto& layer : model->layers()) widths += layer.out;
     r.activation_bytes_per_row = 2.0 * 4.0 * widths;  // pre-activations and activations
-    r.activation_bytes = [] { return 0.0; };        // nn::Mlp does not report them
+    r.activation_bytes = [] { return 0.0; };          // nn::Mlp does not report them
     return r;
   }
   using Model = nn::Transformer<Space, float>;

@@ -83,7 +83,7 @@ void expect_same_bits_as_blocking(const Case& c, int rounds = 1) {
   options.wire_precision = c.wire;
   options.check_finite = true;
   GradientReducer<Exec, T> blocking(MPI_COMM_WORLD, options), overlapped(MPI_COMM_WORLD, options);
-  const double weight = 1.0 + rank % 3;      // weighted mean: ranks weigh differently
+  const double weight = 1.0 + rank % 3;  // weighted mean: ranks weigh differently
   for (int round = 0; round < rounds; ++round) {
     const auto a = c.contiguous ? make_contiguous_inputs<T>(rank, sizes, round) : make_inputs<T>(rank, sizes, round);
     const auto b = c.contiguous ? make_contiguous_inputs<T>(rank, sizes, round) : make_inputs<T>(rank, sizes, round);
