@@ -325,7 +325,10 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   std::vector<nn::PipelineEvent> last_step_events;
   for (long step = first_step; step < planned; ++step) {
     const auto offsets = data::window_offsets(o.seed, step, int(batch), std::int64_t(corpus.train.size()), block);
-    const auto [mine_begin, mine_end] = share(batch, replicas, replica);
+    // Not structured bindings: the passes' lambda below captures them (C++17 forbids it; clang
+    // refuses).
+    const auto mine = share(batch, replicas, replica);
+    const long mine_begin = mine.first, mine_end = mine.second;
     nn::LanguageModelSums local;  // the last stage's sums
     long step_tokens = 0;         // this replica's tokens, known on every stage
     bool written = false;         // gradients written by an earlier round of this step

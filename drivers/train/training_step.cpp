@@ -89,7 +89,10 @@ StepSums training_step(const Space& space, const TrainOptions& o, const data::La
                        const std::vector<std::int32_t>& order, long begin, long end, int replicas, int replica,
                        StepParts& parts) {
   const auto& parameters = parts.model.parameters();
-  const auto [mine_begin, mine_end] = share(end - begin, replicas, replica);
+  // Not structured bindings: the passes' lambda below captures them (C++17 forbids it; clang
+  // refuses).
+  const auto mine = share(end - begin, replicas, replica);
+  const long mine_begin = mine.first, mine_end = mine.second;
   const GradientsReady ready = start_reduction(space, o, parts.reducer, parameters, double(mine_end - mine_begin));
   const long last = last_nonempty_share(mine_end - mine_begin, o.accumulate);
   StepSums sums;
