@@ -67,7 +67,7 @@ double median(std::vector<double> v) {
 /// (the hook for the last one's backward), and its parameters.
 struct Runner {
   std::function<void(int samples, int micro, const GradientsReady& ready)> passes;
-  std::function<ParameterList<float, Memory>&()> parameters;
+  std::function<const ParameterList<float, Memory>&()> parameters;
   std::function<void(const FlatTensor<float, Memory>&)> place_gradients;
   double activation_bytes_per_row = 0;
   std::function<double()> activation_bytes;  ///< held now, from the Views (0 where not known)
@@ -116,9 +116,7 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
         model->train_batch(Space(), xs, ys, m > 0, m + 1 == micro ? ready : GradientsReady());
       }
     };
-    r.parameters = [model]() -> ParameterList<float, Memory>& {
-      return const_cast<ParameterList<float, Memory>&>(model->parameters());
-    };
+    r.parameters = [model]() -> const ParameterList<float, Memory>& { return model->parameters(); };
     r.place_gradients = [model](const FlatTensor<float, Memory>& s) { model->place_gradients(Space(), s); };
     double widths = 0;
     for (const auto& layer : model->layers()) widths += layer.out;
@@ -147,9 +145,7 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
     }
     model->train_micro_batches(Space(), nn::PipelineSchedule::one_forward_one_backward, batches, false, nullptr, ready);
   };
-  r.parameters = [model]() -> ParameterList<float, Memory>& {
-    return const_cast<ParameterList<float, Memory>&>(model->parameters());
-  };
+  r.parameters = [model]() -> const ParameterList<float, Memory>& { return model->parameters(); };
   r.place_gradients = [model](const FlatTensor<float, Memory>& s) { model->place_gradients(Space(), s); };
   // Measured after a pass: the activations of one slot, per row.
   r.passes(1, 1, {});

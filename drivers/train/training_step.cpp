@@ -46,42 +46,30 @@ void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientRe
                      optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
                      double local_weight) {
   const auto& grads = parameters.gradients();
-  if (reducer.overlapping()) {
-    // A replica with no sample this step ran no backward: its zero gradients are ready now.
-    if (local_weight == 0) {
-      Kokkos::deep_copy(space, parameters.gradient_buffer(), 0.0f);
-      reducer.ready(space, 0, grads.size());
-    }
-    if (o.reduce != comm::ReduceOp::weighted_mean) {
-      // Adasum's buckets wait for finish(): the per-replica mean is taken first, as below.
-      const float scale = local_weight > 0 ? float(1.0 / local_weight) : 0.0f;
-      const auto all = parameters.gradient_buffer();
-      Kokkos::parallel_for(
-          "lather-train::scale", Kokkos::RangePolicy<Space>(space, 0, all.extent(0)),
-          KOKKOS_LAMBDA(std::int64_t k) { all(k) *= scale; });
-    }
-    reducer.finish(space);
-    optimizer.step(space, parameters);
-    return;
+  // A replica with no sample this step ran no backward: it contributes zero gradients (overlapped,
+  // they are ready now).
+  if (local_weight == 0) {
+    Kokkos::deep_copy(space, parameters.gradient_buffer(), 0.0f);
+    if (reducer.overlapping()) reducer.ready(space, 0, grads.size());
   }
-  // A replica with no sample this step contributes zero gradients.
-  if (local_weight == 0) Kokkos::deep_copy(space, parameters.gradient_buffer(), 0.0f);
-  // Gradients are sums over this replica's samples (or tokens): their weighted mean is the mean
-  // over the global batch, whatever the rank count.
-  if (o.reduce == comm::ReduceOp::weighted_mean) {
-    reducer.weighted_mean(space, grads, local_weight);
-  } else {
-    // Adasum combines per-replica gradients: the mean over this replica's samples.
+  if (o.reduce != comm::ReduceOp::weighted_mean) {
+    // Adasum combines per-replica gradients: the mean over this replica's samples (overlapped,
+    // its buckets wait for finish(), so this comes first either way).
     const float scale = local_weight > 0 ? float(1.0 / local_weight) : 0.0f;
     const auto all = parameters.gradient_buffer();
     Kokkos::parallel_for(
         "lather-train::scale", Kokkos::RangePolicy<Space>(space, 0, all.extent(0)),
         KOKKOS_LAMBDA(std::int64_t k) { all(k) *= scale; });
-    if (o.reduce == comm::ReduceOp::adasum)
-      reducer.adasum(space, grads);
-    else
-      reducer.adasum_approx(space, grads);
   }
+  if (reducer.overlapping()) reducer.finish(space);
+  // Gradients are sums over this replica's samples (or tokens): their weighted mean is the mean
+  // over the global batch, whatever the rank count.
+  else if (o.reduce == comm::ReduceOp::weighted_mean)
+    reducer.weighted_mean(space, grads, local_weight);
+  else if (o.reduce == comm::ReduceOp::adasum)
+    reducer.adasum(space, grads);
+  else
+    reducer.adasum_approx(space, grads);
   optimizer.step(space, parameters);
 }
 
