@@ -292,6 +292,34 @@ void Group::allreduce(const T* send, T* receive, std::size_t count, Combine op) 
 }
 
 template <class T>
+void Group::reduce_scatter(const T* send, T* receive, const std::vector<std::size_t>& counts, Combine op) const {
+  const auto& st = state();
+  LATHER_REQUIRE(int(counts.size()) == st.size, "Group::reduce_scatter: ", counts.size(), " counts for a group of ",
+                 st.size);
+  if (st.local) {
+    if (counts[0] > 0 && send != receive) std::memmove(receive, send, counts[0] * sizeof(T));
+    return;
+  }
+#if LATHER_ENABLE_MPI
+  std::size_t total = 0;
+  for (auto c : counts) total += c;
+  LATHER_REQUIRE(total <= std::size_t(INT_MAX), "Group::reduce_scatter: ", total,
+                 " elements in all; MPI_Reduce_scatter takes at most ", INT_MAX);
+  std::vector<int> count, displacement;  // not structured bindings: lambdas capture them
+  std::tie(count, displacement) = int_counts(counts, "Group::reduce_scatter");
+  const void* from = send == receive ? MPI_IN_PLACE : send;
+  Impl::complete(
+      "MPI_Reduce_scatter",
+      [&] { return MPI_Reduce_scatter(from, receive, count.data(), datatype<T>(), operation(op), st.comm); },
+      [&](MPI_Request* r) {
+        return MPI_Ireduce_scatter(from, receive, count.data(), datatype<T>(), operation(op), st.comm, r);
+      });
+#else
+  (void)op;
+#endif
+}
+
+template <class T>
 void Group::broadcast(T* values, std::size_t count, int root) const {
   const auto& st = state();
   LATHER_REQUIRE(root >= 0 && root < st.size, "Group::broadcast: root ", root, " is not a rank of the group of ",
@@ -639,20 +667,21 @@ void Group::agree_on_failure(const std::string& context, const std::string& loca
   throw Error((named ? std::string() : prefix) + message + where, nullptr, 0);
 }
 
-#define LATHER_COMM_GROUP_INSTANTIATE(T)                                                            \
-  template void Group::allreduce<T>(T*, std::size_t, Combine) const;                                \
-  template void Group::allreduce<T>(const T*, T*, std::size_t, Combine) const;                      \
-  template void Group::broadcast<T>(T*, std::size_t, int) const;                                    \
-  template void Group::allgather<T>(const T*, std::size_t, T*) const;                               \
-  template void Group::allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const;          \
-  template void Group::alltoall<T>(const T*, std::size_t, T*) const;                                \
-  template void Group::send<T>(const T*, std::size_t, int, int) const;                              \
-  template void Group::receive<T>(T*, std::size_t, int, int) const;                                 \
-  template Request Group::start_send<T>(const T*, std::size_t, int, int) const;                     \
-  template Request Group::start_receive<T>(T*, std::size_t, int, int) const;                        \
-  template Request Group::start_allreduce<T>(T*, std::size_t, Combine) const;                       \
-  template Request Group::start_alltoall<T>(const T*, std::size_t, T*) const;                       \
-  template Request Group::start_allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const; \
+#define LATHER_COMM_GROUP_INSTANTIATE(T)                                                                \
+  template void Group::allreduce<T>(T*, std::size_t, Combine) const;                                    \
+  template void Group::allreduce<T>(const T*, T*, std::size_t, Combine) const;                          \
+  template void Group::broadcast<T>(T*, std::size_t, int) const;                                        \
+  template void Group::allgather<T>(const T*, std::size_t, T*) const;                                   \
+  template void Group::allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const;              \
+  template void Group::reduce_scatter<T>(const T*, T*, const std::vector<std::size_t>&, Combine) const; \
+  template void Group::alltoall<T>(const T*, std::size_t, T*) const;                                    \
+  template void Group::send<T>(const T*, std::size_t, int, int) const;                                  \
+  template void Group::receive<T>(T*, std::size_t, int, int) const;                                     \
+  template Request Group::start_send<T>(const T*, std::size_t, int, int) const;                         \
+  template Request Group::start_receive<T>(T*, std::size_t, int, int) const;                            \
+  template Request Group::start_allreduce<T>(T*, std::size_t, Combine) const;                           \
+  template Request Group::start_alltoall<T>(const T*, std::size_t, T*) const;                           \
+  template Request Group::start_allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const;     \
   template void Group::exchange<T>(const T*, std::size_t, T*, std::size_t, int, int) const;
 
 LATHER_COMM_GROUP_INSTANTIATE(char)

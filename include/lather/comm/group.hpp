@@ -106,6 +106,13 @@ class Group {
   /// passes the same counts. `send` may point at this rank's place in `receive` (MPI_IN_PLACE).
   template <class T>
   void allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts) const;
+  /// Every rank passes `send` of sum(counts) elements; rank r receives, in `receive`, the
+  /// elementwise combination over the group of send[offset_r, offset_r + counts[r]), where
+  /// offset_r is the sum of the counts before r (MPI_Reduce_scatter). Every rank passes the same
+  /// counts; at most 2^31 - 1 elements in all. `send` may be `receive` (MPI_IN_PLACE): the input
+  /// is read from it and this rank's result written at its start.
+  template <class T>
+  void reduce_scatter(const T* send, T* receive, const std::vector<std::size_t>& counts, Combine op) const;
   /// Rank r sends send[r * per_rank, (r + 1) * per_rank) to rank r.
   template <class T>
   void alltoall(const T* send, std::size_t per_rank, T* receive) const;
