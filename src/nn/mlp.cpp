@@ -113,6 +113,20 @@ template <class ExecutionSpace>
 Mlp<ExecutionSpace>::~Mlp() = default;
 
 template <class ExecutionSpace>
+void Mlp<ExecutionSpace>::adopt_parameters(const Parameters& parameters) {
+  LATHER_REQUIRE(parameters.size() == m_parameters.size(), "Mlp::adopt_parameters: ", parameters.size(),
+                 " parameters for a model of ", m_parameters.size());
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const auto& mine = m_parameters.spec(i);
+    const auto& theirs = parameters.spec(i);
+    LATHER_REQUIRE(mine.name == theirs.name && mine.shape == theirs.shape, "Mlp::adopt_parameters: parameter ", i,
+                   " is '", theirs.name, "' of shape ", to_string(theirs.shape), "; the model's is '", mine.name,
+                   "' of shape ", to_string(mine.shape));
+  }
+  m_parameters = parameters;
+}
+
+template <class ExecutionSpace>
 auto Mlp<ExecutionSpace>::weight(std::size_t l) const -> ConstMatrix {
   const auto& layer = m_layers[l];
   return ConstMatrix(m_parameters.value(2 * l).data(), layer.local_in, layer.local_out);
@@ -164,11 +178,13 @@ void Mlp<ExecutionSpace>::allocate_buffers(const ExecutionSpace& space, int rows
 }
 
 template <class ExecutionSpace>
-void Mlp<ExecutionSpace>::forward(const ExecutionSpace& space, const Matrix& inputs, int rows) {
+void Mlp<ExecutionSpace>::forward(const ExecutionSpace& space, const Matrix& inputs, int rows,
+                                  const ParametersNeeded& needed) {
   using Range = std::pair<int, int>;
   const Range r(0, rows);
   Matrix input = Kokkos::subview(inputs, r, Kokkos::ALL);
   for (std::size_t l = 0; l < m_layers.size(); ++l) {
+    if (needed) needed(2 * l, 2 * l + 2);  // this layer's kernel and bias
     const auto bias = Kokkos::View<const float*, memory_space>(m_parameters.value(2 * l + 1));
     const Matrix z = Kokkos::subview(m_z[l], r, Kokkos::ALL);
     if (m_rows[l])
@@ -230,7 +246,7 @@ BatchResult Mlp<ExecutionSpace>::loss_and_gradient(const ExecutionSpace& space, 
 
 template <class ExecutionSpace>
 void Mlp<ExecutionSpace>::backward(const ExecutionSpace& space, const Matrix& inputs, int rows, bool accumulate,
-                                   const GradientsReady& ready) {
+                                   const GradientsReady& ready, const ParametersNeeded& needed) {
   using Range = std::pair<int, int>;
   using Contiguous = Kokkos::View<float**, Kokkos::LayoutRight, memory_space, Unmanaged>;
   const Range r(0, rows);
@@ -240,6 +256,7 @@ void Mlp<ExecutionSpace>::backward(const ExecutionSpace& space, const Matrix& in
   float* other = m_delta_previous.data();
   for (int l = int(m_layers.size()) - 1; l >= 0; --l) {
     const auto& layer = m_layers[l];
+    if (needed) needed(std::size_t(2 * l), std::size_t(2 * l + 2));
     const int width = layer.split == Split::column ? layer.local_out : layer.out;
     const Contiguous dz(delta, rows, width);
     const Matrix input =
@@ -275,26 +292,28 @@ void Mlp<ExecutionSpace>::backward(const ExecutionSpace& space, const Matrix& in
 }
 
 template <class ExecutionSpace>
-BatchResult Mlp<ExecutionSpace>::evaluate(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels) {
+BatchResult Mlp<ExecutionSpace>::evaluate(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels,
+                                          const ParametersNeeded& needed) {
   const int rows = int(inputs.extent(0));
   LATHER_REQUIRE(int(inputs.extent(1)) == m_layers.front().in, "MLP input has ", inputs.extent(1),
                  " features, the model expects ", m_layers.front().in);
   LATHER_REQUIRE(labels.extent(0) >= inputs.extent(0), "MLP: ", labels.extent(0), " labels for ", rows, " inputs");
   allocate_activations(space, rows);
-  forward(space, inputs, rows);
+  forward(space, inputs, rows, needed);
   return loss_and_gradient(space, labels, rows, false);
 }
 
 template <class ExecutionSpace>
 BatchResult Mlp<ExecutionSpace>::train_batch(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels,
-                                             bool accumulate, const GradientsReady& ready) {
+                                             bool accumulate, const GradientsReady& ready,
+                                             const ParametersNeeded& needed) {
   const int rows = int(inputs.extent(0));
   LATHER_REQUIRE(int(inputs.extent(1)) == m_layers.front().in, "MLP input has ", inputs.extent(1),
                  " features, the model expects ", m_layers.front().in);
   allocate_activations(space, rows);
-  forward(space, inputs, rows);
+  forward(space, inputs, rows, needed);
   const BatchResult result = loss_and_gradient(space, labels, rows, true);
-  backward(space, inputs, rows, accumulate, ready);
+  backward(space, inputs, rows, accumulate, ready, needed);
   return result;
 }
 

@@ -29,6 +29,12 @@ namespace lather {
 /// (comm::GradientReducer::ready and progress).
 using GradientsReady = std::function<void(std::size_t first, std::size_t last)>;
 
+/// What a model's passes ask for before a layer computes, in the forward pass (first layer first)
+/// and again before the layer's backward (last layer first): the values of the parameters
+/// [first, last) of its ParameterList must be in place when the call returns. Sharded parameters
+/// (comm::ParameterShards::need) all-gather them here and start gathering the next layer's.
+using ParametersNeeded = std::function<void(std::size_t first, std::size_t last)>;
+
 /// A trainable tensor: a name for messages and checkpoints, and the shape of the tensor this rank
 /// holds. With weight sharding (tensor parallelism) the tensor is this rank's slice of a global
 /// tensor split along `split_axis`: it holds [split_offset, split_offset + shape[split_axis]) of

@@ -59,22 +59,29 @@ class Mlp {
   void place_gradients(const ExecutionSpace& space, const typename Parameters::tensor& storage) {
     m_parameters.place_gradients(space, storage);
   }
+  /// Makes `parameters` (the same names and shapes as parameters(), in the same order) the ones
+  /// the passes read and write, releasing the model's own: for sharded parameters, whose values
+  /// live in gather buffers (comm::ParameterShards::gathered, with a ParametersNeeded hook on
+  /// every pass). Throws lather::Error naming the first parameter that differs.
+  void adopt_parameters(const Parameters& parameters);
 
   /// Forward and backward on one micro-batch: the gradient of the summed loss is added to the
   /// parameters' gradients (set instead of added when `accumulate` is false). Collective over the
   /// shards when split. `ready`, when given, hears of each layer's gradients as the backward
-  /// writes them (the step's last micro-batch: an overlapped reduction).
+  /// writes them (the step's last micro-batch: an overlapped reduction). `needed`, when given,
+  /// is asked for each layer's parameters before its forward and before its backward.
   BatchResult train_batch(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels, bool accumulate,
-                          const GradientsReady& ready = {});
+                          const GradientsReady& ready = {}, const ParametersNeeded& needed = {});
   /// Forward only: loss sum and correct count.
-  BatchResult evaluate(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels);
+  BatchResult evaluate(const ExecutionSpace& space, const Matrix& inputs, const Labels& labels,
+                       const ParametersNeeded& needed = {});
 
   // Implementation steps. Public only because nvcc rejects an extended __host__ __device__ lambda
   // (KOKKOS_LAMBDA) whose enclosing member function is private or protected; not for users.
-  void forward(const ExecutionSpace& space, const Matrix& inputs, int rows);
+  void forward(const ExecutionSpace& space, const Matrix& inputs, int rows, const ParametersNeeded& needed = {});
   BatchResult loss_and_gradient(const ExecutionSpace& space, const Labels& labels, int rows, bool backward);
   void backward(const ExecutionSpace& space, const Matrix& inputs, int rows, bool accumulate,
-                const GradientsReady& ready = {});
+                const GradientsReady& ready = {}, const ParametersNeeded& needed = {});
 
  private:
   using ConstMatrix = Kokkos::View<const float**, Kokkos::LayoutRight, memory_space>;

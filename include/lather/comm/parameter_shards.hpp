@@ -1,0 +1,172 @@
+#pragma once
+// Fully sharded parameters over a data-parallel group (ZeRO stage 3, PyTorch FSDP): each rank
+// stores only a band of rows of every parameter -- its values, its gradient and (through an
+// optimizer built on owned()) its optimizer state -- and the model's passes see whole layers
+// through two gather buffers:
+//
+//  * before a layer's forward, and again before its backward, ParametersNeeded (need()) makes
+//    the layer's values whole in the gather buffer of its parity (layer l uses buffer l % 2), and
+//    starts the all-gather of the next layer of the pass into the other buffer, so that it moves
+//    while this layer computes;
+//  * after a layer's backward, GradientsReady (ready()) reduce-scatters the layer's gradients in
+//    place in its gradient buffer to the ranks owning each band, which add them to their owned
+//    gradients (every micro-batch of a step: the gradients never exist whole between layers);
+//  * finish_step() agrees on the step over the group -- any rank's failure, any non-finite owned
+//    gradient -- and turns the owned sums into the weighted mean; the optimizer then updates the
+//    owned bands only.
+//
+// A band is rows [begin, end) of a parameter's leading dimension, share(rows, P, r): contiguous
+// in the row-major value, so that a gather and a reduce-scatter are one MPI call per parameter.
+// Rows are what every elementwise optimizer (SGD, Adagrad, Adam, AdamW) may split; an optimizer
+// whose blocks span rows (Shampoo, SOAP, Muon) needs ownership by whole blocks instead.
+//
+// Every rank issues the same collectives in the same order: the schedule of a step is fixed by
+// its pass count (start_step), one pass being the forward need() of every layer, then need() and
+// ready() of every layer in reverse. A rank with no samples in a pass runs pass_without_data();
+// a rank whose passes failed hands the failure to finish_step(), which first runs the rest of the
+// schedule with zero gradients, so that no rank waits for it, then makes the failure an error on
+// every rank, before any optimizer state or value changes.
+//
+//   ParameterShards<Space, float> shards(space, mesh.data_parallel(), model.parameter_specs(), layers);
+//   shards.scatter_values(space, model.parameters().values());   // the model's initial values
+//   model.adopt_parameters(shards.gathered());                   // the model's own are released
+//   shards.start_step(space, micro_batches);
+//   model.train_batch(space, x, y, false, shards.ready_hook(space), shards.needed_hook(space));
+//   shards.finish_step(space, samples, "");                      // owned gradients: the mean
+//   optimizer.step(space, shards.owned());
+//   shards.values_changed();
+
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
+#error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
+#include <lather/comm/group.hpp>
+#include <lather/comm/request.hpp>
+#include <lather/core/kokkos_compat.hpp>
+#include <lather/core/parameters.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lather::comm {
+
+/// Bytes this rank holds for sharded parameters, by kind (measured from the Views' extents).
+struct ShardMemory {
+  std::int64_t owned_values = 0, owned_gradients = 0;
+  std::int64_t gather_values = 0, gather_gradients = 0;  ///< the two buffers of each
+  std::int64_t total() const { return owned_values + owned_gradients + gather_values + gather_gradients; }
+};
+
+template <class ExecutionSpace, class Scalar>
+class ParameterShards {
+ public:
+  using memory_space = typename ExecutionSpace::memory_space;
+  using Parameters = ParameterList<Scalar, memory_space>;
+  using tensor = typename Parameters::tensor;
+  using tensor_list = typename Parameters::tensor_list;
+  /// The parameters [first, last) of the model's list that one layer's passes read together.
+  struct Layer {
+    std::size_t first = 0, last = 0;
+  };
+
+  /// `specs`: the model's parameters (with weight shards, this shard's slices); `layers`:
+  /// consecutive ranges covering them in order. Allocates the owned bands (zero) and the gather
+  /// buffers. Collective over `group` (the ranks agree on the layout and on any failure).
+  ParameterShards(const ExecutionSpace& space, const Group& group, const std::vector<ParameterSpec>& specs,
+                  std::vector<Layer> layers);
+  ~ParameterShards();
+  ParameterShards(const ParameterShards&) = delete;
+  ParameterShards& operator=(const ParameterShards&) = delete;
+
+  const Group& group() const { return m_group; }
+  const std::vector<Layer>& layers() const { return m_layers; }
+  /// The model's parameters, whole.
+  const std::vector<ParameterSpec>& specs() const { return m_specs; }
+  /// Elements of parameter i that each rank of the group holds (its band), in rank order.
+  const std::vector<std::size_t>& counts(std::size_t parameter) const { return m_counts.at(parameter); }
+  /// This rank's rows [begin, end) of parameter i's leading dimension.
+  std::pair<std::int64_t, std::int64_t> band(std::size_t parameter) const { return m_bands.at(parameter); }
+  /// This rank's bands that hold any row, as parameters named like the model's, of shape
+  /// [band rows, trailing dimensions...]: what the optimizer updates (optimizer.step(space,
+  /// owned())). owned_index(k) is entry k's position in the model's list.
+  const Parameters& owned() const { return m_owned; }
+  std::size_t owned_index(std::size_t k) const { return m_owned_index.at(k); }
+  /// The model's parameters at full shape, their values and gradients in the gather buffers (a
+  /// layer's in those of its parity): hand them to the model (Mlp::adopt_parameters). Whole only
+  /// between need() and the next need() of the other layers of that parity.
+  const Parameters& gathered() const { return m_gathered; }
+  ShardMemory memory() const;
+
+  /// Owned values := this rank's bands of `full` (the model's values at full shape). Local.
+  void scatter_values(const ExecutionSpace& space, const tensor_list& full);
+  /// full := every parameter's values, all-gathered (for a checkpoint). Collective.
+  void gather_values(const ExecutionSpace& space, const tensor_list& full);
+
+  // ---- a step ----------------------------------------------------------------------------------
+
+  /// Begins a step of `passes` forward-and-backward passes (the same count on every rank; a rank
+  /// without samples in a pass runs pass_without_data()). Local.
+  void start_step(const ExecutionSpace& space, int passes);
+  /// ParametersNeeded: the values of the layer [first, last) whole in its gather buffer (waiting
+  /// for its prefetch, or gathering them now), and the next layer of the pass's gather started.
+  /// Collective. Outside a step (evaluation: forward passes only) as well.
+  void need(const ExecutionSpace& space, std::size_t first, std::size_t last);
+  /// GradientsReady: the layer [first, last)'s gradients, summed over the group, added to the
+  /// owned gradients of their bands. Collective. An empty range does nothing.
+  void ready(const ExecutionSpace& space, std::size_t first, std::size_t last);
+  ParametersNeeded needed_hook(const ExecutionSpace& space);
+  GradientsReady ready_hook(const ExecutionSpace& space);
+  /// One pass's collectives for a rank without samples in it: it contributes zero gradients.
+  void pass_without_data(const ExecutionSpace& space);
+  /// A forward pass's collectives for a rank without samples in an evaluation round.
+  void forward_without_data(const ExecutionSpace& space);
+  /// Ends an evaluation round's forward pass: where this rank's pass failed part-way, or before
+  /// its first layer (`local_error`), the gathers it still owes run first; then one agreement over
+  /// the group makes a failure the same lather::Error on every rank.
+  void finish_forward(const ExecutionSpace& space, const std::string& local_error);
+  /// Ends the step: with `local_error` (this rank's passes failed), the rest of the schedule runs
+  /// first with zero gradients. Then one agreement over the group: a failure, or a NaN or Inf in
+  /// any owned gradient, throws the same lather::Error on every rank (naming the rank, and the
+  /// parameter). Else the owned gradients become the weighted mean (divided by the sum over the
+  /// group of `local_weight`, this rank's samples or tokens), which this returns.
+  double finish_step(const ExecutionSpace& space, double local_weight, const std::string& local_error);
+  /// After the owned values changed (the optimizer's step, a checkpoint load): the gather buffers
+  /// are stale. Local.
+  void values_changed();
+
+ private:
+  std::size_t layer_of(std::size_t first, std::size_t last, const char* call) const;
+  void start_gather(const ExecutionSpace& space, std::size_t layer);
+  void wait_gather(std::size_t layer);
+  void advance(bool is_need, std::size_t layer);
+  void run_rest_of_step(const ExecutionSpace& space);
+
+  Group m_group;
+  std::vector<ParameterSpec> m_specs;
+  std::vector<Layer> m_layers;
+  std::vector<std::int64_t> m_row_elements;                    ///< per parameter
+  std::vector<std::pair<std::int64_t, std::int64_t>> m_bands;  ///< per parameter: this rank's rows
+  std::vector<std::vector<std::size_t>> m_counts;              ///< per parameter: elements per rank
+  std::vector<std::int64_t> m_offset_in_layer;                 ///< per parameter
+  std::vector<std::size_t> m_layer_of;                         ///< per parameter
+  tensor m_owned_values, m_owned_gradients;                    ///< every band of this rank, in list order
+  std::vector<tensor> m_band_values, m_band_gradients;         ///< per parameter (empty without rows)
+  Parameters m_owned, m_gathered;
+  std::vector<std::size_t> m_owned_index;
+  std::vector<int> m_owned_slot;  ///< per parameter: its entry in m_owned, -1 when it holds no row
+  tensor m_values[2], m_gradients[2];
+  int m_holds[2] = {-1, -1};  ///< the layer whose values each value buffer holds whole (-1: none)
+  int m_in_flight = -1;       ///< the layer whose gather is in flight (-1: none)
+  std::vector<Request> m_requests;
+  // The step's schedule: passes of (L needs forward, then L x (need, ready) backward).
+  long m_step_ops = 0, m_done_ops = 0;
+  bool m_in_step = false;
+  std::size_t m_forward_position = 0;  ///< outside a step: the layers of this forward pass gathered
+  long m_forwards_completed = 0;       ///< outside a step: forward passes since finish_forward()
+};
+
+}  // namespace lather::comm
