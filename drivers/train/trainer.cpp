@@ -6,6 +6,7 @@
 #include "optimizer_factory.hpp"
 #include "progress.hpp"
 #include "resume.hpp"
+#include "sharded_checkpoint.hpp"
 #include "training_step.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
@@ -99,13 +100,17 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
   if (source) match_checkpoint(*source, o, log);
   check_memory(estimate_mlp_memory(o, sizes, replicas, mesh.weight_shards()), world);
   nn::Mlp<Space> model(space, sizes, o.seed, mesh);
-  const auto& parameters = model.parameters();
+  // Sharded, the optimizer updates this rank's bands of the parameters; else all of them.
+  const auto shards = o.shard_parameters ? shard_parameters(space, mesh, model) : nullptr;
+  const auto& parameters = shards ? shards->owned() : model.parameters();
   const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
-  const auto reducer = make_reducer(mesh, o, parameters.specs());
-  place_gradients(space, *reducer, model);
+  const auto reducer = make_reducer(mesh, o, model.parameter_specs());
+  if (!shards) place_gradients(space, *reducer, model);
   Position start;
   if (source) {
-    const auto state = load_checkpoint(space, *source, *checkpointer, *optimizer, parameters, log);
+    const auto state = shards
+                           ? load_sharded_checkpoint(space, o, mesh, *source, *checkpointer, *optimizer, *shards, log)
+                           : load_checkpoint(space, *source, *checkpointer, *optimizer, parameters, log);
     start = {state.epoch, state.sample_offset};
   }
   log.open_metrics(start.epoch > 0 || start.sample > 0);
@@ -130,34 +135,57 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
     const std::int64_t largest = mesh.world().allreduce(report.total(), comm::Combine::max);
     log.say("rank 0 " + report.to_string() + "; largest on any rank " +
             std::to_string(double(largest) / 1048576.0).substr(0, 6) + " MiB");
+    if (shards) {
+      const auto m = shards->memory();
+      const auto mib = [](std::int64_t bytes) { return std::to_string(double(bytes) / 1048576.0).substr(0, 6); };
+      log.say("rank 0 sharded parameters: owned values " + mib(m.owned_values) + " MiB, owned gradients " +
+              mib(m.owned_gradients) + " MiB, gather buffers " + mib(m.gather_values + m.gather_gradients) + " MiB");
+    }
   }
 
   Batch staging(batch / replicas + 1, data.train.features);
   const long eval_rows = 1000;
   Batch eval_staging(eval_rows, data.test.features);
-  StepParts parts{model, *reducer, *optimizer, staging};
+  StepParts parts{model, *reducer, *optimizer, staging, shards.get()};
   TrainResult result;
   const long first_step = optimizer->step_count();
 
   const auto save = [&](const Position& next) {
-    if (checkpointer) result.last_checkpoint = save_checkpoint(space, o, *checkpointer, *optimizer, parameters, next);
+    if (checkpointer)
+      result.last_checkpoint = shards
+                                   ? save_sharded_checkpoint(space, o, mesh, *checkpointer, *optimizer, *shards, next)
+                                   : save_checkpoint(space, o, *checkpointer, *optimizer, parameters, next);
   };
   // Test loss and accuracy over the whole test set, each replica its share. Returns false,
   // reporting nothing, when a signal stops it (agreed after every piece: each rank takes as many
   // rounds as the largest share needs).
   const auto evaluate = [&](long epoch, bool epoch_end) {
     const double began = log.seconds();
-    const auto [begin, end] = share(data.test.count, replicas, replica);
+    // Not structured bindings: the pass's lambda below captures them (C++17 forbids it).
+    const auto mine = share(data.test.count, replicas, replica);
+    const long begin = mine.first, end = mine.second;
     const long rounds = ((data.test.count + replicas - 1) / replicas + eval_rows - 1) / eval_rows;
     double sums[2] = {0, 0};
     for (long round = 0; round < rounds; ++round) {
       const long b = begin + round * eval_rows;
+      // Sharded, every rank makes each round's gathers, with samples or not, and a failure in
+      // the pass is agreed before the next round's gathers.
+      std::string failure;
       if (b < end) {
-        const auto [x, y] = eval_staging.load(space, data.test, nullptr, b, std::min(end, b + eval_rows));
-        const auto r = model.evaluate(space, x, y);
-        sums[0] += r.loss_sum;
-        sums[1] += double(r.correct);
+        const auto pass = [&] {
+          const auto [x, y] = eval_staging.load(space, data.test, nullptr, b, std::min(end, b + eval_rows));
+          const auto r = model.evaluate(space, x, y, shards ? shards->needed_hook(space) : ParametersNeeded());
+          sums[0] += r.loss_sum;
+          sums[1] += double(r.correct);
+        };
+        if (shards)
+          failure = ::lather::Impl::local_failure(nullptr, pass);
+        else
+          pass();
+      } else if (shards) {
+        shards->forward_without_data(space);
       }
+      if (shards) shards->finish_forward(space, failure);
       if (termination_agreed(mesh.world())) return false;
     }
     mesh.data_parallel().allreduce(sums, 2, comm::Combine::sum);

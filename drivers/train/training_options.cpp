@@ -243,6 +243,23 @@ void TrainOptions::validate() const {
   require_range("--accumulate", accumulate, 1, max_batch_size);
   require_range("--bucket-bytes", bucket_bytes, 0L, long(1) << 40);
   (void)reduction_name(reduce);  // one of the driver's reductions
+  if (shard_parameters) {
+    // Bands of rows are what an elementwise optimizer may split; a preconditioner's block or a
+    // Muon matrix needs whole-block ownership, which sharding does not offer yet.
+    const bool elementwise = optimizer == OptimizerKind::sgd || optimizer == OptimizerKind::adagrad ||
+                             optimizer == OptimizerKind::adam || optimizer == OptimizerKind::adamw;
+    LATHER_REQUIRE(!transformer, "--shard-parameters shards the MLP; the transformer's layers do not ask for their ",
+                   "parameters yet (use the distributed optimizer step, the default, to share the optimizer state)");
+    LATHER_REQUIRE(elementwise, "--shard-parameters splits parameters into bands of rows, which only the ",
+                   "elementwise optimizers (sgd, adagrad, adam, adamw) update exactly; --optimizer ",
+                   to_string(optimizer), " keeps its state split by its distributed step instead");
+    LATHER_REQUIRE(reduce == comm::ReduceOp::weighted_mean, "--shard-parameters reduce-scatters the mean; --reduce ",
+                   reduction_name(reduce), " needs every replica's whole gradient");
+    LATHER_REQUIRE(!overlap_reduction, "--shard-parameters reduce-scatters each layer's gradients as its backward ",
+                   "ends: --overlap-reduction has nothing to add");
+    LATHER_REQUIRE(wire_precision == comm::WirePrecision::native, "--shard-parameters moves gradients in float32; ",
+                   "--wire-precision ", comm::to_string(wire_precision), " is not supported with it");
+  }
   LATHER_REQUIRE(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got ", checkpoint_every);
   LATHER_REQUIRE(checkpoint_every == 0 || !checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
   LATHER_REQUIRE(!resume || !checkpoint_dir.empty(), "--resume needs --checkpoint-dir");

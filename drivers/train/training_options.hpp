@@ -80,6 +80,10 @@ struct TrainOptions {
   bool overlap_reduction = false;
   /// Bytes of a gradient bucket (ReduceOptions::fusion_bytes); 0: 64 MiB, or 1 MiB overlapped.
   long bucket_bytes = 0;
+  /// Each rank of the data-parallel group stores a band of rows of every parameter, its gradient
+  /// and its optimizer state; layers are all-gathered before their passes and their gradients
+  /// reduce-scattered after their backward (comm::ParameterShards).
+  bool shard_parameters = false;
   double momentum = 0.9;             ///< SGD
   bool quiet = false;                ///< no progress lines (metrics file only)
   std::vector<std::string> shampoo;  ///< name=value pairs, the reference's option names

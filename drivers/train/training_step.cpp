@@ -19,6 +19,15 @@ std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Me
   return reducer;
 }
 
+std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const comm::Mesh& mesh, nn::Mlp<Space>& model) {
+  std::vector<ParameterShards::Layer> layers;
+  for (std::size_t l = 0; l < model.layers().size(); ++l) layers.push_back({2 * l, 2 * l + 2});
+  auto shards = std::make_unique<ParameterShards>(space, mesh.data_parallel(), model.parameter_specs(), layers);
+  shards->scatter_values(space, model.parameters().values());
+  model.adopt_parameters(shards->gathered());
+  return shards;
+}
+
 long last_nonempty_share(long count, long parts) {
   for (long k = parts; k-- > 0;) {
     const auto [begin, end] = share(count, parts, k);
@@ -73,6 +82,45 @@ void reduce_and_step(const Space& space, const TrainOptions& o, comm::GradientRe
   optimizer.step(space, parameters);
 }
 
+namespace {
+
+/// The step with --shard-parameters: every micro-batch's passes gather each layer before its
+/// forward and backward and reduce-scatter its gradients after its backward; a micro-batch
+/// without samples for this replica makes the same collectives with zero gradients, and a failure
+/// in the passes makes the rest of them before the step's agreement.
+StepSums sharded_step(const Space& space, const TrainOptions& o, const data::LabelledImages& train_set,
+                      const std::vector<std::int32_t>& order, long begin, long mine_begin, long mine_end,
+                      StepParts& parts) {
+  auto& shards = *parts.shards;
+  shards.start_step(space, o.accumulate);
+  const GradientsReady ready = shards.ready_hook(space);
+  const ParametersNeeded needed = shards.needed_hook(space);
+  StepSums sums;
+  const std::string failure = ::lather::Impl::local_failure(nullptr, [&] {
+    for (int k = 0; k < o.accumulate; ++k) {
+      const auto [m0, m1] = share(mine_end - mine_begin, o.accumulate, k);
+      if (m1 == m0) {
+        shards.pass_without_data(space);
+        continue;
+      }
+      const auto [x, y] =
+          parts.staging.load(space, train_set, order.data(), begin + mine_begin + m0, begin + mine_begin + m1);
+      // Each micro-batch's gradients are reduce-scattered and summed into the owned bands: the
+      // model sets them rather than adding.
+      const auto r = parts.model.train_batch(space, x, y, false, ready, needed);
+      sums.loss += r.loss_sum;
+      sums.correct += double(r.correct);
+      sums.samples += double(r.samples);
+    }
+  });
+  shards.finish_step(space, sums.samples, failure);  // throws on every rank on a failure
+  parts.optimizer.step(space, shards.owned());
+  shards.values_changed();
+  return sums;
+}
+
+}  // namespace
+
 StepSums training_step(const Space& space, const TrainOptions& o, const data::LabelledImages& train_set,
                        const std::vector<std::int32_t>& order, long begin, long end, int replicas, int replica,
                        StepParts& parts) {
@@ -81,6 +129,7 @@ StepSums training_step(const Space& space, const TrainOptions& o, const data::La
   // refuses).
   const auto mine = share(end - begin, replicas, replica);
   const long mine_begin = mine.first, mine_end = mine.second;
+  if (parts.shards) return sharded_step(space, o, train_set, order, begin, mine_begin, mine_end, parts);
   const GradientsReady ready = start_reduction(space, o, parts.reducer, parameters, double(mine_end - mine_begin));
   const long last = last_nonempty_share(mine_end - mine_begin, o.accumulate);
   StepSums sums;

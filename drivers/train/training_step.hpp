@@ -6,6 +6,7 @@
 #include "dataset.hpp"
 #include "training_options.hpp"
 
+#include <lather/comm/parameter_shards.hpp>
 #include <lather/comm/reduce.hpp>
 #include <lather/nn/mlp.hpp>
 #include <lather/optim/optimizer.hpp>
@@ -19,12 +20,20 @@ struct StepSums {
   double loss = 0, correct = 0, samples = 0;
 };
 
+using ParameterShards = comm::ParameterShards<Space, float>;
+
 struct StepParts {
   nn::Mlp<Space>& model;
   comm::GradientReducer<Space, float>& reducer;
   optim::Optimizer<Space, float>& optimizer;
   Batch& staging;
+  ParameterShards* shards = nullptr;  ///< --shard-parameters: the optimizer updates shards->owned()
 };
+
+/// With --shard-parameters: the model's parameters sharded over the data-parallel group (a layer
+/// per dense layer, kernel and bias), holding its initial values; the model then reads and writes
+/// the gather buffers, and its own parameters are released. Collective over the group.
+std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const comm::Mesh& mesh, nn::Mlp<Space>& model);
 
 /// The gradient reducer of a run (--wire-precision), over the mesh's data-parallel group; it
 /// refuses a NaN or Inf in any rank's gradients, naming the rank and the parameter.

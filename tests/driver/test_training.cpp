@@ -2,9 +2,7 @@
 // a small model and a slice of Fashion-MNIST: the loss curve does not depend on the rank count
 // (1, 2, 4 ranks, from sub-communicators), on weight shards (2 shards x 2 replicas vs 4 replicas),
 // or on gradient accumulation; runs are deterministic; bad options are clear errors.
-#include "trainer.hpp"
-
-#include "common/mpi_ranks.hpp"
+#include "mlp_runs.hpp"
 
 #include <lather/core/error.hpp>
 #include <lather/core/fault_injection.hpp>
@@ -20,66 +18,7 @@
 
 namespace {
 
-using namespace lather::train;
-namespace fs = std::filesystem;
-
-using lather::test::world_rank;
-
-TrainOptions small_run(const std::string& optimizer) {
-  TrainOptions o;
-  o.data = lather::data::default_fashion_mnist_directory;
-  o.epochs = 1;
-  o.batch_size = 64;
-  o.hidden = {32, 16};
-  o.train_samples = 1536;  // 24 steps
-  o.test_samples = 512;
-  o.optimizer = lather::train::parse_optimizer(optimizer);
-  o.log_every = 4;
-  o.quiet = true;
-  // matrix_epsilon 1e-3 keeps the roots of these nearly rank-deficient statistics from amplifying
-  // the reduction-order differences between rank counts beyond float tolerance.
-  if (optimizer == "shampoo")
-    o.shampoo = {"block_size=16", "start_preconditioning_step=2", "preconditioning_compute_steps=4",
-                 "matrix_epsilon=1e-3"};
-  // SOAP takes Shampoo's blocking (16 x 16 blocks here).
-  if (optimizer == "soap") o.shampoo = {"block_size=16"};
-  return o;
-}
-
-/// Runs train() on `comm` (ranks outside it skip) and returns the losses of its metrics lines.
-std::vector<double> losses(TrainOptions o, MPI_Comm comm, const std::string& tag) {
-  std::vector<double> out;
-  if (comm == MPI_COMM_NULL) return out;
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  o.metrics = (fs::temp_directory_path() / ("lather-test-" + tag + "-" + std::to_string(getpid()) + ".jsonl")).string();
-  train(o, comm, [](const std::string&) {});
-  if (rank == 0) {
-    std::ifstream in(o.metrics);
-    for (std::string line; std::getline(in, line);) {
-      const auto record = nlohmann::json::parse(line);
-      if (record.contains("train_accuracy")) out.push_back(record.at("loss"));
-    }
-    fs::remove(o.metrics);
-  }
-  return out;
-}
-
-/// Two loss curves agree to `tolerance` relative (the reduction order differs between rank
-/// counts: float sums over 64-sample batches, ~1e-6 relative per step, growing slowly).
-void expect_same_curve(const std::vector<double>& a, const std::vector<double>& b, double tolerance,
-                       const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  ASSERT_FALSE(a.empty()) << what;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    EXPECT_NEAR(a[k], b[k], tolerance * std::fabs(b[k])) << what << " at line " << k;
-}
-
-MPI_Comm first_ranks(int n) {
-  MPI_Comm comm;
-  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < n ? 0 : MPI_UNDEFINED, world_rank(), &comm);
-  return comm;
-}
+using namespace lather::test;
 
 class RankCounts : public ::testing::TestWithParam<std::string> {};
 

@@ -1,0 +1,24 @@
+#pragma once
+// Checkpoints of a --shard-parameters run in the format every other run writes and reads, so that
+// a sharded run resumes unsharded, on another rank count, and back: on save, the parameters and
+// the optimizer's state (arrays shaped like the parameters, and the step) are all-gathered into
+// a replicated copy that the usual checkpoint writes; on load, the usual checkpoint fills such a
+// copy, and each rank keeps its bands. The copy lives for the save or load only: for that time
+// the rank holds the whole model and its state once more.
+
+#include "resume.hpp"
+#include "training_step.hpp"
+
+namespace lather::train {
+
+std::string save_sharded_checkpoint(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
+                                    checkpoint::Checkpointer& checkpointer, optim::Optimizer<Space, float>& optimizer,
+                                    ParameterShards& shards, const Position& next);
+
+checkpoint::TrainingState load_sharded_checkpoint(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
+                                                  const ResumeSource& source,
+                                                  const checkpoint::Checkpointer& checkpointer,
+                                                  optim::Optimizer<Space, float>& optimizer, ParameterShards& shards,
+                                                  const ProgressLog& log);
+
+}  // namespace lather::train

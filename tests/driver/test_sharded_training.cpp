@@ -1,0 +1,149 @@
+// lather-train --shard-parameters under mpiexec -n 8, on a small MLP and a slice of Fashion-MNIST:
+// the sharded run's loss curve over 50 steps is the replicated run's on 1, 2, 3, 4 and 8 ranks
+// (sub-communicators), with weight shards 2 on 2 and 4, with accumulation, for AdamW and SGD;
+// checkpoints cross between sharded and replicated runs and rank counts; a failure on one rank
+// in a sharded step or evaluation is an error on every rank (ctest's timeout catches a hang).
+#include "mlp_runs.hpp"
+
+#include <lather/core/error.hpp>
+#include <lather/core/fault_injection.hpp>
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+
+namespace {
+
+using namespace lather::test;
+
+TrainOptions fifty_steps(const std::string& optimizer) {
+  auto o = small_run(optimizer);
+  o.train_samples = 3200;  // 50 steps of 64
+  o.test_samples = 128;
+  o.log_every = 5;
+  return o;
+}
+
+/// Sharded and replicated runs reduce in different orders (a reduce-scatter per layer and
+/// micro-batch, against the reducer's sum of whole micro-batch sums): float sums of 64-sample
+/// gradients differ by ~1e-7 relative per step, and Adam's and SGD's updates carry that into the
+/// parameters; over 50 steps the loss moves by far less than 1e-4 of itself (measured: at most
+/// 3e-8; Adam's division by sqrt(v) grows such differences about e-fold every 10 steps, so the
+/// curves part by 1e-3 after 100 steps). A wrong band, a lost micro-batch or a stale gather moves
+/// the loss by percents.
+constexpr double tolerance = 1e-4;
+
+TEST(ShardedTraining, LossCurveIsTheReplicatedRunsOnEveryRankCount) {
+  if (world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
+  struct Layout {
+    int ranks, shards, accumulate;
+    const char* optimizer;
+  };
+  for (const Layout& l :
+       {Layout{1, 1, 1, "adamw"}, Layout{2, 1, 2, "adamw"}, Layout{3, 1, 1, "adamw"}, Layout{4, 1, 1, "sgd"},
+        Layout{8, 1, 1, "adamw"}, Layout{2, 2, 1, "adamw"}, Layout{4, 2, 2, "adamw"}}) {
+    auto o = fifty_steps(l.optimizer);
+    o.weight_shards = l.shards;
+    o.accumulate = l.accumulate;
+    const std::string what = std::to_string(l.ranks) + " ranks, weight shards " + std::to_string(l.shards) +
+                             ", accumulate " + std::to_string(l.accumulate) + ", " + l.optimizer;
+    MPI_Comm comm = first_ranks(l.ranks);
+    const auto replicated = losses(o, comm, "replicated");
+    o.shard_parameters = true;
+    const auto sharded = losses(o, comm, "sharded");
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    if (world_rank() == 0) {
+      ASSERT_EQ(replicated.size(), 10u) << what;
+      expect_same_curve(sharded, replicated, tolerance, what);
+    }
+  }
+}
+
+/// A run of `steps` steps on the first `ranks` ranks, saving its final checkpoint in `directory`
+/// (resuming from the newest there when `resume`); returns rank 0's loss curve.
+std::vector<double> run_part(TrainOptions o, int ranks, bool shard, long steps, const std::string& directory,
+                             bool resume) {
+  o.shard_parameters = shard;
+  o.max_steps = steps;
+  o.checkpoint_dir = directory;
+  o.resume = resume;
+  MPI_Comm comm = first_ranks(ranks);
+  const auto curve = losses(o, comm, "part");
+  if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  return curve;
+}
+
+TEST(ShardedTraining, CheckpointsCrossBetweenShardedAndReplicatedRunsAndRankCounts) {
+  if (world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
+  const auto o = fifty_steps("adamw");
+  const auto whole = run_part(o, 2, false, 50, "", false);
+  // Sharded on 4 ranks to step 20, replicated on 2 to step 35, sharded on 3 to the end.
+  const std::string dir =
+      (fs::temp_directory_path() / ("lather-test-sharded-resume-" + std::to_string(getpid()))).string();
+  std::string shared_dir = dir;
+  // Every rank names the directory of rank 0 (the process ids differ).
+  std::vector<char> name(4096, 0);
+  if (world_rank() == 0) std::strncpy(name.data(), dir.c_str(), name.size() - 1);
+  MPI_Bcast(name.data(), int(name.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+  shared_dir = name.data();
+  auto curve = run_part(o, 4, true, 20, shared_dir, false);
+  const auto middle = run_part(o, 2, false, 35, shared_dir, true);
+  const auto last = run_part(o, 3, true, 50, shared_dir, true);
+  if (world_rank() == 0) {
+    curve.insert(curve.end(), middle.begin(), middle.end());
+    curve.insert(curve.end(), last.begin(), last.end());
+    // Each part logs every 5 steps and at its end: 20 | 25, 30, 35 | 40, 45, 50.
+    expect_same_curve(curve, whole, tolerance, "sharded 4 ranks -> replicated 2 -> sharded 3");
+    fs::remove_all(shared_dir);
+  }
+}
+
+void fail_on_the_last_rank(const char* point) {
+  static int calls = 0;
+  // The 10th gather: in the second step's passes (6 a step: 3 layers, forward and backward).
+  if (std::strcmp(point, "parameter_shards.need") == 0 && world_rank() == world_size() - 1 && ++calls == 10)
+    throw lather::Error("injected failure in a sharded step", nullptr, 0);
+}
+
+void fail_in_evaluation_on_the_last_rank(const char* point) {
+  // The activations grow for the evaluation's 1000 rows: the first growth after the training's.
+  static int calls = 0;
+  if (std::strcmp(point, "mlp.allocate") == 0 && world_rank() == world_size() - 1 && ++calls == 2)
+    throw lather::Error("injected failure in an evaluation", nullptr, 0);
+}
+
+TEST(ShardedTraining, AFailureOnOneRankIsAnErrorOnEveryRank) {
+  for (auto hook : {&fail_on_the_last_rank, &fail_in_evaluation_on_the_last_rank}) {
+    auto o = fifty_steps("adamw");
+    o.shard_parameters = true;
+    o.max_steps = 3;
+    lather::Impl::set_fault_hook(hook);
+    try {
+      train(o, MPI_COMM_WORLD, [](const std::string&) {});
+      ADD_FAILURE() << "no error on rank " << world_rank();
+    } catch (const lather::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("injected failure in a"), std::string::npos) << e.what();
+    }
+    lather::Impl::set_fault_hook(nullptr);
+  }
+}
+
+TEST(ShardedTraining, OptionsItCannotHonourAreRefused) {
+  auto o = fifty_steps("shampoo");
+  o.shard_parameters = true;
+  EXPECT_THROW(o.validate(), lather::Error);
+  try {
+    o.validate();
+  } catch (const lather::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--optimizer shampoo keeps its state split by its distributed step"),
+              std::string::npos)
+        << e.what();
+  }
+  o = fifty_steps("adamw");
+  o.shard_parameters = true;
+  o.overlap_reduction = true;
+  EXPECT_THROW(o.validate(), lather::Error);
+}
+
+}  // namespace
