@@ -50,11 +50,15 @@ struct Curve {
 
 /// Runs the job on the first `ranks` ranks of the world (the others skip) and returns rank 0's
 /// curve. `stop_at`: SIGTERM as the progress reaches that step (then the run checkpoints).
+/// Collective over the world: the ranks beyond `ranks` wait for the run in sleeping_barrier().
 inline Curve run(TrainOptions o, int ranks, const std::string& tag, long stop_at = 0) {
   Curve curve;
   MPI_Comm comm;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &comm);
-  if (comm == MPI_COMM_NULL) return curve;
+  if (comm == MPI_COMM_NULL) {
+    sleeping_barrier();
+    return curve;
+  }
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   o.metrics = (fs::temp_directory_path() / ("lather-lm-" + tag + "-" + std::to_string(getpid()) + ".jsonl")).string();
@@ -79,6 +83,7 @@ inline Curve run(TrainOptions o, int ranks, const std::string& tag, long stop_at
       fs::remove(o.metrics);
   }
   MPI_Comm_free(&comm);
+  sleeping_barrier();
   return curve;
 }
 
