@@ -15,6 +15,7 @@
 
 #include "optimizer_factory.hpp"
 #include "training_options.hpp"
+#include "training_step.hpp"
 
 #include <lather/comm/mesh.hpp>
 #include <lather/comm/reduce.hpp>
@@ -71,6 +72,10 @@ struct Runner {
   std::function<void(const FlatTensor<float, Memory>&)> place_gradients;
   double activation_bytes_per_row = 0;
   std::function<double()> activation_bytes;  ///< held now, from the Views (0 where not known)
+  /// The MLP only: its parameters sharded over the mesh's replicas (lather-train's
+  /// shard_parameters), and a step's passes through them.
+  std::function<std::unique_ptr<train::ParameterShards>(const comm::Mesh&)> shard;
+  std::function<void(int samples, int micro, train::ParameterShards& shards)> sharded_passes;
 };
 
 /// A rank's memory by kind, from the Views it holds after the steps.
@@ -118,6 +123,17 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
     };
     r.parameters = [model]() -> const ParameterList<float, Memory>& { return model->parameters(); };
     r.place_gradients = [model](const FlatTensor<float, Memory>& s) { model->place_gradients(Space(), s); };
+    r.shard = [model](const comm::Mesh& mesh) { return train::shard_parameters(Space(), mesh, *model); };
+    r.sharded_passes = [model, x, y](int samples, int micro, train::ParameterShards& shards) {
+      shards.start_step(Space(), micro);
+      for (int m = 0; m < micro; ++m) {
+        const auto rows = std::make_pair(samples * m / micro, samples * (m + 1) / micro);
+        const Mlp::Matrix xs = Kokkos::subview(*x, rows, Kokkos::ALL);
+        const Mlp::Labels ys = Kokkos::subview(*y, rows);
+        model->train_batch(Space(), xs, ys, false, shards.ready_hook(Space()), shards.needed_hook(Space()));
+      }
+      shards.finish_step(Space(), double(samples), "");
+    };
     double widths = 0;
     for (const auto& layer : model->layers()) widths += layer.out;
     r.activation_bytes_per_row = 2.0 * 4.0 * widths;  // pre-activations and activations
@@ -218,6 +234,8 @@ plan::ModelCosts measure_costs(const PlanOptions& o, const comm::Group& world) {
     }
     c.stream_bytes_per_row = 4.0 * o.hidden.front();
     c.layers = hidden + 1;
+    for (std::size_t l = 0; l + 1 < sizes.size(); ++l)
+      c.layer_parameters.push_back(double(sizes[l] + 1) * sizes[l + 1]);  // kernel and bias
   } else {
     // Per block two all-reduces forward (attention output, MLP output) and two backward (the
     // projections' and the MLP's input gradients); the embedding's forward and backward, and the
@@ -244,7 +262,8 @@ nlohmann::json to_json(const plan::ModelCosts& c) {
           {"tensor_parallel_allreduces", c.tensor_parallel_allreduces},
           {"tensor_parallel_bytes_per_row", c.tensor_parallel_bytes_per_row},
           {"stream_bytes_per_row", c.stream_bytes_per_row},
-          {"layers", c.layers}};
+          {"layers", c.layers},
+          {"layer_parameters", c.layer_parameters}};
 }
 
 plan::ModelCosts costs_from_json(const nlohmann::json& j, const std::string& file) {
@@ -264,6 +283,7 @@ plan::ModelCosts costs_from_json(const nlohmann::json& j, const std::string& fil
     c.tensor_parallel_bytes_per_row = j.at("tensor_parallel_bytes_per_row");
     c.stream_bytes_per_row = j.at("stream_bytes_per_row");
     c.layers = j.at("layers");
+    if (j.contains("layer_parameters")) c.layer_parameters = j.at("layer_parameters").get<std::vector<double>>();
   } catch (const nlohmann::json::exception& e) {
     LATHER_FAIL("--costs ", file, ": ", e.what());
   }
@@ -306,15 +326,18 @@ plan::Network network(const PlanOptions& o, const comm::Group& world) {
 /// up to 8 and 4).
 std::vector<plan::Layout> layouts(const PlanOptions& o, int ranks) {
   std::vector<plan::Layout> out;
-  const auto add = [&](int R, int S, int P, bool overlap) {
+  const auto add = [&](int R, int S, int P, bool overlap, bool sharded = false) {
     plan::Layout l;
-    l.replicas = R, l.shards = S, l.stages = P, l.overlap = overlap;
+    l.replicas = R, l.shards = S, l.stages = P, l.overlap = overlap, l.sharded = sharded;
     l.micro_batches = P > 1 ? o.micro_batches : 1;
     l.bucket_bytes = overlap ? 1024.0 * 1024 : 64.0 * 1024 * 1024;
     out.push_back(l);
   };
   add(ranks, 1, 1, false);
   if (ranks > 1) add(ranks, 1, 1, true);
+  // Sharded parameters: the MLP with an optimizer that updates bands of rows (--shard-parameters).
+  const bool first_order = o.optimizer != "shampoo" && o.optimizer != "soap" && o.optimizer != "muon";
+  if (ranks > 1 && o.model == "mlp" && first_order) add(ranks, 1, 1, false, true);
   for (int S = 2; S <= std::min(ranks, 8); S *= 2) {
     if (ranks % S) continue;
     const bool fits = o.model == "mlp"
@@ -328,11 +351,38 @@ std::vector<plan::Layout> layouts(const PlanOptions& o, int ranks) {
   return out;
 }
 
+/// measure_step for sharded parameters: the bands and the gather buffers are the parameters and
+/// gradients a rank holds.
+std::pair<double, MeasuredMemory> measure_sharded_step(const PlanOptions& o, const plan::Layout& l,
+                                                       const comm::Group& world, const comm::Mesh& mesh,
+                                                       Runner& runner) {
+  const auto shards = runner.shard(mesh);
+  const auto optimizer = train::make_optimizer(Space(), optimizer_options(o), shards->owned().specs(), mesh);
+  std::vector<double> times;
+  for (int step = 0; step < o.steps; ++step) {
+    world.barrier();
+    const double t0 = now();
+    runner.sharded_passes(o.batch, l.micro_batches, *shards);
+    optimizer->step(Space(), shards->owned());
+    shards->values_changed();
+    Kokkos::fence();
+    if (step >= o.warmup_steps) times.push_back(now() - t0);
+  }
+  const auto held = shards->memory();
+  MeasuredMemory memory;
+  memory.parameters = world.allreduce(double(held.owned_values + held.gather_values), comm::Combine::max);
+  memory.gradients = world.allreduce(double(held.owned_gradients + held.gather_gradients), comm::Combine::max);
+  memory.optimizer_state = world.allreduce(double(optimizer->memory_report().total()), comm::Combine::max);
+  memory.activations = world.allreduce(runner.activation_bytes(), comm::Combine::max);
+  return {world.allreduce(median(times), comm::Combine::max), memory};
+}
+
 /// The layout run for real on the world: lather-train's step, its median time (slowest rank),
 /// and the largest memory by kind of any rank.
 std::pair<double, MeasuredMemory> measure_step(const PlanOptions& o, const plan::Layout& l, const comm::Group& world) {
   const comm::Mesh mesh(world, l.shards, l.stages);
   Runner runner = make_runner(o, mesh, o.batch);
+  if (l.sharded) return measure_sharded_step(o, l, world, mesh, runner);
   auto& parameters = runner.parameters();
   comm::ReduceOptions options;
   options.fusion_bytes = std::size_t(l.bucket_bytes);

@@ -35,8 +35,49 @@ double ModelCosts::passes_seconds(double rows) const {
 
 std::string Layout::name() const {
   return std::to_string(replicas) + " replicas x " + std::to_string(stages) + " stages x " + std::to_string(shards) +
-         " shards" + (overlap ? ", overlapped" : "");
+         " shards" + (overlap ? ", overlapped" : "") + (sharded ? ", sharded parameters" : "");
 }
+
+namespace {
+
+/// The sharded step (ParameterShards): `out` holds the compute and tensor-parallel terms.
+/// A step of M passes over L layers gathers L + (L - 2) layers in its first pass (the optimizer
+/// changed every value; the last two layers of a forward are still whole for the backward) and
+/// 2 (L - 2) in each later one (the first two of a backward are still whole for the next forward);
+/// each pass reduce-scatters every layer. A gather and a reduce-scatter of n bytes over R ranks
+/// cost the same (Thakur et al.), one per tensor. MPICH moves a prefetched gather only inside MPI
+/// calls, so nothing overlaps the passes: all of it is exposed.
+Prediction predict_sharded(const ModelCosts& c, const Network& net, const Layout& l, double samples, Prediction out,
+                           double gradient_bytes) {
+  const int M = std::max(1, l.micro_batches), S = std::max(1, l.shards), R = std::max(1, l.replicas);
+  const double L = double(c.layer_parameters.size());
+  double all_layers = 0, first_two = 0, last_two = 0, largest[2] = {0, 0};
+  for (std::size_t k = 0; k < c.layer_parameters.size(); ++k) {
+    const double bytes = 4.0 * c.layer_parameters[k] / S;
+    const double seconds = c.tensors_per_layer * allgather_seconds(net, R, bytes / c.tensors_per_layer);
+    all_layers += seconds;
+    if (k < 2) first_two += seconds;
+    if (k + 2 >= c.layer_parameters.size()) last_two += seconds;
+    largest[k % 2] = std::max(largest[k % 2], bytes);
+  }
+  const double first_pass = 2.0 * all_layers - last_two;
+  const double later_pass = 2.0 * all_layers - last_two - first_two;
+  const double gathers = L > 0 ? first_pass + (M - 1) * later_pass : 0.0;
+  out.reduction = gathers + M * all_layers;
+  out.exposed = out.reduction;
+  out.optimizer = c.optimizer_seconds / (double(S) * R);
+  // The step's agreement, its weight and the loss sums: three small all-reduces.
+  const double agreements = 3.0 * allreduce_seconds(net, R, 8.0);
+  out.step = out.compute + out.tensor_parallel + out.exposed + out.optimizer + agreements;
+  // Bands of the values, gradients and state, and two buffers of a layer's values and gradients.
+  const double rows = samples * c.rows_per_sample / M;
+  out.memory_bytes = (2.0 * gradient_bytes + c.optimizer_state_bytes / S) / R + 2.0 * (largest[0] + largest[1]) +
+                     rows * c.activation_bytes_per_row / S;
+  out.samples_per_second = samples * R / out.step;
+  return out;
+}
+
+}  // namespace
 
 Prediction predict(const ModelCosts& c, const Network& net, const Layout& l, double samples) {
   Prediction out;
@@ -56,8 +97,9 @@ Prediction predict(const ModelCosts& c, const Network& net, const Layout& l, dou
   out.tensor_parallel = slots * tp;
   // The fill and the drain: one transfer per boundary each way on the critical path.
   out.pipeline = P > 1 ? 2.0 * (P - 1) * send_seconds(net, micro_rows * c.stream_bytes_per_row) : 0.0;
-  // The gradient reduction over the replicas: one all-reduce per bucket of this rank's gradients.
   const double gradient_bytes = 4.0 * c.parameters / (double(S) * P);
+  if (l.sharded && !c.layer_parameters.empty()) return predict_sharded(c, net, l, samples, out, gradient_bytes);
+  // The gradient reduction over the replicas: one all-reduce per bucket of this rank's gradients.
   const double buckets = std::max(1.0, std::ceil(gradient_bytes / std::max(1.0, l.bucket_bytes)));
   out.reduction = R > 1 ? buckets * 2.0 * log2_ceil(R) * net.alpha + 2.0 * (R - 1) / R * gradient_bytes * net.beta : 0;
   if (l.overlap && R > 1) {

@@ -49,6 +49,10 @@ struct ModelCosts {
   /// Bytes per row of what crosses a pipeline boundary (the residual stream).
   double stream_bytes_per_row = 0;
   int layers = 1;  ///< blocks (transformer) or dense layers (MLP), split over the stages
+  /// Parameters of each layer a sharded run gathers whole (the MLP's dense layers), and the
+  /// tensors of each (one gather and one reduce-scatter per tensor); empty: sharding not modelled.
+  std::vector<double> layer_parameters;
+  int tensors_per_layer = 2;
 
   /// Forward + backward seconds of `rows` rows (the passes' cost per row falls as batches grow,
   /// then rises as activations leave the caches: a line through the points would miss both).
@@ -59,9 +63,10 @@ struct Layout {
   int replicas = 1, shards = 1, stages = 1;
   int micro_batches = 1;  ///< per step, per replica
   bool overlap = false;   ///< the reduction overlapped with the backward
+  bool sharded = false;   ///< parameters sharded over the replicas (lather-train --shard-parameters)
   double bucket_bytes = 64.0 * 1024 * 1024;
   int ranks() const { return replicas * shards * stages; }
-  std::string name() const;  ///< "R replicas x P stages x S shards[, overlapped]"
+  std::string name() const;  ///< "R replicas x P stages x S shards[, overlapped][, sharded parameters]"
 };
 
 struct Prediction {
@@ -76,7 +81,9 @@ struct Prediction {
   double samples_per_second = 0;
 };
 
-/// The step of `samples` samples per replica on `layout`.
+/// The step of `samples` samples per replica on `layout`. Sharded (no stages, a model with
+/// layer_parameters): the layers' all-gathers and reduce-scatters instead of the reduction, all of
+/// them exposed, and the optimizer on 1/R of the parameters without an all-gather.
 Prediction predict(const ModelCosts& costs, const Network& net, const Layout& layout, double samples);
 
 /// Samples per second per rank on `layout`, over the same on one rank (weak scaling: the

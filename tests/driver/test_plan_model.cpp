@@ -107,4 +107,29 @@ TEST(PlanModel, ADistributedStepSplitsTheOptimizerAndGathersTheParameters) {
   EXPECT_DOUBLE_EQ(p.memory_bytes, 2 * 4e6 + 2e6 + 6e6 / 8 + 32 * 64 * 1000);
 }
 
+TEST(PlanModel, ShardedParametersGatherEveryLayerAndSplitTheOptimizerWithoutAnAllGather) {
+  auto c = costs();
+  // Four layers of 1e5, 4e5, 3e5 and 2e5 parameters (1e6 in all), two tensors each.
+  c.layer_parameters = {1e5, 4e5, 3e5, 2e5};
+  Layout l;
+  l.replicas = 4;
+  l.sharded = true;
+  l.micro_batches = 2;
+  const auto p = predict(c, net, l, 32);
+  // A layer of n parameters: two tensors of 2n bytes each over 4 ranks.
+  const auto layer = [](double n) { return 2 * allgather_seconds(net, 4, 4 * n / 2); };
+  const double all = layer(1e5) + layer(4e5) + layer(3e5) + layer(2e5);
+  // First pass: 4 layers forward, the 2 before the last two backward; second pass: 2 and 2.
+  const double gathers = (all + layer(1e5) + layer(4e5)) + (layer(3e5) + layer(2e5) + layer(1e5) + layer(4e5));
+  EXPECT_NEAR(p.reduction, gathers + 2 * all, 1e-15);
+  EXPECT_DOUBLE_EQ(p.exposed, p.reduction);
+  EXPECT_DOUBLE_EQ(p.optimizer, 4e-3 / 4);
+  const double rows = 32 * 64;
+  EXPECT_DOUBLE_EQ(p.compute, 2 * (1e-3 + 1e-5 * rows / 2));
+  EXPECT_NEAR(p.step, p.compute + p.reduction + 4e-3 / 4 + 3 * allreduce_seconds(net, 4, 8), 1e-15);
+  // Bands of values, gradients and state, two buffers (the largest even and odd layers: 3e5 and
+  // 4e5) of values and gradients, one micro-batch's activations.
+  EXPECT_DOUBLE_EQ(p.memory_bytes, (2 * 4e6 + 8e6) / 4 + 2 * 4 * (3e5 + 4e5) + rows / 2 * 1000);
+}
+
 }  // namespace
