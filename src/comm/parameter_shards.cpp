@@ -366,9 +366,8 @@ double ParameterShards<ExecutionSpace, Scalar>::finish_step(const ExecutionSpace
                        " NaN or Inf values in its rows [", m_bands[i].first, ", ", m_bands[i].second, ")");
       }
     });
-  double weight = failure.empty() ? local_weight : 0.0;
-  m_group.agree_on_failure("ParameterShards: step", failure);
-  weight = m_group.allreduce(weight, Combine::sum);
+  m_group.agree_on_failure("ParameterShards: step", failure);  // throws on every rank on a failure
+  const double weight = m_group.allreduce(local_weight, Combine::sum);
   if (weight > 0) {
     const auto all = m_owned_gradients;
     const Scalar factor = Scalar(1.0 / weight);

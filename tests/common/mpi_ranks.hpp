@@ -20,6 +20,13 @@ inline int world_size() {
   return size;
 }
 
+/// A communicator of world ranks [0, n) (MPI_COMM_NULL on the others); collective over the world.
+inline MPI_Comm first_ranks(int n) {
+  MPI_Comm comm;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < n ? 0 : MPI_UNDEFINED, world_rank(), &comm);
+  return comm;
+}
+
 /// A barrier over the world that sleeps between polls: ranks that wait for a run on fewer ranks
 /// leave it their cores. MPICH's blocking calls poll without yielding, and even a yielding wait
 /// takes a core from the run on an oversubscribed machine (7 ranks waiting in MPI_Comm_split made

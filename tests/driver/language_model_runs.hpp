@@ -53,8 +53,7 @@ struct Curve {
 /// Collective over the world: the ranks beyond `ranks` wait for the run in sleeping_barrier().
 inline Curve run(TrainOptions o, int ranks, const std::string& tag, long stop_at = 0) {
   Curve curve;
-  MPI_Comm comm;
-  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &comm);
+  MPI_Comm comm = first_ranks(ranks);
   if (comm == MPI_COMM_NULL) {
     sleeping_barrier();
     return curve;

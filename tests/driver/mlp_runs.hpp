@@ -80,10 +80,4 @@ inline void expect_same_curve(const std::vector<double>& a, const std::vector<do
     EXPECT_NEAR(a[k], b[k], tolerance * std::fabs(b[k])) << what << " at line " << k;
 }
 
-inline MPI_Comm first_ranks(int n) {
-  MPI_Comm comm;
-  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < n ? 0 : MPI_UNDEFINED, world_rank(), &comm);
-  return comm;
-}
-
 }  // namespace lather::test
