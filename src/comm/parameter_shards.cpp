@@ -6,29 +6,88 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <queue>
 
 namespace lather::comm {
 
 namespace {
 
-/// Rows [begin, end) of `rows` that part `part` of `parts` takes: the first rows % parts parts
-/// take one row more.
-std::pair<std::int64_t, std::int64_t> row_share(std::int64_t rows, int parts, int part) {
-  const std::int64_t base = rows / parts, extra = rows % parts;
-  const std::int64_t begin = part * base + std::min<std::int64_t>(part, extra);
-  return {begin, begin + base + (part < extra ? 1 : 0)};
-}
-
 /// The leading dimension of a shape (a scalar is one row).
 std::int64_t leading(const TensorShape& shape) { return shape.empty() ? 1 : shape.front(); }
+
+/// Each rank's rows [begin, end) of every parameter, by greedy longest-processing-time over the
+/// units: the parameters by descending unit cost (ties: list order), each unit to the rank least
+/// loaded so far (ties: the lower rank). A parameter's units then lie in rank order, as many on
+/// each rank as it took, so that its bands are contiguous. Replicated parameters are whole on
+/// every rank. The same on every rank.
+std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> assign_bands(const std::vector<ParameterSpec>& specs,
+                                                                             const std::vector<ShardLayout>& layouts,
+                                                                             int parts) {
+  const std::size_t n = specs.size();
+  std::vector<std::int64_t> units(n, 0);
+  std::vector<double> cost(n, 0);
+  std::vector<std::vector<std::int64_t>> taken(n, std::vector<std::int64_t>(std::size_t(parts), 0));
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (layouts[i].replicated) continue;
+    const std::int64_t rows = leading(specs[i].shape), unit = std::min(layouts[i].unit_rows, rows);
+    units[i] = (rows + unit - 1) / unit;
+    cost[i] = layouts[i].unit_cost > 0 ? layouts[i].unit_cost : double(unit * (element_count(specs[i].shape) / rows));
+    order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
+  std::vector<double> load(std::size_t(parts), 0.0);
+  using Load = std::pair<double, int>;  // the least loaded rank on top (ties: the lower rank)
+  for (std::size_t i : order) {
+    std::priority_queue<Load, std::vector<Load>, std::greater<Load>> least;
+    for (int r = 0; r < parts; ++r) least.push({load[std::size_t(r)], r});
+    for (std::int64_t k = 0; k < units[i]; ++k) {
+      const auto [l, r] = least.top();
+      least.pop();
+      ++taken[i][std::size_t(r)];
+      least.push({l + cost[i], r});
+    }
+    for (; !least.empty(); least.pop()) load[std::size_t(least.top().second)] = least.top().first;
+    // The parameter's last unit may be shorter: it lies on the last rank holding any, which then
+    // carries only its rows' share of a unit's cost.
+    const std::int64_t rows = leading(specs[i].shape), unit = std::min(layouts[i].unit_rows, rows);
+    const std::int64_t short_rows = rows - (units[i] - 1) * unit;
+    for (int r = parts; r-- > 0;)
+      if (taken[i][std::size_t(r)] > 0) {
+        load[std::size_t(r)] -= cost[i] * double(unit - short_rows) / double(unit);
+        break;
+      }
+  }
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> bands(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t rows = leading(specs[i].shape), unit = std::min(layouts[i].unit_rows, rows);
+    std::int64_t at = 0;
+    for (int r = 0; r < parts; ++r) {
+      if (layouts[i].replicated) {
+        bands[i].emplace_back(0, rows);
+        continue;
+      }
+      const std::int64_t end = std::min(rows, at + taken[i][std::size_t(r)] * unit);
+      bands[i].emplace_back(at, end);
+      at = end;
+    }
+  }
+  return bands;
+}
 
 }  // namespace
 
 template <class ExecutionSpace, class Scalar>
 ParameterShards<ExecutionSpace, Scalar>::ParameterShards(const ExecutionSpace& space, const Group& group,
                                                          const std::vector<ParameterSpec>& specs,
-                                                         std::vector<Layer> layers)
-    : m_group(group), m_specs(specs), m_layers(std::move(layers)) {
+                                                         std::vector<Layer> layers, std::vector<ShardLayout> layouts)
+    : m_group(group), m_specs(specs), m_layers(std::move(layers)), m_layouts(std::move(layouts)) {
+  if (m_layouts.empty()) m_layouts.resize(specs.size());
+  // A scalar has no rows to split: every rank holds it.
+  for (std::size_t i = 0; i < specs.size() && i < m_layouts.size(); ++i)
+    if (specs[i].shape.empty()) m_layouts[i].replicated = true;
   const int parts = group.size(), part = group.rank();
   // The layout is checked, and the memory allocated, inside one agreement: a rank whose layout
   // differs from rank 0's, or whose allocation fails, is an error on every rank.
@@ -38,11 +97,26 @@ ParameterShards<ExecutionSpace, Scalar>::ParameterShards(const ExecutionSpace& s
     for (auto d : spec.shape) layout.add(std::uint64_t(d));
   }
   for (const auto& layer : m_layers) layout.add(std::uint64_t(layer.first)).add(std::uint64_t(layer.last));
+  for (const auto& l : m_layouts) {
+    std::uint64_t cost_bits = 0;
+    std::memcpy(&cost_bits, &l.unit_cost, sizeof cost_bits);
+    layout.add(std::uint64_t(l.unit_rows)).add(cost_bits).add(std::uint64_t(l.replicated));
+  }
   std::uint64_t rank0_layout = layout.value();
   group.broadcast(&rank0_layout, 1, 0);
   group.run_agreed("ParameterShards", [&] {
     LATHER_REQUIRE(rank0_layout == layout.value(),
-                   "the parameters or layers differ from group rank 0's (names, shapes and layer ranges must match)");
+                   "the parameters, layers or layouts differ from group rank 0's (names, shapes, layer ranges and "
+                   "shard layouts must match)");
+    LATHER_REQUIRE(m_layouts.size() == specs.size(), m_layouts.size(), " shard layouts for ", specs.size(),
+                   " parameters");
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      specs[i].validate();
+      LATHER_REQUIRE(
+          m_layouts[i].unit_rows >= 1 && std::isfinite(m_layouts[i].unit_cost) && m_layouts[i].unit_cost >= 0,
+          "parameter '", specs[i].name, "': shard layout of ", m_layouts[i].unit_rows, " rows per unit and unit cost ",
+          m_layouts[i].unit_cost, " (need >= 1 row and a cost >= 0)");
+    }
     std::size_t expected = 0;
     for (std::size_t l = 0; l < m_layers.size(); ++l) {
       LATHER_REQUIRE(m_layers[l].first == expected && m_layers[l].last > m_layers[l].first, "layer ", l,
@@ -59,26 +133,31 @@ ParameterShards<ExecutionSpace, Scalar>::ParameterShards(const ExecutionSpace& s
     m_offset_in_layer.resize(n);
     m_layer_of.resize(n);
     m_owned_slot.assign(n, -1);
-    std::int64_t owned_total = 0, layer_size[2] = {0, 0};
+    m_value_offset_in_layer.resize(n);
+    const auto bands = assign_bands(specs, m_layouts, parts);
+    std::int64_t owned_total = 0, layer_size[2] = {0, 0}, value_layer_size[2] = {0, 0};
     for (std::size_t l = 0; l < m_layers.size(); ++l) {
-      std::int64_t offset = 0;
+      std::int64_t offset = 0, value_offset = 0;
       for (std::size_t i = m_layers[l].first; i < m_layers[l].last; ++i) {
-        specs[i].validate();
         const std::int64_t rows = leading(specs[i].shape);
         m_row_elements[i] = rows > 0 ? element_count(specs[i].shape) / rows : 0;
-        m_bands[i] = row_share(rows, parts, part);
+        m_bands[i] = bands[i][std::size_t(part)];
         m_counts[i].resize(std::size_t(parts));
         for (int r = 0; r < parts; ++r) {
-          const auto b = row_share(rows, parts, r);
+          const auto b = bands[i][std::size_t(r)];
           m_counts[i][std::size_t(r)] = std::size_t((b.second - b.first) * m_row_elements[i]);
         }
         const std::int64_t mine = (m_bands[i].second - m_bands[i].first) * m_row_elements[i];
         owned_total += mine;
         m_offset_in_layer[i] = offset;
+        m_value_offset_in_layer[i] = value_offset;
         m_layer_of[i] = l;
         offset += element_count(specs[i].shape);
+        // A replicated parameter's values are read where they are owned.
+        if (!m_layouts[i].replicated) value_offset += element_count(specs[i].shape);
       }
       layer_size[l % 2] = std::max(layer_size[l % 2], offset);
+      value_layer_size[l % 2] = std::max(value_layer_size[l % 2], value_offset);
     }
     ::lather::Impl::fault_point("parameter_shards.construct");
     const auto alloc = [&](const char* label, std::int64_t count) {
@@ -87,7 +166,7 @@ ParameterShards<ExecutionSpace, Scalar>::ParameterShards(const ExecutionSpace& s
     m_owned_values = alloc("owned_values", owned_total);
     m_owned_gradients = alloc("owned_gradients", owned_total);
     for (int b = 0; b < 2; ++b) {
-      m_values[b] = alloc(b == 0 ? "gather_values_0" : "gather_values_1", layer_size[b]);
+      m_values[b] = alloc(b == 0 ? "gather_values_0" : "gather_values_1", value_layer_size[b]);
       m_gradients[b] = alloc(b == 0 ? "gather_gradients_0" : "gather_gradients_1", layer_size[b]);
     }
 
@@ -99,17 +178,37 @@ ParameterShards<ExecutionSpace, Scalar>::ParameterShards(const ExecutionSpace& s
       m_band_values[i] = Kokkos::subview(m_owned_values, range);
       m_band_gradients[i] = Kokkos::subview(m_owned_gradients, range);
       owned_offset = range.second;
+      // This rank's rows as a slice: in slices(), every sharded parameter is one (every rank then
+      // lists the same split parameters); in owned(), the model's own spec where it holds all rows.
+      // A band of a weight shard's slice along rows is a slice of the same global tensor, read as
+      // that shard's is; any other band is one of the tensor this rank holds, read as the whole.
+      const ParameterSpec& model = specs[i];
+      ParameterSpec slice = model;
+      if (!m_layouts[i].replicated) {
+        slice.shape.front() = m_bands[i].second - m_bands[i].first;
+        if (model.split_axis == 0) {
+          slice.split_offset = model.split_offset + m_bands[i].first;
+        } else {
+          slice.split_axis = 0;
+          slice.split_offset = m_bands[i].first;
+          slice.global_shape = model.shape;
+          slice.band_of_whole = true;
+        }
+      }
+      m_slices.add(slice, m_band_values[i], m_band_gradients[i]);
       if (range.second > range.first) {
-        ParameterSpec band{specs[i].name, specs[i].shape};
-        if (!band.shape.empty()) band.shape.front() = m_bands[i].second - m_bands[i].first;
         m_owned_slot[i] = int(m_owned_index.size());
         m_owned_index.push_back(i);
-        m_owned.add(band, m_band_values[i], m_band_gradients[i]);
+        m_owned.add(slice.shape == model.shape ? model : slice, m_band_values[i], m_band_gradients[i]);
       }
       const int b = int(m_layer_of[i] % 2);
-      const auto at = std::make_pair(std::size_t(m_offset_in_layer[i]),
-                                     std::size_t(m_offset_in_layer[i] + element_count(specs[i].shape)));
-      m_gathered.add(specs[i], Kokkos::subview(m_values[b], at), Kokkos::subview(m_gradients[b], at));
+      const std::size_t elements = std::size_t(element_count(specs[i].shape));
+      const auto at = std::make_pair(std::size_t(m_offset_in_layer[i]), std::size_t(m_offset_in_layer[i]) + elements);
+      const auto value_at =
+          std::make_pair(std::size_t(m_value_offset_in_layer[i]), std::size_t(m_value_offset_in_layer[i]) + elements);
+      m_gathered.add(specs[i],
+                     m_layouts[i].replicated ? m_band_values[i] : tensor(Kokkos::subview(m_values[b], value_at)),
+                     Kokkos::subview(m_gradients[b], at));
     }
   });
 }
@@ -157,8 +256,13 @@ template <class ExecutionSpace, class Scalar>
 void ParameterShards<ExecutionSpace, Scalar>::gather_values(const ExecutionSpace& space, const tensor_list& full) {
   LATHER_REQUIRE(full.size() == m_specs.size(), "ParameterShards::gather_values: ", full.size(), " tensors for ",
                  m_specs.size(), " parameters");
-  for (std::size_t i = 0; i < m_specs.size(); ++i)
-    m_group.allgatherv(space, Kokkos::View<const Scalar*, memory_space>(m_band_values[i]), full[i], m_counts[i]);
+  for (std::size_t i = 0; i < m_specs.size(); ++i) {
+    if (m_layouts[i].replicated)
+      Kokkos::deep_copy(space, full[i], m_band_values[i]);
+    else
+      m_group.allgatherv(space, Kokkos::View<const Scalar*, memory_space>(m_band_values[i]), full[i], m_counts[i]);
+  }
+  ::lather::Impl::fence(space, "Lather::ParameterShards::gather_values: copied");
 }
 
 // ---- a step --------------------------------------------------------------------------------------
@@ -214,6 +318,7 @@ void ParameterShards<ExecutionSpace, Scalar>::start_gather(const ExecutionSpace&
   // Kernels that read this buffer (the layer that held it) are done before MPI writes it.
   ::lather::Impl::fence(space, "Lather::ParameterShards: buffer free before a gather");
   for (std::size_t i = m_layers[layer].first; i < m_layers[layer].last; ++i) {
+    if (m_layouts[i].replicated) continue;  // its gathered values are its owned ones
     const auto whole = m_gathered.value(i);
     if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
       m_requests.push_back(m_group.start_allgatherv(m_band_values[i].data(), whole.data(), m_counts[i]));
@@ -266,7 +371,9 @@ void ParameterShards<ExecutionSpace, Scalar>::ready(const ExecutionSpace& space,
   for (std::size_t i = m_layers[layer].first; i < m_layers[layer].last; ++i) {
     const auto whole = m_gathered.gradient(i);
     const std::size_t mine = m_counts[i][std::size_t(part)];
-    if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
+    if (m_layouts[i].replicated) {
+      m_group.allreduce(space, whole, Combine::sum);
+    } else if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
       m_group.reduce_scatter(whole.data(), whole.data(), m_counts[i], Combine::sum);
     } else {
       auto whole_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), whole);

@@ -4,8 +4,10 @@ namespace lather {
 
 void ParameterSpec::validate() const {
   LATHER_REQUIRE(!name.empty(), "a parameter has no name");
-  LATHER_REQUIRE(element_count(shape) > 0, "parameter '", name, "' has shape ", lather::to_string(shape),
-                 " with no elements");
+  // A slice may be empty (a rank holding none of a parameter's rows); every other extent is >= 1.
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    LATHER_REQUIRE(shape[d] > 0 || (int(d) == split_axis && shape[d] == 0), "parameter '", name, "' has shape ",
+                   lather::to_string(shape), " with no elements");
   if (split_axis < 0) {
     LATHER_REQUIRE(global_shape.empty() || global_shape == shape, "parameter '", name, "' has global shape ",
                    lather::to_string(global_shape), " but is not split (shape ", lather::to_string(shape), ")");

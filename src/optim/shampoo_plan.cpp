@@ -44,8 +44,23 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
     const bool too_large = std::any_of(shape.begin(), shape.end(),
                                        [&](std::int64_t d) { return d > options.skip_preconditioning_dim_size_gt; });
     pp.preconditioned = int(shape.size()) >= options.skip_preconditioning_rank_lt && !too_large;
-    const auto [global, split] = interpret(shape, pp.spec.split_axis, options);
+    const auto interpreted = interpret(shape, pp.spec.split_axis, options);
+    TensorShape global = interpreted.first;
+    int split = interpreted.second;
     pp.local_shape = interpret(pp.spec.shape, pp.spec.split_axis, options).first;
+    // A band of rows of the whole tensor's blocks: the whole tensor's reading, the band a range of
+    // its first interpreted dimension (which holds the rows, merged with the dimensions after them
+    // when they are small: `inner` elements per row).
+    std::int64_t inner = 1;
+    if (pp.spec.split() && pp.spec.band_of_whole) {
+      LATHER_REQUIRE(pp.spec.split_axis == 0, "Shampoo: parameter '", pp.spec.name,
+                     "' is a band of rows split along axis ", pp.spec.split_axis);
+      global = interpret(shape, -1, options).first;
+      split = 0;
+      inner = global.front() / shape.front();
+      pp.local_shape = global;
+      pp.local_shape.front() = pp.spec.shape.front() * inner;
+    }
     // Blocks are cut at block_size along the dimensions with a statistic, and one-sided, at
     // unpreconditioned_block_size along the others.
     const auto dims = preconditioned_dimensions(int(global.size()), options.preconditioner_type);
@@ -61,7 +76,7 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
     if (pp.preconditioned) {
       LATHER_REQUIRE(split < 0 || global.size() == pp.local_shape.size(), "Shampoo: parameter '", pp.spec.name,
                      "': its slice and the whole tensor are interpreted differently");
-      const std::int64_t begin = split >= 0 ? pp.spec.split_offset : 0;
+      const std::int64_t begin = split >= 0 ? pp.spec.split_offset * inner : 0;
       const std::int64_t end = split >= 0 ? begin + pp.local_shape[split] : 0;
       pp.dims = dims;
       pp.exponent = options.exponent_override > 0 ? options.exponent_override : 2 * int(pp.dims.size());

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -27,6 +28,17 @@ const std::vector<ParameterSpec> specs = {{"l0/kernel", {7, 5}},   {"l0/bias", {
                                           {"l2/kernel", {2, 300}}, {"l2/bias", {300}},      {"l3/kernel", {300, 4}},
                                           {"l3/bias", {4}},        {"l3/extra", {11, 2, 3}}};
 const std::vector<Shards::Layer> layers = {{0, 2}, {2, 3}, {3, 5}, {5, 8}};
+
+/// The layouts the tests run with: bands of any rows (the default), and units of every kind --
+/// runs of rows with a shorter last one, whole tensors, replicated tensors, a costlier unit.
+std::vector<lather::comm::ShardLayout> layouts_named(const std::string& name) {
+  if (name == "rows") return {};
+  lather::comm::ShardLayout whole_of_2{2}, whole_of_11{11}, replicated;
+  replicated.replicated = true;
+  return {{3}, {}, replicated, whole_of_2, {64}, {7, 100.0}, replicated, whole_of_11};
+}
+
+class Layouts : public ::testing::TestWithParam<std::string> {};
 
 /// The model's values: the same on every rank (rank 0's inputs).
 double value_of(std::size_t parameter, std::int64_t k) { return input_value(0, int(parameter), k, 7); }
@@ -91,28 +103,76 @@ void expect_error(Work&& work, const std::string& needle) {
   }
 }
 
-TEST(ParameterShards, BandsCoverEveryRowOnceAndGatherTheValues) {
-  Shards shards(Exec(), MPI_COMM_WORLD, specs, layers);
+TEST_P(Layouts, BandsCoverEveryRowOnceInWholeUnitsAndGatherTheValues) {
+  const auto layouts = layouts_named(GetParam());
+  Shards shards(Exec(), MPI_COMM_WORLD, specs, layers, layouts);
+  const int n = world_size();
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const auto [begin, end] = shards.band(i);
-    long rows = long(end - begin);
-    MPI_Allreduce(MPI_IN_PLACE, &rows, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    EXPECT_EQ(rows, specs[i].shape.front()) << specs[i].name;
+    const std::int64_t rows = specs[i].shape.front();
+    if (!layouts.empty() && layouts[i].replicated) {
+      EXPECT_TRUE(shards.replicated(i));
+      EXPECT_EQ(begin, 0) << specs[i].name;
+      EXPECT_EQ(end, rows) << specs[i].name;
+      continue;
+    }
+    long held = long(end - begin);
+    MPI_Allreduce(MPI_IN_PLACE, &held, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(held, rows) << specs[i].name;
+    // Whole units.
+    const std::int64_t unit = layouts.empty() ? 1 : std::min(layouts[i].unit_rows, rows);
+    EXPECT_TRUE((begin % unit == 0 || begin == rows) && (end % unit == 0 || end == rows))
+        << specs[i].name << " [" << begin << ", " << end << ")";
+    // Bands follow each other in rank order.
+    std::vector<long> begins(std::size_t(n) + 1);
+    const long b = long(begin);
+    MPI_Allgather(&b, 1, MPI_LONG, begins.data(), 1, MPI_LONG, MPI_COMM_WORLD);
+    for (int r = 1; r < n; ++r) EXPECT_LE(begins[std::size_t(r - 1)], begins[std::size_t(r)]) << specs[i].name;
   }
+  // Balanced as greedy longest-processing-time balances: the ranks' loads (units x unit cost, a
+  // short last unit its rows' share) differ by at most the costliest unit.
+  double load = 0, costliest = 0;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    if (shards.replicated(i)) continue;
+    const std::int64_t rows = specs[i].shape.front(), row_elements = lather::element_count(specs[i].shape) / rows;
+    const std::int64_t unit = layouts.empty() ? 1 : std::min(layouts[i].unit_rows, rows);
+    const double cost =
+        !layouts.empty() && layouts[i].unit_cost > 0 ? layouts[i].unit_cost : double(unit * row_elements);
+    const auto [begin, end] = shards.band(i);
+    load += double(end - begin) / double(unit) * cost;
+    costliest = std::max(costliest, cost);
+  }
+  std::vector<double> loads(static_cast<std::size_t>(n));
+  MPI_Allgather(&load, 1, MPI_DOUBLE, loads.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
+  EXPECT_LE(*std::max_element(loads.begin(), loads.end()) - *std::min_element(loads.begin(), loads.end()), costliest);
   for (std::size_t k = 0; k < shards.owned().size(); ++k) {
     const auto i = shards.owned_index(k);
     EXPECT_EQ(shards.owned().spec(k).name, specs[i].name);
     EXPECT_EQ(shards.owned().spec(k).shape.front(), shards.band(i).second - shards.band(i).first);
   }
-  // The memory is the bands and one layer of each parity, values and gradients.
+  // slices(): every parameter, a slice of the whole along its rows (but a replicated one).
+  ASSERT_EQ(shards.slices().size(), specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto& slice = shards.slices().spec(i);
+    EXPECT_EQ(slice.global(), specs[i].shape) << specs[i].name;
+    EXPECT_EQ(slice.split(), !shards.replicated(i)) << specs[i].name;
+    if (slice.split()) {
+      EXPECT_EQ(slice.split_offset, shards.band(i).first) << specs[i].name;
+      EXPECT_EQ(slice.shape.front(), shards.band(i).second - shards.band(i).first) << specs[i].name;
+    }
+  }
+  // The memory is the bands and one layer of each parity, values and gradients; a replicated
+  // parameter's values are read where they are owned.
   const auto memory = shards.memory();
   std::int64_t owned = 0;
   for (std::size_t k = 0; k < shards.owned().size(); ++k) owned += std::int64_t(shards.owned().value(k).extent(0));
   EXPECT_EQ(memory.owned_values, owned * 4);
-  // Layers of 40, 3, 900 and 1270 elements: the even ones' buffer holds 900, the odd ones' 1270.
-  EXPECT_EQ(memory.gather_values, (900 + 1270) * 4);
+  // Layers of 40, 3, 900 and 1270 elements: the even ones' buffer holds 900, the odd ones' 1270
+  // (values: 1266 without the replicated l3/bias).
+  const std::int64_t odd_values = layouts.empty() ? 1270 : 1266;
+  EXPECT_EQ(memory.gather_values, (900 + odd_values) * 4);
   EXPECT_EQ(memory.gather_gradients, (900 + 1270) * 4);
-  EXPECT_EQ(memory.total(), 2 * owned * 4 + 2 * (900 + 1270) * 4);
+  EXPECT_EQ(memory.total(), 2 * owned * 4 + (2 * 900 + odd_values + 1270) * 4);
 
   const auto full = full_values();
   shards.scatter_values(Exec(), full);
@@ -132,9 +192,9 @@ TEST(ParameterShards, BandsCoverEveryRowOnceAndGatherTheValues) {
   }
 }
 
-TEST(ParameterShards, OwnedGradientsAreTheWeightedMeanOverRanksAndPasses) {
+TEST_P(Layouts, OwnedGradientsAreTheWeightedMeanOverRanksAndPasses) {
   const int n = world_size(), rank = world_rank();
-  Shards shards(Exec(), MPI_COMM_WORLD, specs, layers);
+  Shards shards(Exec(), MPI_COMM_WORLD, specs, layers, layouts_named(GetParam()));
   shards.scatter_values(Exec(), full_values());
   for (int step = 0; step < 2; ++step) {
     // Step 1 runs after an update of every owned value (+1): the buffers were refilled.
@@ -178,6 +238,8 @@ TEST(ParameterShards, OwnedGradientsAreTheWeightedMeanOverRanksAndPasses) {
     shards.values_changed();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(ParameterShards, Layouts, ::testing::Values("rows", "units"));
 
 void throw_where_a_layer_is_needed_on_the_last_rank(const char* point) {
   static int calls = 0;

@@ -3,9 +3,12 @@
 // (each rank updates its share of the blocks, one all-gather of the new values ends the step:
 // through node-shared memory, as here where all ranks share a node, or MPI_Allgatherv);
 // with int8 quantized state, and with weight shards (tensor-parallel slices of some parameters,
-// whose norms are summed over the shard group). Every rank computes the single-rank reference
-// on the whole (unsplit) model itself.
+// whose norms are summed over the shard group), and with fully sharded parameters (each rank the
+// rows of blocks it owns). Every rank computes the single-rank reference on the whole (unsplit)
+// model itself.
 #include <lather/comm/mesh.hpp>
+#include <lather/comm/parameter_shards.hpp>
+#include <lather/optim/sharding.hpp>
 #include <lather/optim/shampoo.hpp>
 
 #include "common/host_copies.hpp"
@@ -46,9 +49,10 @@ std::vector<optim::ParameterSpec> local_specs(int shards, int shard) {
 }
 
 /// Deterministic values of the whole model at `phase`.
-std::vector<std::vector<float>> global_values(double phase) {
+std::vector<std::vector<float>> global_values(double phase,
+                                              const std::vector<optim::ParameterSpec>& specs = global_specs()) {
   std::vector<std::vector<float>> out;
-  for (const auto& s : global_specs()) {
+  for (const auto& s : specs) {
     std::vector<float> v(std::size_t(element_count(s.shape)));
     for (std::size_t k = 0; k < v.size(); ++k) v[k] = float(std::cos(0.3 * double(k) + phase + double(out.size())));
     out.push_back(v);
@@ -86,6 +90,19 @@ TensorList<float, Mem> device_tensors(const std::vector<optim::ParameterSpec>& s
   return out;
 }
 
+/// The options every case starts from: 8 x 8 blocks, small dimensions merged up to 16, roots from
+/// the first step and every second, a graft normalized by each tensor's norm.
+optim::ShampooOptions small_block_options() {
+  optim::ShampooOptions o;
+  o.learning_rate = optim::LearningRateSchedule::constant(0.02);
+  o.block_size = 8;
+  o.merge_small_dims_block_size = 16;
+  o.start_preconditioning_step = 1;
+  o.preconditioning_compute_steps = 2;
+  o.graft_type = optim::GraftType::rmsprop_normalized;
+  return o;
+}
+
 struct Mode {
   const char* name;
   optim::StepMode step_mode;
@@ -112,13 +129,7 @@ TEST_P(DistributedShampoo, EqualsSingleRank) {
   int ranks = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   if (ranks % mode.shards != 0) GTEST_SKIP() << mode.shards << " weight shards need a multiple of ranks";
-  optim::ShampooOptions o;
-  o.learning_rate = optim::LearningRateSchedule::constant(0.02);
-  o.block_size = 8;
-  o.merge_small_dims_block_size = 16;
-  o.start_preconditioning_step = 1;
-  o.preconditioning_compute_steps = 2;
-  o.graft_type = optim::GraftType::rmsprop_normalized;
+  optim::ShampooOptions o = small_block_options();
   o.step_mode = mode.step_mode;
   o.balance_root_work = mode.balanced;
   o.best_effort_memory_usage_reduction = mode.quantized;
@@ -342,5 +353,48 @@ TEST(RootAssignment, BalancedBeatsEven) {
     EXPECT_LT(optim::load_imbalance(sizes, balanced, ranks), 1.25) << ranks;
   }
 }
+
+/// Fully sharded parameters (comm::ParameterShards in Shampoo's layouts): each rank updates the
+/// rows of blocks it owns, with Shampoo built on the slices and the group as its weight shards.
+/// Every block sees the single rank's data, so its statistics and roots are the same bits; the
+/// per-tensor norms of grafting are summed over the bands in another order, and the int8 column
+/// scales are maxima over them: the tolerance is the weight-shard case's (1e-6 relative).
+class ShardedShampoo : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ShardedShampoo, EqualsSingleRank) {
+  const bool quantized = GetParam();
+  optim::ShampooOptions o = small_block_options();  // its graft's norms span the bands
+  o.best_effort_memory_usage_reduction = quantized;
+  // "pairs" [8, 2] is read as one vector of 16 (rows merged with their 2 columns), its 8-element
+  // blocks 4 rows each.
+  auto specs = global_specs();
+  specs.push_back({"pairs", {8, 2}});
+  const auto layouts = optim::shampoo_shard_layouts(specs, o);
+  EXPECT_TRUE(layouts[5].replicated);  // "scale", a scalar: every rank
+  EXPECT_EQ(layouts[1].unit_rows, 8);  // "dense": rows of 8-row blocks
+  EXPECT_EQ(layouts[2].unit_rows, 8);  // "conv", [9, 4, 6]: 8 of its 3 rows, whole
+  EXPECT_EQ(layouts[7].unit_rows, 4);  // "pairs": 4 rows, 8 elements
+  const comm::Group world(MPI_COMM_WORLD);
+  comm::ParameterShards<Space, float> shards(Space(), world, specs, {{0, specs.size()}}, layouts);
+  shards.scatter_values(Space(), device_tensors(specs, global_values(0.0, specs)));
+  optim::Shampoo<Space, float> sharded(Space(), shards.slices().specs(), o, comm::Group(), world);
+  optim::Shampoo<Space, float> single(Space(), specs, o);
+  auto whole = device_tensors(specs, global_values(0.0, specs));
+  for (int step = 0; step < 5; ++step) {
+    const auto g = global_values(1.0 + step, specs);
+    const auto bands = device_tensors(shards.slices().specs(), g);  // this rank's rows of each gradient
+    for (std::size_t p = 0; p < specs.size(); ++p) Kokkos::deep_copy(shards.slices().gradient(p), bands[p]);
+    sharded.step(Space(), shards.slices());
+    single.step(Space(), whole, device_tensors(specs, g));
+  }
+  auto gathered = device_tensors(specs, global_values(9.0, specs));
+  shards.gather_values(Space(), gathered);
+  const auto a = test::host_vectors(gathered), b = test::host_vectors(whole);
+  for (std::size_t p = 0; p < a.size(); ++p)
+    test::expect_split_close<Space::memory_space>(
+        a[p], b[p], specs[p].name + " sharded over " + std::to_string(world.size()) + " ranks", 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Quantized, ShardedShampoo, ::testing::Bool());
 
 }  // namespace

@@ -15,10 +15,16 @@
 //    gradient -- and turns the owned sums into the weighted mean; the optimizer then updates the
 //    owned bands only.
 //
-// A band is rows [begin, end) of a parameter's leading dimension, share(rows, P, r): contiguous
-// in the row-major value, so that a gather and a reduce-scatter are one MPI call per parameter.
-// Rows are what every elementwise optimizer (SGD, Adagrad, Adam, AdamW) may split; an optimizer
-// whose blocks span rows (Shampoo, SOAP, Muon) needs ownership by whole blocks instead.
+// A band is rows [begin, end) of a parameter's leading dimension, contiguous in the row-major
+// value, the ranks' bands in rank order, so that a gather and a reduce-scatter are one MPI call
+// per parameter. What a band may cut is the optimizer's to say (ShardLayout, per parameter):
+// any row for the elementwise optimizers (SGD, Adagrad, Adam, AdamW); whole rows of blocks for
+// Shampoo, whose blocks then never straddle two ranks; the whole parameter for SOAP and Muon
+// (optim/sharding.hpp gives each optimizer's layouts). A parameter's units (runs of rows) are
+// split evenly, and the units left over go, largest cost first, to the ranks least loaded so far:
+// the distributed step's longest-processing-time rule, kept contiguous. A parameter may also be
+// replicated: every rank holds it whole and its gradient is all-reduced (Shampoo's small tensors,
+// whose blocks are cut across their rows).
 //
 // Every rank issues the same collectives in the same order: the schedule of a step is fixed by
 // its pass count (start_step), one pass being the forward need() of every layer, then need() and
@@ -54,6 +60,17 @@
 
 namespace lather::comm {
 
+/// How the ranks may divide one parameter (what its optimizer updates whole).
+struct ShardLayout {
+  /// Bands begin and end at multiples of this many rows (the last unit of a parameter may be
+  /// shorter); the parameter's rows or more: it is owned whole by one rank. >= 1.
+  std::int64_t unit_rows = 1;
+  /// The relative cost of one whole unit, which the assignment balances; 0: its elements.
+  double unit_cost = 0;
+  /// Every rank holds the parameter whole, and its gradient is all-reduced (always for a scalar).
+  bool replicated = false;
+};
+
 /// Bytes this rank holds for sharded parameters, by kind (measured from the Views' extents).
 struct ShardMemory {
   std::int64_t owned_values = 0, owned_gradients = 0;
@@ -74,10 +91,11 @@ class ParameterShards {
   };
 
   /// `specs`: the model's parameters (with weight shards, this shard's slices); `layers`:
-  /// consecutive ranges covering them in order. Allocates the owned bands (zero) and the gather
-  /// buffers. Collective over `group` (the ranks agree on the layout and on any failure).
+  /// consecutive ranges covering them in order; `layouts`: one per parameter, or none (bands of
+  /// any rows). Allocates the owned bands (zero) and the gather buffers. Collective over `group`
+  /// (the ranks agree on the layout and on any failure).
   ParameterShards(const ExecutionSpace& space, const Group& group, const std::vector<ParameterSpec>& specs,
-                  std::vector<Layer> layers);
+                  std::vector<Layer> layers, std::vector<ShardLayout> layouts = {});
   ~ParameterShards();
   ParameterShards(const ParameterShards&) = delete;
   ParameterShards& operator=(const ParameterShards&) = delete;
@@ -90,10 +108,18 @@ class ParameterShards {
   const std::vector<std::size_t>& counts(std::size_t parameter) const { return m_counts.at(parameter); }
   /// This rank's rows [begin, end) of parameter i's leading dimension.
   std::pair<std::int64_t, std::int64_t> band(std::size_t parameter) const { return m_bands.at(parameter); }
+  /// Whether parameter i is held whole by every rank (ShardLayout::replicated).
+  bool replicated(std::size_t parameter) const { return m_layouts.at(parameter).replicated; }
   /// This rank's bands that hold any row, as parameters named like the model's, of shape
   /// [band rows, trailing dimensions...]: what the optimizer updates (optimizer.step(space,
-  /// owned())). owned_index(k) is entry k's position in the model's list.
+  /// owned())). owned_index(k) is entry k's position in the model's list. A band of some rows
+  /// is a slice (split_axis 0 at its first row, global_shape the parameter's); a whole one is not.
   const Parameters& owned() const { return m_owned; }
+  /// Every parameter of the model's list, in order, as this rank's slice along its rows (empty
+  /// where it holds no row, whole where it holds all; a replicated parameter unsplit): for an
+  /// optimizer that must see the same list on every rank (Shampoo built with the group as its
+  /// weight shards sums a tensor's norms over the bands).
+  const Parameters& slices() const { return m_slices; }
   std::size_t owned_index(std::size_t k) const { return m_owned_index.at(k); }
   /// The model's parameters at full shape, their values and gradients in the gather buffers (a
   /// layer's in those of its parity): hand them to the model (Mlp::adopt_parameters). Whole only
@@ -148,14 +174,16 @@ class ParameterShards {
   Group m_group;
   std::vector<ParameterSpec> m_specs;
   std::vector<Layer> m_layers;
+  std::vector<ShardLayout> m_layouts;                          ///< per parameter
   std::vector<std::int64_t> m_row_elements;                    ///< per parameter
   std::vector<std::pair<std::int64_t, std::int64_t>> m_bands;  ///< per parameter: this rank's rows
   std::vector<std::vector<std::size_t>> m_counts;              ///< per parameter: elements per rank
-  std::vector<std::int64_t> m_offset_in_layer;                 ///< per parameter
+  std::vector<std::int64_t> m_offset_in_layer;                 ///< per parameter: in its gradient buffer
+  std::vector<std::int64_t> m_value_offset_in_layer;           ///< per parameter: in its value buffer
   std::vector<std::size_t> m_layer_of;                         ///< per parameter
   tensor m_owned_values, m_owned_gradients;                    ///< every band of this rank, in list order
   std::vector<tensor> m_band_values, m_band_gradients;         ///< per parameter (empty without rows)
-  Parameters m_owned, m_gathered;
+  Parameters m_owned, m_slices, m_gathered;
   std::vector<std::size_t> m_owned_index;
   std::vector<int> m_owned_slot;  ///< per parameter: its entry in m_owned, -1 when it holds no row
   tensor m_values[2], m_gradients[2];

@@ -38,13 +38,18 @@ using ParametersNeeded = std::function<void(std::size_t first, std::size_t last)
 /// A trainable tensor: a name for messages and checkpoints, and the shape of the tensor this rank
 /// holds. With weight sharding (tensor parallelism) the tensor is this rank's slice of a global
 /// tensor split along `split_axis`: it holds [split_offset, split_offset + shape[split_axis]) of
-/// global_shape[split_axis].
+/// global_shape[split_axis], which may be empty (a rank holding none of the rows).
 struct ParameterSpec {
   std::string name;
   TensorShape shape;
   int split_axis = -1;  ///< -1: not split (the tensor is the whole parameter)
   std::int64_t split_offset = 0;
   TensorShape global_shape = {};  ///< empty: same as shape (initialised: `{name, shape}` leaves no field missing)
+  /// With split_axis 0: the slice is a band of rows cut where the whole tensor's blocks are cut
+  /// (comm::ParameterShards), so an optimizer reads the whole tensor's shape and takes the blocks
+  /// inside the band (Shampoo merges small dimensions as for the unsplit tensor). Without it, a
+  /// weight shard's split axis stays a dimension of its own.
+  bool band_of_whole = false;
 
   const TensorShape& global() const { return global_shape.empty() ? shape : global_shape; }
   bool split() const { return split_axis >= 0; }

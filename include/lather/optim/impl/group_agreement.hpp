@@ -33,7 +33,7 @@ inline void agree_on_construction(const comm::Group& group, const char* who,
     const TensorShape& shape = whole_shapes ? spec.global() : spec.shape;
     hash.add(spec.name).add(std::uint64_t(shape.size()));
     for (auto d : shape) hash.add(std::uint64_t(d));
-    if (whole_shapes) hash.add(std::uint64_t(spec.split_axis + 1));
+    if (whole_shapes) hash.add(std::uint64_t(spec.split_axis + 1)).add(std::uint64_t(spec.band_of_whole));
   }
   for (const auto& [key, value] : options) hash.add(key).add(value);
   const std::uint64_t mine[2] = {hash.value(), local_error.empty() ? 0u : 1u};

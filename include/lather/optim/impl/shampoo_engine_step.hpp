@@ -41,7 +41,8 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
       s.preconditioned = pp.preconditioned;
       s.quantized = pp.quantized_momentum;
       if (pp.quantized_momentum) {
-        s.columns = pp.elements / pp.spec.shape[0];
+        // The trailing extents (a slice may hold no rows).
+        s.columns = element_count(TensorShape(pp.spec.shape.begin() + 1, pp.spec.shape.end()));
         s.column_base = m_quantized_columns;
         m_quantized_columns += s.columns;
         if (row_split) m_row_split_columns += s.columns;
@@ -210,7 +211,9 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::compute_preconditioners(const Exe
 template <class ExecutionSpace, class Scalar, class T>
 bool ShampooEngine<ExecutionSpace, Scalar, T>::sums_over_shards(int p) const {
   const auto& spec = m_plan.parameters[p].spec;
-  return m_shards.size() > 1 && spec.split() && spec.shape != spec.global();
+  // Not "shape != global": a rank holding every row of a sharded parameter (comm::ParameterShards)
+  // joins the sums of the ranks holding none.
+  return m_shards.size() > 1 && spec.split();
 }
 
 /// True for a parameter split over the shard group along its first axis: the [rows, columns]

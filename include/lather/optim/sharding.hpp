@@ -1,0 +1,43 @@
+#pragma once
+// What each optimizer lets fully sharded parameters (comm::ParameterShards) cut: the layout of
+// every parameter, so that every rank owns whole units of its optimizer's work and no
+// preconditioner is ever split.
+//
+//  * Shampoo: whole rows of blocks (a band begins and ends on its partition's cuts along the
+//    first dimension; for a small tensor read with its rows merged into the next dimension, a
+//    [256, 10] kernel read as one vector of 2560, on rows whose elements fill whole blocks),
+//    costed by the memory they hold (values, gradients, per-element state, the statistics' padded
+//    slots). A tensor split along its columns whose reading merges its rows (no band reads like
+//    the whole) is replicated. Build the optimizer on ParameterShards::slices() with the sharding
+//    group as its weight shards, so that its statistics keep the whole model's numbering and a
+//    tensor's norms are summed over the bands.
+//  * SOAP, Muon: the whole parameter on one rank, assigned by cost (a Muon matrix is
+//    orthogonalised whole); build the optimizer on ParameterShards::owned(), on its own.
+//  * SGD, Adagrad, Adam, AdamW: any row (the default layout).
+//
+//   const auto layouts = optim::shampoo_shard_layouts(model.parameter_specs(), options);
+//   comm::ParameterShards<Space, float> shards(space, group, model.parameter_specs(), layers, layouts);
+//   optim::Shampoo<Space, float> shampoo(space, shards.slices().specs(), options, comm::Group(), group);
+
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
+#include <lather/comm/parameter_shards.hpp>
+#include <lather/core/parameters.hpp>
+#include <lather/optim/shampoo_options.hpp>
+
+#include <vector>
+
+namespace lather::optim {
+
+/// Shampoo's layouts for `parameters` (unsplit: with weight shards, Shampoo's slices are already
+/// split, and a second split of them is refused with a lather::Error naming the parameter).
+std::vector<comm::ShardLayout> shampoo_shard_layouts(const std::vector<ParameterSpec>& parameters,
+                                                     const ShampooOptions& options);
+
+/// Every parameter whole on one rank (SOAP, Muon), costed as elements x the smaller of its rows
+/// and its row length (the orthogonalisation's and the eigenbases' growth).
+std::vector<comm::ShardLayout> whole_parameter_shard_layouts(const std::vector<ParameterSpec>& parameters);
+
+}  // namespace lather::optim
