@@ -97,6 +97,8 @@ std::vector<int> mlp_sizes(const PlanOptions& o) {
   return sizes;
 }
 
+train::TrainOptions optimizer_options(const PlanOptions& o);
+
 Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_samples) {
   Runner r;
   std::mt19937 random(5);
@@ -123,7 +125,9 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
     };
     r.parameters = [model]() -> const ParameterList<float, Memory>& { return model->parameters(); };
     r.place_gradients = [model](const FlatTensor<float, Memory>& s) { model->place_gradients(Space(), s); };
-    r.shard = [model](const comm::Mesh& mesh) { return train::shard_parameters(Space(), mesh, *model); };
+    r.shard = [model, t = optimizer_options(o)](const comm::Mesh& mesh) {
+      return train::shard_parameters(Space(), t, mesh, *model);
+    };
     r.sharded_passes = [model, x, y](int samples, int micro, train::ParameterShards& shards) {
       shards.start_step(Space(), micro);
       for (int m = 0; m < micro; ++m) {
@@ -357,13 +361,15 @@ std::pair<double, MeasuredMemory> measure_sharded_step(const PlanOptions& o, con
                                                        const comm::Group& world, const comm::Mesh& mesh,
                                                        Runner& runner) {
   const auto shards = runner.shard(mesh);
-  const auto optimizer = train::make_optimizer(Space(), optimizer_options(o), shards->owned().specs(), mesh);
+  const auto t = optimizer_options(o);
+  const auto& parameters = train::sharded_parameters(t, *shards);
+  const auto optimizer = train::make_sharded_optimizer(Space(), t, parameters.specs(), mesh);
   std::vector<double> times;
   for (int step = 0; step < o.steps; ++step) {
     world.barrier();
     const double t0 = now();
     runner.sharded_passes(o.batch, l.micro_batches, *shards);
-    optimizer->step(Space(), shards->owned());
+    optimizer->step(Space(), parameters);
     shards->values_changed();
     Kokkos::fence();
     if (step >= o.warmup_steps) times.push_back(now() - t0);

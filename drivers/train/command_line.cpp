@@ -304,8 +304,9 @@ void add_options(CLI::App& app, TrainOptions& o, std::optional<ModelKind> help_m
                  "Bytes per gradient bucket, one reduction each (0: 64 MiB, or 1 MiB with --overlap-reduction)")
       ->capture_default_str();
   app.add_flag("--shard-parameters", o.shard_parameters,
-               "Each replica stores a band of rows of every parameter, gradient and optimizer state; layers are "
-               "gathered before their passes, gradients reduce-scattered after (MLP; first-order optimizers)");
+               "Each replica stores its own units of every parameter, gradient and optimizer state (rows; whole "
+               "Shampoo blocks; whole SOAP and Muon tensors); layers are gathered before their passes, gradients "
+               "reduce-scattered after (MLP)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of the HDF5 checkpoints");
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "Write a checkpoint every N steps (and at the end, and on SIGTERM); 0: only at the end and on SIGTERM")

@@ -42,4 +42,14 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& spac
   LATHER_FAIL("--optimizer value ", int(o.optimizer), " has no optimizer");
 }
 
+std::unique_ptr<optim::Optimizer<Space, float>> make_sharded_optimizer(const Space& space, const TrainOptions& o,
+                                                                       const std::vector<ParameterSpec>& parameters,
+                                                                       const comm::Mesh& mesh) {
+  if (o.optimizer == OptimizerKind::shampoo)
+    return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), comm::Group(),
+                                                          mesh.data_parallel());
+  // Each rank's own units: no group shares them.
+  return make_optimizer(space, o, parameters, comm::Mesh());
+}
+
 }  // namespace lather::train

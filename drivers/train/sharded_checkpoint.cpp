@@ -4,6 +4,7 @@
 
 #include <lather/core/error.hpp>
 
+#include <algorithm>
 #include <map>
 
 namespace lather::train {
@@ -31,17 +32,15 @@ void set_bytes(const Space& space, const StateArray<Memory>& a, const char* byte
   ::lather::Impl::fence(space, "lather-train: state bytes in place");
 }
 
-/// For each array of the replicated optimizer's `whole` that mirrors a parameter, the array of the
-/// same name among the bands' (null where this rank holds no row of the parameter).
+/// For each array of the replicated optimizer's `whole`, the array of the same name among the
+/// sharded optimizer's `bands` (null where this rank holds none of it).
 std::vector<const StateArray<Memory>*> band_arrays_of(const Arrays& whole, const Arrays& bands) {
   std::map<std::string, const StateArray<Memory>*> by_name;
   for (const auto& a : bands) by_name[a.name] = &a;
   std::vector<const StateArray<Memory>*> out;
   for (const auto& a : whole) {
-    LATHER_REQUIRE(a.parameter >= 0 || a.name == "step", "--shard-parameters: the optimizer's state array '", a.name,
-                   "' is not shaped like a parameter; its checkpoint cannot be assembled from bands");
     const auto found = by_name.find(a.name);
-    out.push_back(a.parameter >= 0 && found != by_name.end() ? found->second : nullptr);
+    out.push_back(found != by_name.end() ? found->second : nullptr);
   }
   return out;
 }
@@ -53,37 +52,146 @@ std::vector<std::size_t> band_bytes(const ParameterShards& shards, const StateAr
   return bytes;
 }
 
-/// The replicated optimizer's state := every rank's bands of the sharded one's (collective).
+std::size_t row_bytes(const StateArray<Memory>& a) { return std::size_t(a.row_elements()) * size_of(a.dtype); }
+
+/// The rows an array holds, by index of its leading dimension (all of them when it lists none).
+std::vector<std::int64_t> rows_of(const StateArray<Memory>& a) {
+  if (!a.rows.empty()) return a.rows;
+  std::vector<std::int64_t> all(std::size_t(a.shape.empty() ? 1 : a.shape.front()));
+  for (std::size_t k = 0; k < all.size(); ++k) all[k] = std::int64_t(k);
+  return all;
+}
+
+/// Every rank's rows of a stacked array (their indices, and their bytes in the same order).
+struct GatheredRows {
+  std::vector<std::int64_t> rows;
+  std::vector<char> bytes;
+};
+GatheredRows gather_rows(const comm::Group& group, const std::vector<std::int64_t>& rows,
+                         const std::vector<char>& bytes, std::size_t bytes_per_row) {
+  std::vector<std::size_t> counts(std::size_t(group.size()));
+  const std::size_t my_rows = rows.size();
+  group.allgather(&my_rows, 1, counts.data());
+  std::size_t total = 0;
+  for (auto c : counts) total += c;
+  GatheredRows out{std::vector<std::int64_t>(total), std::vector<char>(total * bytes_per_row)};
+  group.allgatherv(rows.data(), out.rows.data(), counts);
+  for (auto& c : counts) c *= bytes_per_row;
+  group.allgatherv(bytes.data(), out.bytes.data(), counts);
+  return out;
+}
+
+/// How one array of the replicated optimizer is assembled from the sharded ones':
+///  * shaped like a parameter: the ranks' bands, in rank order (a replicated parameter: its own);
+///  * stacked (Shampoo's statistics, numbered alike by both: the sharded one sees every parameter
+///    as a slice of the whole): every rank's rows, placed by index;
+///  * anything else (a SOAP tensor's state, the column scales of a band of int8 momentum, the
+///    same on every rank holding it): the lowest rank holding it.
+void gather_array(const Space& space, const ParameterShards& shards, const StateArray<Memory>& whole,
+                  const StateArray<Memory>* mine) {
+  const comm::Group& group = shards.group();
+  const std::vector<char> send = mine ? host_bytes_of(space, *mine) : std::vector<char>();
+  std::vector<char> all(std::size_t(whole.local_elements()) * size_of(whole.dtype));
+  if (whole.parameter >= 0) {
+    if (shards.replicated(std::size_t(whole.parameter))) {
+      LATHER_REQUIRE(send.size() == all.size(), "--shard-parameters: state array '", whole.name, "' holds ",
+                     send.size(), " bytes; the replicated parameter's needs ", all.size());
+      all = send;
+    } else {
+      const auto counts = band_bytes(shards, whole);
+      LATHER_REQUIRE(send.size() == counts[std::size_t(group.rank())], "--shard-parameters: state array '", whole.name,
+                     "' holds ", send.size(), " bytes of its band; expected ", counts[std::size_t(group.rank())]);
+      group.allgatherv(send.data(), all.data(), counts);
+    }
+  } else if (whole.stacked) {
+    const std::size_t bytes_per_row = row_bytes(whole);
+    const std::vector<std::int64_t> rows = mine ? rows_of(*mine) : std::vector<std::int64_t>();
+    LATHER_REQUIRE(!mine || (row_bytes(*mine) == bytes_per_row && send.size() == rows.size() * bytes_per_row),
+                   "--shard-parameters: the rows of state array '", whole.name, "' differ from the whole's");
+    const GatheredRows every = gather_rows(group, rows, send, bytes_per_row);
+    std::map<std::int64_t, std::size_t> at;  // row index -> where the gathered bytes hold it
+    for (std::size_t k = 0; k < every.rows.size(); ++k) at.emplace(every.rows[k], k);
+    const auto wanted = rows_of(whole);
+    for (std::size_t k = 0; k < wanted.size(); ++k) {
+      const auto found = at.find(wanted[k]);
+      LATHER_REQUIRE(found != at.end(), "--shard-parameters: no rank holds row ", wanted[k], " of state array '",
+                     whole.name, "'");
+      std::copy_n(every.bytes.begin() + std::ptrdiff_t(found->second * bytes_per_row), bytes_per_row,
+                  all.begin() + std::ptrdiff_t(k * bytes_per_row));
+    }
+  } else {
+    const int holds = mine && send.size() == all.size() ? 1 : 0;
+    std::vector<int> holders(std::size_t(group.size()));
+    group.allgather(&holds, 1, holders.data());
+    const auto first = std::find(holders.begin(), holders.end(), 1);
+    LATHER_REQUIRE(first != holders.end(), "--shard-parameters: no rank holds the whole state array '", whole.name,
+                   "' of ", all.size(), " bytes");
+    if (holds) all = send;
+    group.broadcast(all.data(), all.size(), int(first - holders.begin()));
+  }
+  set_bytes(space, whole, all.data());
+}
+
+/// This rank's part of one array of the sharded optimizer, from the replicated one's (local).
+void scatter_array(const Space& space, const ParameterShards& shards, const StateArray<Memory>& whole,
+                   const StateArray<Memory>& mine) {
+  const std::vector<char> all = host_bytes_of(space, whole);
+  if (whole.parameter >= 0 && !shards.replicated(std::size_t(whole.parameter))) {
+    const auto counts = band_bytes(shards, whole);
+    std::size_t offset = 0;
+    for (int r = 0; r < shards.group().rank(); ++r) offset += counts[std::size_t(r)];
+    set_bytes(space, mine, all.data() + offset);
+  } else if (whole.stacked) {
+    const std::size_t bytes_per_row = row_bytes(whole);
+    std::map<std::int64_t, std::size_t> at;
+    const auto held = rows_of(whole);
+    for (std::size_t k = 0; k < held.size(); ++k) at.emplace(held[k], k);
+    const auto wanted = rows_of(mine);
+    std::vector<char> out(wanted.size() * bytes_per_row);
+    for (std::size_t k = 0; k < wanted.size(); ++k) {
+      const auto found = at.find(wanted[k]);
+      LATHER_REQUIRE(found != at.end(), "--shard-parameters: the replicated state does not hold row ", wanted[k],
+                     " of state array '", whole.name, "'");
+      std::copy_n(all.begin() + std::ptrdiff_t(found->second * bytes_per_row), bytes_per_row,
+                  out.begin() + std::ptrdiff_t(k * bytes_per_row));
+    }
+    set_bytes(space, mine, out.data());
+  } else {
+    set_bytes(space, mine, all.data());
+  }
+}
+
+/// The replicated optimizer's state := every rank's units of the sharded one's (collective).
 void gather_state(const Space& space, const ParameterShards& shards, optim::Optimizer<Space, float>& sharded,
                   optim::Optimizer<Space, float>& replicated) {
   const Arrays bands = sharded.state_arrays(space), whole = replicated.state_arrays(space);
   const auto mine = band_arrays_of(whole, bands);
-  for (std::size_t k = 0; k < whole.size(); ++k) {
-    if (whole[k].parameter < 0) continue;
-    const auto counts = band_bytes(shards, whole[k]);
-    std::vector<char> send = mine[k] ? host_bytes_of(space, *mine[k]) : std::vector<char>();
-    std::vector<char> all(std::size_t(whole[k].local_elements()) * size_of(whole[k].dtype));
-    LATHER_REQUIRE(send.size() == counts[std::size_t(shards.group().rank())], "--shard-parameters: state array '",
-                   whole[k].name, "' holds ", send.size(), " bytes of its band; expected ",
-                   counts[std::size_t(shards.group().rank())]);
-    shards.group().allgatherv(send.data(), all.data(), counts);
-    set_bytes(space, whole[k], all.data());
-  }
+  for (std::size_t k = 0; k < whole.size(); ++k)
+    if (whole[k].name != "step") gather_array(space, shards, whole[k], mine[k]);
   replicated.state_restored(space, sharded.step_count());
 }
 
-/// The sharded optimizer's state := this rank's bands of the replicated one's (local).
+/// The sharded optimizer's state := this rank's units of the replicated one's (local). A stacked
+/// array of the replicated optimizer that this rank does not store (its distributed step keeps a
+/// share of the statistics on each rank) is first completed from the others (collective).
 void scatter_state(const Space& space, const ParameterShards& shards, optim::Optimizer<Space, float>& replicated,
                    optim::Optimizer<Space, float>& sharded) {
   const Arrays bands = sharded.state_arrays(space), whole = replicated.state_arrays(space);
   const auto mine = band_arrays_of(whole, bands);
   for (std::size_t k = 0; k < whole.size(); ++k) {
-    if (!mine[k]) continue;
-    const auto counts = band_bytes(shards, whole[k]);
-    std::size_t offset = 0;
-    for (int r = 0; r < shards.group().rank(); ++r) offset += counts[std::size_t(r)];
-    const std::vector<char> all = host_bytes_of(space, whole[k]);
-    set_bytes(space, *mine[k], all.data() + offset);
+    if (whole[k].name == "step") continue;
+    if (whole[k].stacked) {
+      // The whole stack on every rank: its stored rows from every rank of the group.
+      GatheredRows gathered =
+          gather_rows(shards.group(), rows_of(whole[k]), host_bytes_of(space, whole[k]), row_bytes(whole[k]));
+      StateArray<Memory> every = whole[k];
+      every.rows = gathered.rows;
+      every.device_bytes = StateBytes<Memory>();
+      every.host_bytes = StateBytes<Kokkos::HostSpace>(gathered.bytes.data(), gathered.bytes.size());
+      if (mine[k]) scatter_array(space, shards, every, *mine[k]);
+      continue;
+    }
+    if (mine[k]) scatter_array(space, shards, whole[k], *mine[k]);
   }
   sharded.state_restored(space, replicated.step_count());
 }

@@ -1,10 +1,12 @@
 #pragma once
 // Checkpoints of a --shard-parameters run in the format every other run writes and reads, so that
 // a sharded run resumes unsharded, on another rank count, and back: on save, the parameters and
-// the optimizer's state (arrays shaped like the parameters, and the step) are all-gathered into
-// a replicated copy that the usual checkpoint writes; on load, the usual checkpoint fills such a
-// copy, and each rank keeps its bands. The copy lives for the save or load only: for that time
-// the rank holds the whole model and its state once more.
+// the optimizer's state are all-gathered into a replicated copy that the usual checkpoint writes
+// (arrays shaped like a parameter by its bands, Shampoo's stacked statistics by their number in
+// the whole model, any other array from the lowest rank holding it: a SOAP or Muon tensor's state
+// from its owner); on load, the usual checkpoint fills such a copy, and each rank keeps its units.
+// The copy lives for the save or load only: for that time the rank holds the whole model and its
+// state once more.
 
 #include "resume.hpp"
 #include "training_step.hpp"

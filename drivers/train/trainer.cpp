@@ -101,9 +101,10 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
   check_memory(estimate_mlp_memory(o, sizes, replicas, mesh.weight_shards()), world);
   nn::Mlp<Space> model(space, sizes, o.seed, mesh);
   // Sharded, the optimizer updates this rank's bands of the parameters; else all of them.
-  const auto shards = o.shard_parameters ? shard_parameters(space, mesh, model) : nullptr;
-  const auto& parameters = shards ? shards->owned() : model.parameters();
-  const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
+  const auto shards = o.shard_parameters ? shard_parameters(space, o, mesh, model) : nullptr;
+  const auto& parameters = shards ? sharded_parameters(o, *shards) : model.parameters();
+  const auto optimizer = shards ? make_sharded_optimizer(space, o, parameters.specs(), mesh)
+                                : make_optimizer(space, o, parameters.specs(), mesh);
   const auto reducer = make_reducer(mesh, o, model.parameter_specs());
   if (!shards) place_gradients(space, *reducer, model);
   Position start;
@@ -138,8 +139,13 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
     if (shards) {
       const auto m = shards->memory();
       const auto mib = [](std::int64_t bytes) { return std::to_string(double(bytes) / 1048576.0).substr(0, 6); };
+      // What sharding divides: values, gradients and state (the optimizer's scratch aside), with
+      // the buffers it adds.
+      const std::int64_t held =
+          mesh.world().allreduce(m.total() + report.total() - report.workspace_bytes, comm::Combine::max);
       log.say("rank 0 sharded parameters: owned values " + mib(m.owned_values) + " MiB, owned gradients " +
-              mib(m.owned_gradients) + " MiB, gather buffers " + mib(m.gather_values + m.gather_gradients) + " MiB");
+              mib(m.owned_gradients) + " MiB, gather buffers " + mib(m.gather_values + m.gather_gradients) +
+              " MiB; values, gradients, state without workspace and buffers on the largest rank " + mib(held) + " MiB");
     }
   }
 

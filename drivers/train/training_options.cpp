@@ -244,15 +244,13 @@ void TrainOptions::validate() const {
   require_range("--bucket-bytes", bucket_bytes, 0L, long(1) << 40);
   (void)reduction_name(reduce);  // one of the driver's reductions
   if (shard_parameters) {
-    // Bands of rows are what an elementwise optimizer may split; a preconditioner's block or a
-    // Muon matrix needs whole-block ownership, which sharding does not offer yet.
-    const bool elementwise = optimizer == OptimizerKind::sgd || optimizer == OptimizerKind::adagrad ||
-                             optimizer == OptimizerKind::adam || optimizer == OptimizerKind::adamw;
     LATHER_REQUIRE(!transformer, "--shard-parameters shards the MLP; the transformer's layers do not ask for their ",
                    "parameters yet (use the distributed optimizer step, the default, to share the optimizer state)");
-    LATHER_REQUIRE(elementwise, "--shard-parameters splits parameters into bands of rows, which only the ",
-                   "elementwise optimizers (sgd, adagrad, adam, adamw) update exactly; --optimizer ",
-                   to_string(optimizer), " keeps its state split by its distributed step instead");
+    // Shampoo's bands are whole rows of its blocks, marked as slices of the whole tensor: a weight
+    // shard's slice would need a second split (SOAP and Muon refuse weight shards anyway).
+    LATHER_REQUIRE(optimizer != OptimizerKind::shampoo || weight_shards == 1,
+                   "--shard-parameters with --optimizer shampoo needs --weight-shards 1 (its bands of blocks cannot ",
+                   "split a weight shard's slice again); first-order optimizers take both");
     LATHER_REQUIRE(reduce == comm::ReduceOp::weighted_mean, "--shard-parameters reduce-scatters the mean; --reduce ",
                    reduction_name(reduce), " needs every replica's whole gradient");
     LATHER_REQUIRE(!overlap_reduction, "--shard-parameters reduce-scatters each layer's gradients as its backward ",

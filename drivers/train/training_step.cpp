@@ -1,5 +1,7 @@
 #include "training_step.hpp"
 
+#include <lather/optim/sharding.hpp>
+
 namespace lather::train {
 
 std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Mesh& mesh, const TrainOptions& o,
@@ -19,13 +21,23 @@ std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Me
   return reducer;
 }
 
-std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const comm::Mesh& mesh, nn::Mlp<Space>& model) {
+std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
+                                                  nn::Mlp<Space>& model) {
   std::vector<ParameterShards::Layer> layers;
   for (std::size_t l = 0; l < model.layers().size(); ++l) layers.push_back({2 * l, 2 * l + 2});
-  auto shards = std::make_unique<ParameterShards>(space, mesh.data_parallel(), model.parameter_specs(), layers);
+  const auto& specs = model.parameter_specs();
+  std::vector<comm::ShardLayout> layouts;  // the elementwise optimizers: any row
+  if (o.optimizer == OptimizerKind::shampoo) layouts = optim::shampoo_shard_layouts(specs, o.shampoo_options());
+  if (o.optimizer == OptimizerKind::soap || o.optimizer == OptimizerKind::muon)
+    layouts = optim::whole_parameter_shard_layouts(specs);
+  auto shards = std::make_unique<ParameterShards>(space, mesh.data_parallel(), specs, layers, layouts);
   shards->scatter_values(space, model.parameters().values());
   model.adopt_parameters(shards->gathered());
   return shards;
+}
+
+const ParameterList<float, Memory>& sharded_parameters(const TrainOptions& o, const ParameterShards& shards) {
+  return o.optimizer == OptimizerKind::shampoo ? shards.slices() : shards.owned();
 }
 
 long last_nonempty_share(long count, long parts) {
@@ -114,7 +126,9 @@ StepSums sharded_step(const Space& space, const TrainOptions& o, const data::Lab
     }
   });
   shards.finish_step(space, sums.samples, failure);  // throws on every rank on a failure
-  parts.optimizer.step(space, shards.owned());
+  // Each rank's optimizer updates its own units (Shampoo agrees over the group itself; SOAP and
+  // Muon, built on this rank alone, do not): one agreement makes a failure an error everywhere.
+  shards.group().run_agreed("optimizer step", [&] { parts.optimizer.step(space, sharded_parameters(o, shards)); });
   shards.values_changed();
   return sums;
 }

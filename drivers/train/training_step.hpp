@@ -27,13 +27,19 @@ struct StepParts {
   comm::GradientReducer<Space, float>& reducer;
   optim::Optimizer<Space, float>& optimizer;
   Batch& staging;
-  ParameterShards* shards = nullptr;  ///< --shard-parameters: the optimizer updates shards->owned()
+  ParameterShards* shards = nullptr;  ///< --shard-parameters: the optimizer updates sharded_parameters()
 };
 
 /// With --shard-parameters: the model's parameters sharded over the data-parallel group (a layer
-/// per dense layer, kernel and bias), holding its initial values; the model then reads and writes
-/// the gather buffers, and its own parameters are released. Collective over the group.
-std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const comm::Mesh& mesh, nn::Mlp<Space>& model);
+/// per dense layer, kernel and bias) in the layouts of --optimizer (optim/sharding.hpp), holding
+/// its initial values; the model then reads and writes the gather buffers, and its own parameters
+/// are released. Collective over the group.
+std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
+                                                  nn::Mlp<Space>& model);
+
+/// What the optimizer of a --shard-parameters run is built on and updates: Shampoo, every
+/// parameter as this rank's slice (ParameterShards::slices); the others, the bands this rank holds.
+const ParameterList<float, Memory>& sharded_parameters(const TrainOptions& o, const ParameterShards& shards);
 
 /// The gradient reducer of a run (--wire-precision), over the mesh's data-parallel group; it
 /// refuses a NaN or Inf in any rank's gradients, naming the rank and the parameter.

@@ -57,7 +57,15 @@ inline std::vector<double> losses(TrainOptions o, MPI_Comm comm, const std::stri
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   o.metrics = (fs::temp_directory_path() / ("lather-test-" + tag + "-" + std::to_string(getpid()) + ".jsonl")).string();
-  lather::train::train(o, comm, [](const std::string&) {});
+  try {
+    lather::train::train(o, comm, [](const std::string&) {});
+  } catch (const std::exception& e) {
+    // The run's error is every rank of `comm`'s (the driver agrees on failures): they report it
+    // and still meet the ranks outside in the barrier, so that nobody waits for the rest.
+    ADD_FAILURE() << tag << ": " << e.what();
+    sleeping_barrier();
+    return out;
+  }
   if (rank == 0) {
     std::ifstream in(o.metrics);
     for (std::string line; std::getline(in, line);) {

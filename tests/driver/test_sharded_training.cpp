@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 namespace {
@@ -31,8 +33,11 @@ TrainOptions fifty_steps(const std::string& optimizer) {
 /// parameters; over 50 steps the loss moves by far less than 1e-4 of itself (measured: at most
 /// 3e-8; Adam's division by sqrt(v) grows such differences about e-fold every 10 steps, so the
 /// curves part by 1e-3 after 100 steps). A wrong band, a lost micro-batch or a stale gather moves
-/// the loss by percents.
+/// the loss by percents. SOAP amplifies the same noise through its rank-deficient factors to 2e-4
+/// of the loss within these steps, as it does between rank counts (test_training.cpp argues its
+/// 2e-3).
 constexpr double tolerance = 1e-4;
+double tolerance_of(const std::string& optimizer) { return optimizer == "soap" ? 2e-3 : tolerance; }
 
 TEST(ShardedTraining, LossCurveIsTheReplicatedRunsOnEveryRankCount) {
   if (world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
@@ -40,9 +45,16 @@ TEST(ShardedTraining, LossCurveIsTheReplicatedRunsOnEveryRankCount) {
     int ranks, shards, accumulate;
     const char* optimizer;
   };
-  for (const Layout& l :
-       {Layout{1, 1, 1, "adamw"}, Layout{2, 1, 2, "adamw"}, Layout{3, 1, 1, "adamw"}, Layout{4, 1, 1, "sgd"},
-        Layout{8, 1, 1, "adamw"}, Layout{2, 2, 1, "adamw"}, Layout{4, 2, 2, "adamw"}}) {
+  std::vector<Layout> runs = {{1, 1, 1, "adamw"}, {2, 1, 2, "adamw"}, {3, 1, 1, "adamw"}, {4, 1, 1, "sgd"},
+                              {8, 1, 1, "adamw"}, {2, 2, 1, "adamw"}, {4, 2, 2, "adamw"}};
+  // The matrix optimizers own whole units (Shampoo's rows of blocks, SOAP's and Muon's tensors).
+  for (const char* optimizer : {"shampoo", "soap", "muon"})
+    for (int ranks : {1, 2, 3, 4, 8}) runs.push_back({ranks, 1, ranks == 2 ? 2 : 1, optimizer});
+  if (const char* only = std::getenv("LATHER_TEST_SHARDED_OPTIMIZER"))  // a quicker run of one optimizer
+    runs.erase(
+        std::remove_if(runs.begin(), runs.end(), [&](const Layout& l) { return l.optimizer != std::string(only); }),
+        runs.end());
+  for (const Layout& l : runs) {
     auto o = fifty_steps(l.optimizer);
     o.weight_shards = l.shards;
     o.accumulate = l.accumulate;
@@ -55,7 +67,7 @@ TEST(ShardedTraining, LossCurveIsTheReplicatedRunsOnEveryRankCount) {
     if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
     if (world_rank() == 0) {
       ASSERT_EQ(replicated.size(), 10u) << what;
-      expect_same_curve(sharded, replicated, tolerance, what);
+      expect_same_curve(sharded, replicated, tolerance_of(l.optimizer), what);
     }
   }
 }
@@ -74,13 +86,16 @@ std::vector<double> run_part(TrainOptions o, int ranks, bool shard, long steps, 
   return curve;
 }
 
-TEST(ShardedTraining, CheckpointsCrossBetweenShardedAndReplicatedRunsAndRankCounts) {
+class Checkpoints : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Checkpoints, CrossBetweenShardedAndReplicatedRunsAndRankCounts) {
   if (world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
-  const auto o = fifty_steps("adamw");
+  const auto o = fifty_steps(GetParam());
   const auto whole = run_part(o, 2, false, 50, "", false);
   // Sharded on 4 ranks to step 20, replicated on 2 to step 35, sharded on 3 to the end.
   const std::string dir =
-      (fs::temp_directory_path() / ("lather-test-sharded-resume-" + std::to_string(getpid()))).string();
+      (fs::temp_directory_path() / ("lather-test-sharded-resume-" + GetParam() + "-" + std::to_string(getpid())))
+          .string();
   std::string shared_dir = dir;
   // Every rank names the directory of rank 0 (the process ids differ).
   std::vector<char> name(4096, 0);
@@ -94,10 +109,15 @@ TEST(ShardedTraining, CheckpointsCrossBetweenShardedAndReplicatedRunsAndRankCoun
     curve.insert(curve.end(), middle.begin(), middle.end());
     curve.insert(curve.end(), last.begin(), last.end());
     // Each part logs every 5 steps and at its end: 20 | 25, 30, 35 | 40, 45, 50.
-    expect_same_curve(curve, whole, tolerance, "sharded 4 ranks -> replicated 2 -> sharded 3");
+    expect_same_curve(curve, whole, tolerance_of(GetParam()),
+                      GetParam() + ": sharded 4 ranks -> replicated 2 -> sharded 3");
     fs::remove_all(shared_dir);
   }
 }
+
+// Each optimizer's state crosses: bands of rows (AdamW), Shampoo's statistics by their number in
+// the whole model, SOAP's and Muon's tensors whole from their owner.
+INSTANTIATE_TEST_SUITE_P(Optimizers, Checkpoints, ::testing::Values("adamw", "shampoo", "soap", "muon"));
 
 void fail_on_the_last_rank(const char* point) {
   static int calls = 0;
@@ -132,14 +152,15 @@ TEST(ShardedTraining, AFailureOnOneRankIsAnErrorOnEveryRank) {
 TEST(ShardedTraining, OptionsItCannotHonourAreRefused) {
   auto o = fifty_steps("shampoo");
   o.shard_parameters = true;
+  o.weight_shards = 2;
   EXPECT_THROW(o.validate(), lather::Error);
   try {
     o.validate();
   } catch (const lather::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--optimizer shampoo keeps its state split by its distributed step"),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--optimizer shampoo needs --weight-shards 1"), std::string::npos) << e.what();
   }
+  o.weight_shards = 1;
+  EXPECT_NO_THROW(o.validate());
   o = fifty_steps("adamw");
   o.shard_parameters = true;
   o.overlap_reduction = true;
