@@ -14,7 +14,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -79,13 +82,23 @@ inline std::vector<double> losses(TrainOptions o, MPI_Comm comm, const std::stri
 }
 
 /// Two loss curves agree to `tolerance` relative (the reduction order differs between rank
-/// counts: float sums over 64-sample batches, ~1e-6 relative per step, growing slowly).
+/// counts: float sums over 64-sample batches, ~1e-6 relative per step, growing slowly). The
+/// largest relative difference goes to the test's XML report (--gtest_output), named after `what`.
 inline void expect_same_curve(const std::vector<double>& a, const std::vector<double>& b, double tolerance,
                               const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   ASSERT_FALSE(a.empty()) << what;
-  for (std::size_t k = 0; k < a.size(); ++k)
+  double largest = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) {
     EXPECT_NEAR(a[k], b[k], tolerance * std::fabs(b[k])) << what << " at line " << k;
+    largest = std::max(largest, std::fabs(a[k] - b[k]) / std::fabs(b[k]));
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2g", largest);
+  std::string key = "rel_diff_" + what;  // an XML name: letters, digits and _
+  for (char& c : key)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  ::testing::Test::RecordProperty(key, text);
 }
 
 }  // namespace lather::test
