@@ -81,7 +81,8 @@ GatheredRows gather_rows(const comm::Group& group, const std::vector<std::int64_
   return out;
 }
 
-/// How one array of the replicated optimizer is assembled from the sharded ones':
+/// How one array of the replicated optimizer is assembled from the sharded ones' (their sizes
+/// agreed on beforehand, check_arrays; what may still fail here fails alike on every rank):
 ///  * shaped like a parameter: the ranks' bands, in rank order (a replicated parameter: its own);
 ///  * stacked (Shampoo's statistics, numbered alike by both: the sharded one sees every parameter
 ///    as a slice of the whole): every rank's rows, placed by index;
@@ -93,21 +94,13 @@ void gather_array(const Space& space, const ParameterShards& shards, const State
   const std::vector<char> send = mine ? host_bytes_of(space, *mine) : std::vector<char>();
   std::vector<char> all(std::size_t(whole.local_elements()) * size_of(whole.dtype));
   if (whole.parameter >= 0) {
-    if (shards.replicated(std::size_t(whole.parameter))) {
-      LATHER_REQUIRE(send.size() == all.size(), "--shard-parameters: state array '", whole.name, "' holds ",
-                     send.size(), " bytes; the replicated parameter's needs ", all.size());
+    if (shards.replicated(std::size_t(whole.parameter)))
       all = send;
-    } else {
-      const auto counts = band_bytes(shards, whole);
-      LATHER_REQUIRE(send.size() == counts[std::size_t(group.rank())], "--shard-parameters: state array '", whole.name,
-                     "' holds ", send.size(), " bytes of its band; expected ", counts[std::size_t(group.rank())]);
-      group.allgatherv(send.data(), all.data(), counts);
-    }
+    else
+      group.allgatherv(send.data(), all.data(), band_bytes(shards, whole));
   } else if (whole.stacked) {
     const std::size_t bytes_per_row = row_bytes(whole);
     const std::vector<std::int64_t> rows = mine ? rows_of(*mine) : std::vector<std::int64_t>();
-    LATHER_REQUIRE(!mine || (row_bytes(*mine) == bytes_per_row && send.size() == rows.size() * bytes_per_row),
-                   "--shard-parameters: the rows of state array '", whole.name, "' differ from the whole's");
     const GatheredRows every = gather_rows(group, rows, send, bytes_per_row);
     std::map<std::int64_t, std::size_t> at;  // row index -> where the gathered bytes hold it
     for (std::size_t k = 0; k < every.rows.size(); ++k) at.emplace(every.rows[k], k);
@@ -161,38 +154,67 @@ void scatter_array(const Space& space, const ParameterShards& shards, const Stat
   }
 }
 
+/// "" when this rank's arrays have the sizes the assembly expects of them, else what differs:
+/// checked, and agreed on, before any of the collectives that rely on those sizes.
+std::string check_arrays(const ParameterShards& shards, const Arrays& whole,
+                         const std::vector<const StateArray<Memory>*>& mine) {
+  for (std::size_t k = 0; k < whole.size(); ++k) {
+    if (!mine[k] || whole[k].name == "step") continue;
+    const auto bytes = std::size_t(mine[k]->local_elements()) * size_of(mine[k]->dtype);
+    std::size_t expected = bytes;
+    if (whole[k].parameter >= 0)
+      expected = shards.replicated(std::size_t(whole[k].parameter))
+                     ? std::size_t(whole[k].local_elements()) * size_of(whole[k].dtype)
+                     : band_bytes(shards, whole[k])[std::size_t(shards.group().rank())];
+    else if (whole[k].stacked)
+      expected = rows_of(*mine[k]).size() * row_bytes(whole[k]);
+    if (bytes != expected || mine[k]->dtype != whole[k].dtype)
+      return ::lather::Impl::concat("state array '", whole[k].name, "' holds ", bytes, " bytes of ",
+                                    to_string(mine[k]->dtype), "; its part of the whole needs ", expected, " of ",
+                                    to_string(whole[k].dtype));
+  }
+  return "";
+}
+
 /// The replicated optimizer's state := every rank's units of the sharded one's (collective).
 void gather_state(const Space& space, const ParameterShards& shards, optim::Optimizer<Space, float>& sharded,
                   optim::Optimizer<Space, float>& replicated) {
   const Arrays bands = sharded.state_arrays(space), whole = replicated.state_arrays(space);
   const auto mine = band_arrays_of(whole, bands);
+  shards.group().agree_on_failure("--shard-parameters: checkpoint", check_arrays(shards, whole, mine));
   for (std::size_t k = 0; k < whole.size(); ++k)
     if (whole[k].name != "step") gather_array(space, shards, whole[k], mine[k]);
   replicated.state_restored(space, sharded.step_count());
 }
 
-/// The sharded optimizer's state := this rank's units of the replicated one's (local). A stacked
-/// array of the replicated optimizer that this rank does not store (its distributed step keeps a
-/// share of the statistics on each rank) is first completed from the others (collective).
+/// The sharded optimizer's state := this rank's units of the replicated one's. A stacked array of
+/// the replicated optimizer that this rank does not store whole (its distributed step keeps a
+/// share of the statistics on each rank) is first completed from the others (collective); then
+/// every rank takes its part, and one agreement makes a failure there an error on every rank.
 void scatter_state(const Space& space, const ParameterShards& shards, optim::Optimizer<Space, float>& replicated,
                    optim::Optimizer<Space, float>& sharded) {
   const Arrays bands = sharded.state_arrays(space), whole = replicated.state_arrays(space);
   const auto mine = band_arrays_of(whole, bands);
-  for (std::size_t k = 0; k < whole.size(); ++k) {
-    if (whole[k].name == "step") continue;
-    if (whole[k].stacked) {
-      // The whole stack on every rank: its stored rows from every rank of the group.
-      GatheredRows gathered =
-          gather_rows(shards.group(), rows_of(whole[k]), host_bytes_of(space, whole[k]), row_bytes(whole[k]));
+  shards.group().agree_on_failure("--shard-parameters: checkpoint", check_arrays(shards, whole, mine));
+  std::vector<GatheredRows> stacks(whole.size());
+  for (std::size_t k = 0; k < whole.size(); ++k)
+    if (whole[k].stacked)
+      stacks[k] = gather_rows(shards.group(), rows_of(whole[k]), host_bytes_of(space, whole[k]), row_bytes(whole[k]));
+  shards.group().run_agreed("--shard-parameters: checkpoint", [&] {
+    for (std::size_t k = 0; k < whole.size(); ++k) {
+      if (!mine[k] || whole[k].name == "step") continue;
+      if (!whole[k].stacked) {
+        scatter_array(space, shards, whole[k], *mine[k]);
+        continue;
+      }
+      // The whole stack, every rank's stored rows.
       StateArray<Memory> every = whole[k];
-      every.rows = gathered.rows;
+      every.rows = stacks[k].rows;
       every.device_bytes = StateBytes<Memory>();
-      every.host_bytes = StateBytes<Kokkos::HostSpace>(gathered.bytes.data(), gathered.bytes.size());
-      if (mine[k]) scatter_array(space, shards, every, *mine[k]);
-      continue;
+      every.host_bytes = StateBytes<Kokkos::HostSpace>(stacks[k].bytes.data(), stacks[k].bytes.size());
+      scatter_array(space, shards, every, *mine[k]);
     }
-    if (mine[k]) scatter_array(space, shards, whole[k], *mine[k]);
-  }
+  });
   sharded.state_restored(space, replicated.step_count());
 }
 
