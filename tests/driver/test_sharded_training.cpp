@@ -1,8 +1,9 @@
 // lather-train --shard-parameters under mpiexec -n 8, on a small MLP and a slice of Fashion-MNIST:
 // the sharded run's loss curve over 50 steps is the replicated run's on 1, 2, 3, 4 and 8 ranks
-// (sub-communicators), with weight shards 2 on 2 and 4, with accumulation, for AdamW and SGD;
-// checkpoints cross between sharded and replicated runs and rank counts; a failure on one rank
-// in a sharded step or evaluation is an error on every rank (ctest's timeout catches a hang).
+// (sub-communicators) for AdamW, Shampoo, SOAP and Muon, with weight shards 2 on 2 and 4 and with
+// SGD for the first-order path, with accumulation; checkpoints of each optimizer cross between
+// sharded and replicated runs and rank counts; a failure on one rank in a sharded step or
+// evaluation is an error on every rank (ctest's timeout catches a hang).
 #include "mlp_runs.hpp"
 
 #include <lather/core/error.hpp>
