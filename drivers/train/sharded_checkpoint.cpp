@@ -81,6 +81,24 @@ GatheredRows gather_rows(const comm::Group& group, const std::vector<std::int64_
   return out;
 }
 
+/// The rows `wanted` of a stacked array, in that order, out of `bytes` holding the rows `held`
+/// (`bytes_per_row` each). Throws, naming the array (`name`) and `where` it looked, when one is
+/// missing.
+std::vector<char> pick_rows(const std::vector<std::int64_t>& held, const char* bytes,
+                            const std::vector<std::int64_t>& wanted, std::size_t bytes_per_row, const std::string& name,
+                            const char* where) {
+  std::map<std::int64_t, std::size_t> at;  // row index -> its place in `bytes`
+  for (std::size_t k = 0; k < held.size(); ++k) at.emplace(held[k], k);
+  std::vector<char> out(wanted.size() * bytes_per_row);
+  for (std::size_t k = 0; k < wanted.size(); ++k) {
+    const auto found = at.find(wanted[k]);
+    LATHER_REQUIRE(found != at.end(), "--shard-parameters: ", where, " holds no row ", wanted[k], " of state array '",
+                   name, "'");
+    std::copy_n(bytes + found->second * bytes_per_row, bytes_per_row, out.begin() + std::ptrdiff_t(k * bytes_per_row));
+  }
+  return out;
+}
+
 /// How one array of the replicated optimizer is assembled from the sharded ones' (their sizes
 /// agreed on beforehand, check_arrays; what may still fail here fails alike on every rank):
 ///  * shaped like a parameter: the ranks' bands, in rank order (a replicated parameter: its own);
@@ -102,16 +120,7 @@ void gather_array(const Space& space, const ParameterShards& shards, const State
     const std::size_t bytes_per_row = row_bytes(whole);
     const std::vector<std::int64_t> rows = mine ? rows_of(*mine) : std::vector<std::int64_t>();
     const GatheredRows every = gather_rows(group, rows, send, bytes_per_row);
-    std::map<std::int64_t, std::size_t> at;  // row index -> where the gathered bytes hold it
-    for (std::size_t k = 0; k < every.rows.size(); ++k) at.emplace(every.rows[k], k);
-    const auto wanted = rows_of(whole);
-    for (std::size_t k = 0; k < wanted.size(); ++k) {
-      const auto found = at.find(wanted[k]);
-      LATHER_REQUIRE(found != at.end(), "--shard-parameters: no rank holds row ", wanted[k], " of state array '",
-                     whole.name, "'");
-      std::copy_n(every.bytes.begin() + std::ptrdiff_t(found->second * bytes_per_row), bytes_per_row,
-                  all.begin() + std::ptrdiff_t(k * bytes_per_row));
-    }
+    all = pick_rows(every.rows, every.bytes.data(), rows_of(whole), bytes_per_row, whole.name, "no rank");
   } else {
     const int holds = mine && send.size() == all.size() ? 1 : 0;
     std::vector<int> holders(std::size_t(group.size()));
@@ -135,19 +144,8 @@ void scatter_array(const Space& space, const ParameterShards& shards, const Stat
     for (int r = 0; r < shards.group().rank(); ++r) offset += counts[std::size_t(r)];
     set_bytes(space, mine, all.data() + offset);
   } else if (whole.stacked) {
-    const std::size_t bytes_per_row = row_bytes(whole);
-    std::map<std::int64_t, std::size_t> at;
-    const auto held = rows_of(whole);
-    for (std::size_t k = 0; k < held.size(); ++k) at.emplace(held[k], k);
-    const auto wanted = rows_of(mine);
-    std::vector<char> out(wanted.size() * bytes_per_row);
-    for (std::size_t k = 0; k < wanted.size(); ++k) {
-      const auto found = at.find(wanted[k]);
-      LATHER_REQUIRE(found != at.end(), "--shard-parameters: the replicated state does not hold row ", wanted[k],
-                     " of state array '", whole.name, "'");
-      std::copy_n(all.begin() + std::ptrdiff_t(found->second * bytes_per_row), bytes_per_row,
-                  out.begin() + std::ptrdiff_t(k * bytes_per_row));
-    }
+    const auto out =
+        pick_rows(rows_of(whole), all.data(), rows_of(mine), row_bytes(whole), whole.name, "the replicated state");
     set_bytes(space, mine, out.data());
   } else {
     set_bytes(space, mine, all.data());

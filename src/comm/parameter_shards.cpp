@@ -26,15 +26,17 @@ std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> assign_bands(con
                                                                              const std::vector<ShardLayout>& layouts,
                                                                              int parts) {
   const std::size_t n = specs.size();
-  std::vector<std::int64_t> units(n, 0);
+  std::vector<std::int64_t> rows(n), unit(n), units(n, 0);  // per parameter: rows, rows per unit, units
   std::vector<double> cost(n, 0);
   std::vector<std::vector<std::int64_t>> taken(n, std::vector<std::int64_t>(std::size_t(parts), 0));
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < n; ++i) {
+    rows[i] = leading(specs[i].shape);
+    unit[i] = std::min(layouts[i].unit_rows, rows[i]);
     if (layouts[i].replicated) continue;
-    const std::int64_t rows = leading(specs[i].shape), unit = std::min(layouts[i].unit_rows, rows);
-    units[i] = (rows + unit - 1) / unit;
-    cost[i] = layouts[i].unit_cost > 0 ? layouts[i].unit_cost : double(unit * (element_count(specs[i].shape) / rows));
+    units[i] = (rows[i] + unit[i] - 1) / unit[i];
+    cost[i] =
+        layouts[i].unit_cost > 0 ? layouts[i].unit_cost : double(unit[i] * (element_count(specs[i].shape) / rows[i]));
     order.push_back(i);
   }
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
@@ -52,24 +54,22 @@ std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> assign_bands(con
     for (; !least.empty(); least.pop()) load[std::size_t(least.top().second)] = least.top().first;
     // The parameter's last unit may be shorter: it lies on the last rank holding any, which then
     // carries only its rows' share of a unit's cost.
-    const std::int64_t rows = leading(specs[i].shape), unit = std::min(layouts[i].unit_rows, rows);
-    const std::int64_t short_rows = rows - (units[i] - 1) * unit;
+    const std::int64_t short_rows = rows[i] - (units[i] - 1) * unit[i];
     for (int r = parts; r-- > 0;)
       if (taken[i][std::size_t(r)] > 0) {
-        load[std::size_t(r)] -= cost[i] * double(unit - short_rows) / double(unit);
+        load[std::size_t(r)] -= cost[i] * double(unit[i] - short_rows) / double(unit[i]);
         break;
       }
   }
   std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> bands(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const std::int64_t rows = leading(specs[i].shape), unit = std::min(layouts[i].unit_rows, rows);
     std::int64_t at = 0;
     for (int r = 0; r < parts; ++r) {
       if (layouts[i].replicated) {
-        bands[i].emplace_back(0, rows);
+        bands[i].emplace_back(0, rows[i]);
         continue;
       }
-      const std::int64_t end = std::min(rows, at + taken[i][std::size_t(r)] * unit);
+      const std::int64_t end = std::min(rows[i], at + taken[i][std::size_t(r)] * unit[i]);
       bands[i].emplace_back(at, end);
       at = end;
     }
@@ -78,6 +78,21 @@ std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> assign_bands(con
 }
 
 }  // namespace
+
+ParameterSpec band_of(const ParameterSpec& model, std::int64_t begin, std::int64_t end) {
+  ParameterSpec band = model;
+  if (band.shape.empty()) return band;  // a scalar has no rows
+  band.shape.front() = end - begin;
+  if (model.split_axis == 0) {
+    band.split_offset = model.split_offset + begin;
+  } else {
+    band.split_axis = 0;
+    band.split_offset = begin;
+    band.global_shape = model.shape;
+    band.band_of_whole = true;
+  }
+  return band;
+}
 
 template <class ExecutionSpace, class Scalar>
 ParameterShards<ExecutionSpace, Scalar>::ParameterShards(const ExecutionSpace& space, const Group& group,
@@ -180,21 +195,8 @@ ParameterShards<ExecutionSpace, Scalar>::ParameterShards(const ExecutionSpace& s
       owned_offset = range.second;
       // This rank's rows as a slice: in slices(), every sharded parameter is one (every rank then
       // lists the same split parameters); in owned(), the model's own spec where it holds all rows.
-      // A band of a weight shard's slice along rows is a slice of the same global tensor, read as
-      // that shard's is; any other band is one of the tensor this rank holds, read as the whole.
       const ParameterSpec& model = specs[i];
-      ParameterSpec slice = model;
-      if (!m_layouts[i].replicated) {
-        slice.shape.front() = m_bands[i].second - m_bands[i].first;
-        if (model.split_axis == 0) {
-          slice.split_offset = model.split_offset + m_bands[i].first;
-        } else {
-          slice.split_axis = 0;
-          slice.split_offset = m_bands[i].first;
-          slice.global_shape = model.shape;
-          slice.band_of_whole = true;
-        }
-      }
+      const ParameterSpec slice = m_layouts[i].replicated ? model : band_of(model, m_bands[i].first, m_bands[i].second);
       m_slices.add(slice, m_band_values[i], m_band_gradients[i]);
       if (range.second > range.first) {
         m_owned_slot[i] = int(m_owned_index.size());

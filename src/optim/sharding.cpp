@@ -21,23 +21,16 @@ std::vector<comm::ShardLayout> shampoo_shard_layouts(const std::vector<Parameter
       continue;
     }
     const std::int64_t row_elements = element_count(spec.shape) / spec.shape.front();
-    // How the replicated run reads the tensor, and how it reads a band (ParameterShards::slices):
-    // split along the rows as the tensor is (one weight shard's slice keeps its axis apart), or a
-    // band of the whole tensor's reading. Where the two differ (a tensor split along its columns
-    // whose rows merge with them), the tensor is replicated.
+    // How the replicated run reads the tensor, and how it reads a band of it (comm::band_of, as
+    // ParameterShards::slices hands it over). Where the two differ (a tensor split along its
+    // columns whose rows merge with them), the tensor is replicated.
     const Impl::ShampooPlan plan = Impl::make_plan({spec}, options);
     const auto& pp = plan.parameters.front();
-    if (spec.split_axis != 0) {
-      ParameterSpec band = spec;
-      band.split_axis = 0;
-      band.split_offset = 0;
-      band.global_shape = spec.shape;
-      band.band_of_whole = true;
-      if (Impl::make_plan({band}, options).parameters.front().partition.shape() != pp.partition.shape()) {
-        layout.replicated = true;
-        layouts.push_back(layout);
-        continue;
-      }
+    const ParameterSpec band = comm::band_of(spec, 0, spec.shape.front());
+    if (Impl::make_plan({band}, options).parameters.front().partition.shape() != pp.partition.shape()) {
+      layout.replicated = true;
+      layouts.push_back(layout);
+      continue;
     }
     // The reading's first dimension holds the rows, merged with the small dimensions after them
     // (`inner` elements per row); bands are cut where its blocks are.

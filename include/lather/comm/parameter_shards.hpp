@@ -20,11 +20,11 @@
 // per parameter. What a band may cut is the optimizer's to say (ShardLayout, per parameter):
 // any row for the elementwise optimizers (SGD, Adagrad, Adam, AdamW); whole rows of blocks for
 // Shampoo, whose blocks then never straddle two ranks; the whole parameter for SOAP and Muon
-// (optim/sharding.hpp gives each optimizer's layouts). A parameter's units (runs of rows) are
-// split evenly, and the units left over go, largest cost first, to the ranks least loaded so far:
-// the distributed step's longest-processing-time rule, kept contiguous. A parameter may also be
-// replicated: every rank holds it whole and its gradient is all-reduced (Shampoo's small tensors,
-// whose blocks are cut across their rows).
+// (optim/sharding.hpp gives each optimizer's layouts). The units (runs of rows) are assigned by
+// the distributed step's greedy longest-processing-time rule, each to the rank least loaded so
+// far, and a parameter's units then lie in rank order. A parameter may also be replicated: every
+// rank holds it whole and its gradient is all-reduced (a scalar; a tensor no band of which an
+// optimizer reads as it reads the whole).
 //
 // Every rank issues the same collectives in the same order: the schedule of a step is fixed by
 // its pass count (start_step), one pass being the forward need() of every layer, then need() and
@@ -71,6 +71,12 @@ struct ShardLayout {
   bool replicated = false;
 };
 
+/// The spec of rows [begin, end) of a model's parameter as slices() hands it to an optimizer: a
+/// band of a weight shard's slice along its rows stays a slice of the same global tensor, read as
+/// that shard's is; any other band is a slice of the tensor this rank holds, read as the whole
+/// tensor is (ParameterSpec::band_of_whole).
+ParameterSpec band_of(const ParameterSpec& model, std::int64_t begin, std::int64_t end);
+
 /// Bytes this rank holds for sharded parameters, by kind (measured from the Views' extents).
 struct ShardMemory {
   std::int64_t owned_values = 0, owned_gradients = 0;
@@ -115,10 +121,10 @@ class ParameterShards {
   /// owned())). owned_index(k) is entry k's position in the model's list. A band of some rows
   /// is a slice (split_axis 0 at its first row, global_shape the parameter's); a whole one is not.
   const Parameters& owned() const { return m_owned; }
-  /// Every parameter of the model's list, in order, as this rank's slice along its rows (empty
-  /// where it holds no row, whole where it holds all; a replicated parameter unsplit): for an
-  /// optimizer that must see the same list on every rank (Shampoo built with the group as its
-  /// weight shards sums a tensor's norms over the bands).
+  /// Every parameter of the model's list, in order, as this rank's band_of() its rows (empty
+  /// where it holds no row, whole where it holds all; a replicated parameter as the model gave
+  /// it): for an optimizer that must see the same list on every rank (Shampoo built with the group
+  /// as its weight shards sums a tensor's norms over the bands).
   const Parameters& slices() const { return m_slices; }
   std::size_t owned_index(std::size_t k) const { return m_owned_index.at(k); }
   /// The model's parameters at full shape, their values and gradients in the gather buffers (a
