@@ -306,7 +306,7 @@ void add_options(CLI::App& app, TrainOptions& o, std::optional<ModelKind> help_m
   app.add_flag("--shard-parameters", o.shard_parameters,
                "Each replica stores its own units of every parameter, gradient and optimizer state (rows; whole "
                "Shampoo blocks; whole SOAP and Muon tensors); layers are gathered before their passes, gradients "
-               "reduce-scattered after (MLP)");
+               "reduce-scattered after (not with --pipeline-stages)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of the HDF5 checkpoints");
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "Write a checkpoint every N steps (and at the end, and on SIGTERM); 0: only at the end and on SIGTERM")

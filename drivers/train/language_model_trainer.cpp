@@ -5,11 +5,13 @@
 #include "optimizer_factory.hpp"
 #include "progress.hpp"
 #include "resume.hpp"
+#include "sharded_checkpoint.hpp"
 #include "training_step.hpp"
 
 #include <lather/checkpoint/checkpoint.hpp>
 #include <lather/comm/comm.hpp>
 #include <lather/core/error.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/core/gemm.hpp>
 #include <lather/data/text.hpp>
 #include <lather/nn/transformer.hpp>
@@ -23,6 +25,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 
 namespace lather::train {
@@ -227,11 +230,19 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
                                   nn::activation_slots(schedule, stages, 0, o.micro_batches));
   check_memory(estimate, world);
   Model model(space, config, o.seed, mesh);
-  const auto& parameters = model.parameters();
-  const auto optimizer = make_optimizer(space, o, parameters.specs(), mesh);
-  const auto reducer = make_reducer(mesh, o, parameters.specs());
-  place_gradients(space, *reducer, model);
-  if (source) load_checkpoint(space, *source, *checkpointer, *optimizer, parameters, log);
+  // Sharded, the optimizer updates this rank's bands of the parameters; else all of them.
+  const auto shards = o.shard_parameters ? shard_parameters(space, o, mesh, model) : nullptr;
+  const auto& parameters = shards ? sharded_parameters(o, *shards) : model.parameters();
+  const auto optimizer = shards ? make_sharded_optimizer(space, o, parameters.specs(), mesh)
+                                : make_optimizer(space, o, parameters.specs(), mesh);
+  const auto reducer = make_reducer(mesh, o, model.parameter_specs());
+  if (!shards) place_gradients(space, *reducer, model);
+  if (source) {
+    if (shards)
+      load_sharded_checkpoint(space, o, mesh, *source, *checkpointer, *optimizer, *shards, log);
+    else
+      load_checkpoint(space, *source, *checkpointer, *optimizer, parameters, log);
+  }
   const long first_step = optimizer->step_count();
   check_checkpoint_directory(checkpointer.get(), first_step, planned);
   log.open_metrics(first_step > 0);
@@ -251,6 +262,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     log.say(line);
     log.say("text " + corpus.source + ": " + std::to_string(corpus.train.size()) + " training and " +
             std::to_string(corpus.validation.size()) + " validation characters");
+    if (shards) log.say(describe_sharded_memory(mesh, *shards, optimizer->memory_report()));
   }
 
   // One staging per micro-batch of a pipeline round: a schedule reads them all.
@@ -272,12 +284,13 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     double sums[3] = {0, 0, 0};
     for (long round = 0; round < rounds; ++round) {
       const long w = begin + round * micro_windows;
-      if (w < end) {
+      evaluation_round(space, shards.get(), w < end, [&] {
         const int windows = int(std::min(end - w, micro_windows));
         staging.load(space, corpus.validation, validation_offsets.data() + w, windows, block);
-        const auto r = model.evaluate(space, windows, block, staging.inputs(), staging.targets());
+        const auto r = model.evaluate(space, windows, block, staging.inputs(), staging.targets(),
+                                      shards ? shards->needed_hook(space) : ParametersNeeded());
         sums[0] += r.loss, sums[1] += double(r.correct), sums[2] += double(r.tokens);
-      }
+      });
       if (termination_agreed(mesh.world())) return false;
     }
     mesh.data_parallel().allreduce(sums, 3, comm::Combine::sum);
@@ -306,7 +319,8 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     state.rng = {o.seed};
     describe_run(o, state);
     state.extra.strings["vocabulary"] = vocabulary;
-    result.last_checkpoint = checkpointer->save(space, *optimizer, parameters, state);
+    result.last_checkpoint = shards ? save_sharded_checkpoint(space, o, mesh, *checkpointer, *optimizer, *shards, state)
+                                    : checkpointer->save(space, *optimizer, parameters, state);
   };
   // A signal agreed over the mesh: the checkpoint of the last completed step, and the end.
   const auto stop_on_signal = [&] {
@@ -334,39 +348,54 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     bool written = false;         // gradients written by an earlier round of this step
     double step_schedule = 0;
     last_step_events.clear();
-    const GradientsReady ready =
-        start_reduction(space, o, *reducer, parameters, double((mine_end - mine_begin) * block));
-    const long last_piece = last_nonempty_share(mine_end - mine_begin, micro_steps);
-    run_passes(space, *reducer, [&] {
-      for (int round = 0; round < o.accumulate; ++round) {
-        std::vector<Model::MicroBatch> micro_batches;
-        for (int j = 0; j < o.micro_batches; ++j) {
-          const auto [m0, m1] = share(mine_end - mine_begin, micro_steps, long(round) * o.micro_batches + j);
-          if (m1 == m0) continue;
-          auto& into = stagings[micro_batches.size()];
-          into.load(space, corpus.train, offsets.data() + mine_begin + m0, int(m1 - m0), block);
-          micro_batches.push_back({int(m1 - m0), block, into.inputs(), into.targets()});
-          step_tokens += (m1 - m0) * block;
+    if (shards) {
+      // Each micro-batch's gradients are reduce-scattered layer by layer into the owned bands.
+      sharded_step(space, *shards, int(micro_steps), *optimizer, parameters,
+                   [&](int k, const GradientsReady& ready, const ParametersNeeded& needed) {
+                     const auto [m0, m1] = share(mine_end - mine_begin, micro_steps, k);
+                     if (m1 == m0) return 0.0;
+                     staging.load(space, corpus.train, offsets.data() + mine_begin + m0, int(m1 - m0), block);
+                     const auto r = model.train_batch(space, int(m1 - m0), block, staging.inputs(), staging.targets(),
+                                                      false, ready, needed);
+                     local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
+                     step_tokens += (m1 - m0) * block;
+                     return double(r.tokens);
+                   });
+    } else {
+      const GradientsReady ready =
+          start_reduction(space, o, *reducer, parameters, double((mine_end - mine_begin) * block));
+      const long last_piece = last_nonempty_share(mine_end - mine_begin, micro_steps);
+      run_passes(space, *reducer, [&] {
+        for (int round = 0; round < o.accumulate; ++round) {
+          std::vector<Model::MicroBatch> micro_batches;
+          for (int j = 0; j < o.micro_batches; ++j) {
+            const auto [m0, m1] = share(mine_end - mine_begin, micro_steps, long(round) * o.micro_batches + j);
+            if (m1 == m0) continue;
+            auto& into = stagings[micro_batches.size()];
+            into.load(space, corpus.train, offsets.data() + mine_begin + m0, int(m1 - m0), block);
+            micro_batches.push_back({int(m1 - m0), block, into.inputs(), into.targets()});
+            step_tokens += (m1 - m0) * block;
+          }
+          if (micro_batches.empty()) continue;
+          nn::PipelineTimes times;
+          // The passes' times (a fence after each) only where they are reported.
+          const bool timing = stages > 1 || !o.pipeline_timeline.empty();
+          // The hook in the round of the step's last micro-batch, whose backward is the last.
+          const bool last_round = last_piece / o.micro_batches == round;
+          const auto r = model.train_micro_batches(space, schedule, micro_batches, written, timing ? &times : nullptr,
+                                                   last_round ? ready : GradientsReady());
+          written = true;
+          local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
+          busy_seconds += times.busy, schedule_seconds += times.seconds;
+          for (auto e : times.events) {  // the rounds one after the other
+            e.begin += step_schedule, e.end += step_schedule;
+            last_step_events.push_back(e);
+          }
+          step_schedule += times.seconds;
         }
-        if (micro_batches.empty()) continue;
-        nn::PipelineTimes times;
-        // The passes' times (a fence after each) only where they are reported.
-        const bool timing = stages > 1 || !o.pipeline_timeline.empty();
-        // The hook in the round of the step's last micro-batch, whose backward is the last.
-        const bool last_round = last_piece / o.micro_batches == round;
-        const auto r = model.train_micro_batches(space, schedule, micro_batches, written, timing ? &times : nullptr,
-                                                 last_round ? ready : GradientsReady());
-        written = true;
-        local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
-        busy_seconds += times.busy, schedule_seconds += times.seconds;
-        for (auto e : times.events) {  // the rounds one after the other
-          e.begin += step_schedule, e.end += step_schedule;
-          last_step_events.push_back(e);
-        }
-        step_schedule += times.seconds;
-      }
-    });
-    reduce_and_step(space, o, *reducer, *optimizer, parameters, double(step_tokens));
+      });
+      reduce_and_step(space, o, *reducer, *optimizer, parameters, double(step_tokens));
+    }
     // Over the whole mesh, so that a signal seen by any rank stops every rank after this step;
     // the shards of a replica hold the same sums, counted once by dividing by their number.
     double sums[4] = {local.loss, double(local.correct), double(local.tokens), double(termination_requested())};
@@ -377,7 +406,12 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
     const long done = step + 1;
     if (step == first_step) {
       // What each rank holds, measured from the Views the run allocated (activations exist now).
-      const auto memory = model.memory();
+      auto memory = model.memory();
+      if (shards) {  // the model reads the gather buffers: the owned bands and those buffers
+        const auto m = shards->memory();
+        memory.parameters = m.owned_values + m.gather_values;
+        memory.gradients = m.owned_gradients + m.gather_gradients;
+      }
       const auto state = optimizer->memory_report().total();
       const std::int64_t total =
           memory.parameters + memory.gradients + state + memory.activations + memory.communication;
@@ -504,6 +538,13 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   }
 
   if (o.sample > 0 && !result.interrupted) {
+    // Sharded, the model reads the whole parameters, gathered once, for sampling.
+    std::optional<ParameterList<float, Memory>> whole;
+    if (shards) {
+      whole.emplace(space, shards->specs());
+      shards->gather_values(space, whole->values());
+      model.adopt_parameters(*whole);
+    }
     // Every rank draws the same characters: the logits are gathered to every shard and every
     // replica holds the same model, and the generator is seeded alike.
     std::vector<std::int32_t> context = corpus.vocabulary.encode(o.prompt, "--prompt");

@@ -196,15 +196,19 @@ checkpoint::TrainingState load_checkpoint(const Space& space, const ResumeSource
   return state;
 }
 
-std::string save_checkpoint(const Space& space, const TrainOptions& o, checkpoint::Checkpointer& checkpointer,
-                            optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
-                            const Position& next) {
+checkpoint::TrainingState position_state(const TrainOptions& o, const Position& next) {
   checkpoint::TrainingState state;
   state.epoch = next.epoch;
   state.sample_offset = next.sample;
   state.rng = {o.seed};
   describe_run(o, state);
-  return checkpointer.save(space, optimizer, parameters, state);
+  return state;
+}
+
+std::string save_checkpoint(const Space& space, const TrainOptions& o, checkpoint::Checkpointer& checkpointer,
+                            optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,
+                            const Position& next) {
+  return checkpointer.save(space, optimizer, parameters, position_state(o, next));
 }
 
 }  // namespace lather::train

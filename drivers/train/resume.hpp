@@ -57,6 +57,9 @@ checkpoint::TrainingState load_checkpoint(const Space& space, const ResumeSource
                                           optim::Optimizer<Space, float>& optimizer,
                                           const ParameterList<float, Memory>& parameters, const ProgressLog& log);
 
+/// What an MLP run records with its checkpoints: `next` as where to continue, the seed, the run.
+checkpoint::TrainingState position_state(const TrainOptions& o, const Position& next);
+
 /// Writes the checkpoint of the optimizer's step, recording `next` as where to continue.
 std::string save_checkpoint(const Space& space, const TrainOptions& o, checkpoint::Checkpointer& checkpointer,
                             optim::Optimizer<Space, float>& optimizer, const ParameterList<float, Memory>& parameters,

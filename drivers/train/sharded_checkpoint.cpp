@@ -220,12 +220,12 @@ void scatter_state(const Space& space, const ParameterShards& shards, optim::Opt
 
 std::string save_sharded_checkpoint(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
                                     checkpoint::Checkpointer& checkpointer, optim::Optimizer<Space, float>& optimizer,
-                                    ParameterShards& shards, const Position& next) {
+                                    ParameterShards& shards, const checkpoint::TrainingState& state) {
   ParameterList<float, Memory> whole(space, shards.specs());
   shards.gather_values(space, whole.values());
   const auto replicated = make_optimizer(space, o, whole.specs(), mesh);
   gather_state(space, shards, optimizer, *replicated);
-  return save_checkpoint(space, o, checkpointer, *replicated, whole, next);
+  return checkpointer.save(space, *replicated, whole, state);
 }
 
 checkpoint::TrainingState load_sharded_checkpoint(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,

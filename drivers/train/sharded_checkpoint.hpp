@@ -13,10 +13,14 @@
 
 namespace lather::train {
 
+/// Writes the checkpoint of the optimizer's step with `state` (position_state() for the MLP).
+/// Collective over the data-parallel group.
 std::string save_sharded_checkpoint(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
                                     checkpoint::Checkpointer& checkpointer, optim::Optimizer<Space, float>& optimizer,
-                                    ParameterShards& shards, const Position& next);
+                                    ParameterShards& shards, const checkpoint::TrainingState& state);
 
+/// Loads `source` into the shards' values and the optimizer's units; returns where to continue.
+/// Collective over the data-parallel group.
 checkpoint::TrainingState load_sharded_checkpoint(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
                                                   const ResumeSource& source,
                                                   const checkpoint::Checkpointer& checkpointer,

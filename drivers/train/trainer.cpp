@@ -136,17 +136,7 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
     const std::int64_t largest = mesh.world().allreduce(report.total(), comm::Combine::max);
     log.say("rank 0 " + report.to_string() + "; largest on any rank " +
             std::to_string(double(largest) / 1048576.0).substr(0, 6) + " MiB");
-    if (shards) {
-      const auto m = shards->memory();
-      const auto mib = [](std::int64_t bytes) { return std::to_string(double(bytes) / 1048576.0).substr(0, 6); };
-      // What sharding divides: values, gradients and state (the optimizer's scratch aside), with
-      // the buffers it adds.
-      const std::int64_t held =
-          mesh.world().allreduce(m.total() + report.total() - report.workspace_bytes, comm::Combine::max);
-      log.say("rank 0 sharded parameters: owned values " + mib(m.owned_values) + " MiB, owned gradients " +
-              mib(m.owned_gradients) + " MiB, gather buffers " + mib(m.gather_values + m.gather_gradients) +
-              " MiB; values, gradients, state without workspace and buffers on the largest rank " + mib(held) + " MiB");
-    }
+    if (shards) log.say(describe_sharded_memory(mesh, *shards, report));
   }
 
   Batch staging(batch / replicas + 1, data.train.features);
@@ -158,9 +148,9 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
 
   const auto save = [&](const Position& next) {
     if (checkpointer)
-      result.last_checkpoint = shards
-                                   ? save_sharded_checkpoint(space, o, mesh, *checkpointer, *optimizer, *shards, next)
-                                   : save_checkpoint(space, o, *checkpointer, *optimizer, parameters, next);
+      result.last_checkpoint =
+          shards ? save_sharded_checkpoint(space, o, mesh, *checkpointer, *optimizer, *shards, position_state(o, next))
+                 : save_checkpoint(space, o, *checkpointer, *optimizer, parameters, next);
   };
   // Test loss and accuracy over the whole test set, each replica its share. Returns false,
   // reporting nothing, when a signal stops it (agreed after every piece: each rank takes as many
@@ -174,24 +164,12 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
     double sums[2] = {0, 0};
     for (long round = 0; round < rounds; ++round) {
       const long b = begin + round * eval_rows;
-      // Sharded, every rank makes each round's gathers, with samples or not, and a failure in
-      // the pass is agreed before the next round's gathers.
-      std::string failure;
-      if (b < end) {
-        const auto pass = [&] {
-          const auto [x, y] = eval_staging.load(space, data.test, nullptr, b, std::min(end, b + eval_rows));
-          const auto r = model.evaluate(space, x, y, shards ? shards->needed_hook(space) : ParametersNeeded());
-          sums[0] += r.loss_sum;
-          sums[1] += double(r.correct);
-        };
-        if (shards)
-          failure = ::lather::Impl::local_failure(nullptr, pass);
-        else
-          pass();
-      } else if (shards) {
-        shards->forward_without_data(space);
-      }
-      if (shards) shards->finish_forward(space, failure);
+      evaluation_round(space, shards.get(), b < end, [&] {
+        const auto [x, y] = eval_staging.load(space, data.test, nullptr, b, std::min(end, b + eval_rows));
+        const auto r = model.evaluate(space, x, y, shards ? shards->needed_hook(space) : ParametersNeeded());
+        sums[0] += r.loss_sum;
+        sums[1] += double(r.correct);
+      });
       if (termination_agreed(mesh.world())) return false;
     }
     mesh.data_parallel().allreduce(sums, 2, comm::Combine::sum);

@@ -244,8 +244,8 @@ void TrainOptions::validate() const {
   require_range("--bucket-bytes", bucket_bytes, 0L, long(1) << 40);
   (void)reduction_name(reduce);  // one of the driver's reductions
   if (shard_parameters) {
-    LATHER_REQUIRE(!transformer, "--shard-parameters shards the MLP; the transformer's layers do not ask for their ",
-                   "parameters yet (use the distributed optimizer step, the default, to share the optimizer state)");
+    LATHER_REQUIRE(pipeline_stages == 1, "--shard-parameters shards the parameters of whole layers over the ",
+                   "replicas; with --pipeline-stages ", pipeline_stages, " the stages hold them already");
     // Shampoo's bands are whole rows of its blocks, marked as slices of the whole tensor: a weight
     // shard's slice would need a second split (SOAP and Muon refuse weight shards anyway).
     LATHER_REQUIRE(optimizer != OptimizerKind::shampoo || weight_shards == 1,

@@ -21,19 +21,54 @@ std::unique_ptr<comm::GradientReducer<Space, float>> make_reducer(const comm::Me
   return reducer;
 }
 
-std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
-                                                  nn::Mlp<Space>& model) {
-  std::vector<ParameterShards::Layer> layers;
-  for (std::size_t l = 0; l < model.layers().size(); ++l) layers.push_back({2 * l, 2 * l + 2});
-  const auto& specs = model.parameter_specs();
+namespace {
+
+/// The shards of a model's parameters [specs] read layer by layer, in the layouts of --optimizer,
+/// holding the model's initial values.
+std::unique_ptr<ParameterShards> make_shards(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
+                                             const std::vector<ParameterSpec>& specs,
+                                             std::vector<ParameterShards::Layer> layers,
+                                             const ParameterList<float, Memory>::tensor_list& values) {
   std::vector<comm::ShardLayout> layouts;  // the elementwise optimizers: any row
   if (o.optimizer == OptimizerKind::shampoo) layouts = optim::shampoo_shard_layouts(specs, o.shampoo_options());
   if (o.optimizer == OptimizerKind::soap || o.optimizer == OptimizerKind::muon)
     layouts = optim::whole_parameter_shard_layouts(specs);
-  auto shards = std::make_unique<ParameterShards>(space, mesh.data_parallel(), specs, layers, layouts);
-  shards->scatter_values(space, model.parameters().values());
+  auto shards = std::make_unique<ParameterShards>(space, mesh.data_parallel(), specs, std::move(layers), layouts);
+  shards->scatter_values(space, values);
+  return shards;
+}
+
+}  // namespace
+
+std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
+                                                  nn::Mlp<Space>& model) {
+  std::vector<ParameterShards::Layer> layers;
+  for (std::size_t l = 0; l < model.layers().size(); ++l) layers.push_back({2 * l, 2 * l + 2});
+  auto shards = make_shards(space, o, mesh, model.parameter_specs(), layers, model.parameters().values());
   model.adopt_parameters(shards->gathered());
   return shards;
+}
+
+std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
+                                                  nn::Transformer<Space, float>& model) {
+  std::vector<ParameterShards::Layer> layers;
+  for (const auto& [first, last] : model.parameter_layers()) layers.push_back({first, last});
+  auto shards = make_shards(space, o, mesh, model.parameter_specs(), layers, model.parameters().values());
+  model.adopt_parameters(shards->gathered());
+  return shards;
+}
+
+std::string describe_sharded_memory(const comm::Mesh& mesh, const ParameterShards& shards,
+                                    const optim::StateMemoryReport& report) {
+  const auto m = shards.memory();
+  const auto mib = [](std::int64_t bytes) { return std::to_string(double(bytes) / 1048576.0).substr(0, 6); };
+  // What sharding divides: values, gradients and state (the optimizer's scratch aside), with the
+  // buffers it adds.
+  const std::int64_t held =
+      mesh.world().allreduce(m.total() + report.total() - report.workspace_bytes, comm::Combine::max);
+  return "rank 0 sharded parameters: owned values " + mib(m.owned_values) + " MiB, owned gradients " +
+         mib(m.owned_gradients) + " MiB, gather buffers " + mib(m.gather_values + m.gather_gradients) +
+         " MiB; values, gradients, state without workspace and buffers on the largest rank " + mib(held) + " MiB";
 }
 
 const ParameterList<float, Memory>& sharded_parameters(const TrainOptions& o, const ParameterShards& shards) {
@@ -100,36 +135,22 @@ namespace {
 /// forward and backward and reduce-scatter its gradients after its backward; a micro-batch
 /// without samples for this replica makes the same collectives with zero gradients, and a failure
 /// in the passes makes the rest of them before the step's agreement.
-StepSums sharded_step(const Space& space, const TrainOptions& o, const data::LabelledImages& train_set,
-                      const std::vector<std::int32_t>& order, long begin, long mine_begin, long mine_end,
-                      StepParts& parts) {
-  auto& shards = *parts.shards;
-  shards.start_step(space, o.accumulate);
-  const GradientsReady ready = shards.ready_hook(space);
-  const ParametersNeeded needed = shards.needed_hook(space);
+StepSums sharded_mlp_step(const Space& space, const TrainOptions& o, const data::LabelledImages& train_set,
+                          const std::vector<std::int32_t>& order, long begin, long mine_begin, long mine_end,
+                          StepParts& parts) {
   StepSums sums;
-  const std::string failure = ::lather::Impl::local_failure(nullptr, [&] {
-    for (int k = 0; k < o.accumulate; ++k) {
-      const auto [m0, m1] = share(mine_end - mine_begin, o.accumulate, k);
-      if (m1 == m0) {
-        shards.pass_without_data(space);
-        continue;
-      }
-      const auto [x, y] =
-          parts.staging.load(space, train_set, order.data(), begin + mine_begin + m0, begin + mine_begin + m1);
-      // Each micro-batch's gradients are reduce-scattered and summed into the owned bands: the
-      // model sets them rather than adding.
-      const auto r = parts.model.train_batch(space, x, y, false, ready, needed);
-      sums.loss += r.loss_sum;
-      sums.correct += double(r.correct);
-      sums.samples += double(r.samples);
-    }
-  });
-  shards.finish_step(space, sums.samples, failure);  // throws on every rank on a failure
-  // Each rank's optimizer updates its own units (Shampoo agrees over the group itself; SOAP and
-  // Muon, built on this rank alone, do not): one agreement makes a failure an error everywhere.
-  shards.group().run_agreed("optimizer step", [&] { parts.optimizer.step(space, sharded_parameters(o, shards)); });
-  shards.values_changed();
+  sharded_step(space, *parts.shards, o.accumulate, parts.optimizer, sharded_parameters(o, *parts.shards),
+               [&](int k, const GradientsReady& ready, const ParametersNeeded& needed) {
+                 const auto [m0, m1] = share(mine_end - mine_begin, o.accumulate, k);
+                 if (m1 == m0) return 0.0;
+                 const auto [x, y] = parts.staging.load(space, train_set, order.data(), begin + mine_begin + m0,
+                                                        begin + mine_begin + m1);
+                 const auto r = parts.model.train_batch(space, x, y, false, ready, needed);
+                 sums.loss += r.loss_sum;
+                 sums.correct += double(r.correct);
+                 sums.samples += double(r.samples);
+                 return double(r.samples);
+               });
   return sums;
 }
 
@@ -143,7 +164,7 @@ StepSums training_step(const Space& space, const TrainOptions& o, const data::La
   // refuses).
   const auto mine = share(end - begin, replicas, replica);
   const long mine_begin = mine.first, mine_end = mine.second;
-  if (parts.shards) return sharded_step(space, o, train_set, order, begin, mine_begin, mine_end, parts);
+  if (parts.shards) return sharded_mlp_step(space, o, train_set, order, begin, mine_begin, mine_end, parts);
   const GradientsReady ready = start_reduction(space, o, parts.reducer, parameters, double(mine_end - mine_begin));
   const long last = last_nonempty_share(mine_end - mine_begin, o.accumulate);
   StepSums sums;

@@ -8,7 +8,9 @@
 
 #include <lather/comm/parameter_shards.hpp>
 #include <lather/comm/reduce.hpp>
+#include <lather/core/fault_injection.hpp>
 #include <lather/nn/mlp.hpp>
+#include <lather/nn/transformer.hpp>
 #include <lather/optim/optimizer.hpp>
 
 #include <memory>
@@ -36,6 +38,15 @@ struct StepParts {
 /// are released. Collective over the group.
 std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
                                                   nn::Mlp<Space>& model);
+/// The same for the transformer: a layer per embedding, block, and final LayerNorm with the head.
+std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
+                                                  nn::Transformer<Space, float>& model);
+
+/// The log line of a --shard-parameters run's memory: rank 0's owned bands and gather buffers, and
+/// the largest rank's values, gradients, state (without the optimizer's workspace) and buffers.
+/// Collective over the mesh.
+std::string describe_sharded_memory(const comm::Mesh& mesh, const ParameterShards& shards,
+                                    const optim::StateMemoryReport& report);
 
 /// What the optimizer of a --shard-parameters run is built on and updates: Shampoo, every
 /// parameter as this rank's slice (ParameterShards::slices); the others, the bands this rank holds.
@@ -76,6 +87,50 @@ void run_passes(const Space& space, comm::GradientReducer<Space, float>& reducer
   if (!reducer.overlapping()) return passes();
   const std::string failure = ::lather::Impl::local_failure(nullptr, std::forward<Passes>(passes));
   if (!failure.empty()) reducer.finish(space, failure);  // throws on every rank
+}
+
+/// A --shard-parameters step of `passes` micro-batches: `pass(k, ready, needed)` runs micro-batch
+/// k's forward and backward with the shards' hooks (the model setting its gradients, not adding:
+/// the owned bands sum them) and returns its weight (samples or tokens), or returns 0 without
+/// running the model where this replica has no sample in it: that pass's collectives then run with
+/// zero gradients. A failure in the passes makes the rest of the schedule before the step's
+/// agreement, which throws it on every rank; then the owned gradients are the weighted mean and
+/// each rank's optimizer updates its units (one agreement: SOAP and Muon, built on this rank
+/// alone, do not agree themselves). Collective over the data-parallel group.
+template <class Pass>
+void sharded_step(const Space& space, ParameterShards& shards, int passes, optim::Optimizer<Space, float>& optimizer,
+                  const ParameterList<float, Memory>& parameters, Pass&& pass) {
+  shards.start_step(space, passes);
+  const GradientsReady ready = shards.ready_hook(space);
+  const ParametersNeeded needed = shards.needed_hook(space);
+  double weight = 0;
+  const std::string failure = ::lather::Impl::local_failure(nullptr, [&] {
+    for (int k = 0; k < passes; ++k) {
+      const double w = pass(k, ready, needed);
+      if (w == 0) shards.pass_without_data(space);
+      weight += w;
+    }
+  });
+  shards.finish_step(space, weight, failure);  // throws on every rank on a failure
+  shards.group().run_agreed("optimizer step", [&] { optimizer.step(space, parameters); });
+  shards.values_changed();
+}
+
+/// One evaluation round's forward pass, `pass`, where this rank has samples in it (`has_data`).
+/// Sharded, every rank makes the round's gathers, with samples or not, and a failure in the pass
+/// is agreed over the group (the same error on every rank) before the next round's gathers.
+template <class Pass>
+void evaluation_round(const Space& space, ParameterShards* shards, bool has_data, Pass&& pass) {
+  if (!shards) {
+    if (has_data) pass();
+    return;
+  }
+  std::string failure;
+  if (has_data)
+    failure = ::lather::Impl::local_failure(nullptr, std::forward<Pass>(pass));
+  else
+    shards->forward_without_data(space);
+  shards->finish_forward(space, failure);
 }
 
 /// The index of the last of `parts` shares of `count` items that holds any (-1: none).

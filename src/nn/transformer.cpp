@@ -5,6 +5,7 @@
 #include <lather/core/error.hpp>
 #include <lather/core/fault_injection.hpp>
 #include <lather/core/kokkos_compat.hpp>
+#include <lather/core/tensor.hpp>
 
 #include <cmath>
 #include <random>
@@ -252,21 +253,72 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
 template <class ExecutionSpace, class Scalar>
 Transformer<ExecutionSpace, Scalar>::~Transformer() = default;
 
+namespace {
+
+/// Sets the hook the passes ask for each layer's parameters, for the lifetime of this object (one
+/// call of train_batch() or evaluate()).
+template <class State>
+class NeededDuring {
+ public:
+  NeededDuring(State& st, const ParametersNeeded& needed, const char* call) : m_st(st) {
+    if (!needed) return;
+    LATHER_REQUIRE(st.stages == 1, "Transformer::", call, ": sharded parameters (a ParametersNeeded hook) need a ",
+                   "model without pipeline stages");
+    m_st.parameters_needed = &needed;
+  }
+  ~NeededDuring() { m_st.parameters_needed = nullptr; }
+  NeededDuring(const NeededDuring&) = delete;
+  NeededDuring& operator=(const NeededDuring&) = delete;
+
+ private:
+  State& m_st;
+};
+
+}  // namespace
+
 template <class ExecutionSpace, class Scalar>
 LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_batch(const ExecutionSpace& space, int batch, int time,
                                                                    const Tokens& inputs, const Tokens& targets,
-                                                                   bool accumulate, const GradientsReady& ready) {
+                                                                   bool accumulate, const GradientsReady& ready,
+                                                                   const ParametersNeeded& needed) {
+  const NeededDuring<State> asking(*m_state, needed, "train_batch");
   return train_micro_batches(space, PipelineSchedule::gpipe, {MicroBatch{batch, time, inputs, targets}}, accumulate,
                              nullptr, ready);
 }
 
 template <class ExecutionSpace, class Scalar>
 LanguageModelSums Transformer<ExecutionSpace, Scalar>::evaluate(const ExecutionSpace& space, int batch, int time,
-                                                                const Tokens& inputs, const Tokens& targets) {
+                                                                const Tokens& inputs, const Tokens& targets,
+                                                                const ParametersNeeded& needed) {
+  const NeededDuring<State> asking(*m_state, needed, "evaluate");
   if (m_state->stages > 1) return forward_through_stages(space, batch, time, inputs, &targets);
   reserve(space, 0, batch * time);
   forward(space, 0, batch, time, inputs);
   return loss(space, 0, batch * time, targets, false);
+}
+
+template <class ExecutionSpace, class Scalar>
+void Transformer<ExecutionSpace, Scalar>::adopt_parameters(const Parameters& parameters) {
+  LATHER_REQUIRE(parameters.size() == m_parameters.size(), "Transformer::adopt_parameters: ", parameters.size(),
+                 " parameters for a model of ", m_parameters.size());
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const auto& mine = m_parameters.spec(i);
+    const auto& theirs = parameters.spec(i);
+    LATHER_REQUIRE(mine.name == theirs.name && mine.shape == theirs.shape, "Transformer::adopt_parameters: parameter ",
+                   i, " is '", theirs.name, "' of shape ", ::lather::to_string(theirs.shape), "; the model's is '",
+                   mine.name, "' of shape ", ::lather::to_string(mine.shape));
+  }
+  m_parameters = parameters;
+}
+
+template <class ExecutionSpace, class Scalar>
+std::vector<std::pair<std::size_t, std::size_t>> Transformer<ExecutionSpace, Scalar>::parameter_layers() const {
+  const auto& st = *m_state;
+  std::vector<std::pair<std::size_t, std::size_t>> layers;
+  if (st.first_stage()) layers.emplace_back(std::size_t(st.token_table), std::size_t(st.position_table + 1));
+  for (const auto& b : st.blocks) layers.emplace_back(std::size_t(b.p.ln1_scale), std::size_t(b.p.mlp_out_bias + 1));
+  if (st.last_stage()) layers.emplace_back(std::size_t(st.final_scale), std::size_t(st.head_bias + 1));
+  return layers;
 }
 
 template <class ExecutionSpace, class Scalar>

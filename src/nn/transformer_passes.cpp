@@ -79,6 +79,13 @@ void report_ready(State& st, int first, int last) {
   if (st.gradients_ready) (*st.gradients_ready)(std::size_t(first), std::size_t(last));
 }
 
+/// Tensors [first, last) of the stage's list, one layer's, are about to be read (sharded
+/// parameters: their values are gathered now, where train_batch or evaluate was given the hook).
+template <class State>
+void ask_needed(State& st, int first, int last) {
+  if (st.parameters_needed) (*st.parameters_needed)(std::size_t(first), std::size_t(last));
+}
+
 }  // namespace
 
 template <class ExecutionSpace, class Scalar>
@@ -157,6 +164,7 @@ void Transformer<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, i
   if (st.first_stage()) {
     LATHER_REQUIRE(inputs.extent(0) >= std::size_t(batch) * std::size_t(time), "Transformer: ", inputs.extent(0),
                    " input tokens for ", batch, " x ", time);
+    ask_needed(st, st.token_table, st.position_table + 1);
     embed(space, slot, batch, time, inputs);
   }
   const double eps = m_config.layer_norm_epsilon;
@@ -168,6 +176,7 @@ void Transformer<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, i
     auto& b = st.blocks[l];
     auto& ba = activations.blocks[l];
     const auto& p = b.p;
+    ask_needed(st, p.ln1_scale, p.mlp_out_bias + 1);
     // Named copies, not structured bindings: C++17 lambdas cannot capture those.
     const auto r = State::rows_of(ba, rows);
     const Matrix x = r.x, a = r.a, q = r.q, k = r.k, v = r.v, y = r.y, x1 = r.x1, bn = r.b, h = r.h, g = r.g;
@@ -196,6 +205,7 @@ void Transformer<ExecutionSpace, Scalar>::forward(const ExecutionSpace& space, i
         KOKKOS_LAMBDA(int i, int j) { next(i, j) += x1(i, j); });
   }
   if (!st.last_stage()) return;
+  ask_needed(st, st.final_scale, st.head_bias + 1);
   const Matrix f = State::rows_of(activations.f, rows);
   layer_norm_forward<ExecutionSpace, Scalar>(space, State::rows_of(activations.x_final, rows), value(st.final_scale),
                                              value(st.final_offset), f, State::rows_of(activations.mean_f, rows),
@@ -243,6 +253,7 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
 
   if (st.last_stage()) {
     // Head: dF = sum over shards of dlogits_d W_d^T; then the final LayerNorm starts dX.
+    ask_needed(st, st.final_scale, st.head_bias + 1);
     st.head->backward(space, State::rows_of(activations.f, rows), kernel(st.head_kernel),
                       State::rows_of(activations.dlogits, rows), dtmp, kernel_gradient(st.head_kernel),
                       gradient(st.head_bias), accumulate);
@@ -259,6 +270,7 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
     auto& b = st.blocks[l];
     auto& ba = activations.blocks[l];
     const auto& p = b.p;
+    ask_needed(st, p.ln1_scale, p.mlp_out_bias + 1);
     // Named copies, not structured bindings: C++17 lambdas cannot capture those.
     const auto r = State::rows_of(ba, rows);
     const Matrix x = r.x, a = r.a, q = r.q, k = r.k, v = r.v, y = r.y, x1 = r.x1, bn = r.b, h = r.h, g = r.g;
@@ -295,6 +307,9 @@ void Transformer<ExecutionSpace, Scalar>::backward(const ExecutionSpace& space, 
     report_ready(st, p.ln1_scale, p.mlp_out_bias + 1);  // the block's tensors, consecutive in the list
   }
   if (st.first_stage()) {
+    // The embedding's backward reads no value, but the gathers of sharded parameters run on a
+    // fixed schedule: a need() before every layer's backward.
+    ask_needed(st, st.token_table, st.position_table + 1);
     embed_backward(space, batch, time, inputs, accumulate);
     report_ready(st, st.token_table, st.position_table + 1);
   }

@@ -67,6 +67,8 @@ struct Transformer<ExecutionSpace, Scalar>::State {
   int token_table = -1, position_table = -1, final_scale = -1, final_offset = -1, head_kernel = -1, head_bias = -1;
   /// Where backward() reports the gradients it writes for the last time (train_micro_batches).
   const GradientsReady* gradients_ready = nullptr;
+  /// What the passes ask for each layer's parameters before reading them (sharded parameters).
+  const ParametersNeeded* parameters_needed = nullptr;
 
   // Pipeline stages: this rank's stage of `stages`, holding layers [first_layer, end_layer).
   int stage = 0, stages = 1, first_layer = 0, end_layer = 0;

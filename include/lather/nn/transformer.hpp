@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lather::nn {
@@ -139,14 +140,24 @@ class Transformer {
   void place_gradients(const ExecutionSpace& space, const typename Parameters::tensor& storage) {
     m_parameters.place_gradients(space, storage);
   }
+  /// The same tensors (names and shapes, in order), held elsewhere, become the ones the passes
+  /// read and write, releasing the model's own: for sharded parameters, whose values live in
+  /// gather buffers (comm::ParameterShards::gathered, with a ParametersNeeded hook on every pass).
+  /// Throws lather::Error naming the first parameter that differs.
+  void adopt_parameters(const Parameters& parameters);
+  /// The ranges [first, last) of the parameter list that one layer's passes read together, in
+  /// forward order: the embedding, each block, the final LayerNorm with the head (this stage's).
+  std::vector<std::pair<std::size_t, std::size_t>> parameter_layers() const;
 
   /// Forward and backward on `batch` windows of `time` tokens: inputs and targets hold
   /// batch x time token ids, row b * time + t. The gradient of the summed loss (cross-entropy plus
   /// z-loss) is written to the parameters' gradients, or added when `accumulate`. Collective over
   /// the shards, which pass the same tokens. `ready`, when given, hears of each layer's gradients as
-  /// the backward writes them (an overlapped reduction).
+  /// the backward writes them (an overlapped reduction). `needed`, when given (no pipeline stages),
+  /// is asked for each layer's parameters before its forward and before its backward.
   LanguageModelSums train_batch(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,
-                                const Tokens& targets, bool accumulate, const GradientsReady& ready = {});
+                                const Tokens& targets, bool accumulate, const GradientsReady& ready = {},
+                                const ParametersNeeded& needed = {});
   /// Forward and backward of `micro_batches` in the order of `schedule` on this pipeline stage; the
   /// gradients of the summed loss over all of them are written (added when `accumulate`), adding
   /// the micro-batches in order. Collective over the mesh: every rank passes the same batch and
@@ -160,9 +171,9 @@ class Transformer {
                                         const std::vector<MicroBatch>& micro_batches, bool accumulate,
                                         PipelineTimes* times = nullptr, const GradientsReady& ready = {});
   /// Forward only. With pipeline stages the batch flows through every stage and the sums are the
-  /// last stage's (zero on the others).
+  /// last stage's (zero on the others). `needed` as in train_batch().
   LanguageModelSums evaluate(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,
-                             const Tokens& targets);
+                             const Tokens& targets, const ParametersNeeded& needed = {});
   /// The logits of the token after the last of `context` (time = its length <= block_size), over
   /// the whole vocabulary on every shard (gathered: one small all-gather). For sampling.
   std::vector<double> next_token_logits(const ExecutionSpace& space, const std::vector<std::int32_t>& context);
