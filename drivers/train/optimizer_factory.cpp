@@ -3,6 +3,7 @@
 #include <lather/core/error.hpp>
 #include <lather/optim/first_order.hpp>
 #include <lather/optim/muon.hpp>
+#include <lather/optim/sharded_muon.hpp>
 #include <lather/optim/shampoo.hpp>
 #include <lather/optim/soap.hpp>
 
@@ -48,6 +49,9 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_sharded_optimizer(const Spa
   if (o.optimizer == OptimizerKind::shampoo)
     return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), comm::Group(),
                                                           mesh.data_parallel());
+  if (o.optimizer == OptimizerKind::muon)
+    return std::make_unique<optim::ShardedMuon<Space, float>>(space, parameters, o.muon_options(),
+                                                              mesh.data_parallel());
   // Each rank's own units: no group shares them.
   return make_optimizer(space, o, parameters, comm::Mesh());
 }

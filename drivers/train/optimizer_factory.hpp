@@ -19,7 +19,9 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& spac
 
 /// The optimizer of a --shard-parameters run, on the parameters sharded_parameters() gives: Shampoo
 /// with the data-parallel group as its weight shards (its statistics numbered over the whole
-/// model, a tensor's norms summed over the bands); the others on this rank's parameters alone.
+/// model, a tensor's norms summed over the bands); Muon on the bands of rows over the group
+/// (optim::ShardedMuon: each matrix orthogonalized whole on its owner); the others on this rank's
+/// parameters alone.
 std::unique_ptr<optim::Optimizer<Space, float>> make_sharded_optimizer(const Space& space, const TrainOptions& o,
                                                                        const std::vector<ParameterSpec>& parameters,
                                                                        const comm::Mesh& mesh);

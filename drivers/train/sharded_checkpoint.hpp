@@ -3,7 +3,7 @@
 // a sharded run resumes unsharded, on another rank count, and back: on save, the parameters and
 // the optimizer's state are all-gathered into a replicated copy that the usual checkpoint writes
 // (arrays shaped like a parameter by its bands, Shampoo's stacked statistics by their number in
-// the whole model, any other array from the lowest rank holding it: a SOAP or Muon tensor's state
+// the whole model, any other array from the lowest rank holding it: a SOAP tensor's state
 // from its owner); on load, the usual checkpoint fills such a copy, and each rank keeps its units.
 // The copy lives for the save or load only: for that time the rank holds the whole model and its
 // state once more.

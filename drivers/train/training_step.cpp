@@ -31,8 +31,7 @@ std::unique_ptr<ParameterShards> make_shards(const Space& space, const TrainOpti
                                              const ParameterList<float, Memory>::tensor_list& values) {
   std::vector<comm::ShardLayout> layouts;  // the elementwise optimizers: any row
   if (o.optimizer == OptimizerKind::shampoo) layouts = optim::shampoo_shard_layouts(specs, o.shampoo_options());
-  if (o.optimizer == OptimizerKind::soap || o.optimizer == OptimizerKind::muon)
-    layouts = optim::whole_parameter_shard_layouts(specs);
+  if (o.optimizer == OptimizerKind::soap) layouts = optim::whole_parameter_shard_layouts(specs);
   auto shards = std::make_unique<ParameterShards>(space, mesh.data_parallel(), specs, std::move(layers), layouts);
   shards->scatter_values(space, values);
   return shards;
@@ -72,7 +71,7 @@ std::string describe_sharded_memory(const comm::Mesh& mesh, const ParameterShard
 }
 
 const ParameterList<float, Memory>& sharded_parameters(const TrainOptions& o, const ParameterShards& shards) {
-  return o.optimizer == OptimizerKind::shampoo ? shards.slices() : shards.owned();
+  return o.optimizer == OptimizerKind::shampoo || o.optimizer == OptimizerKind::muon ? shards.slices() : shards.owned();
 }
 
 long last_nonempty_share(long count, long parts) {

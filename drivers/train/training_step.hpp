@@ -48,7 +48,7 @@ std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const Trai
 std::string describe_sharded_memory(const comm::Mesh& mesh, const ParameterShards& shards,
                                     const optim::StateMemoryReport& report);
 
-/// What the optimizer of a --shard-parameters run is built on and updates: Shampoo, every
+/// What the optimizer of a --shard-parameters run is built on and updates: Shampoo and Muon, every
 /// parameter as this rank's slice (ParameterShards::slices); the others, the bands this rank holds.
 const ParameterList<float, Memory>& sharded_parameters(const TrainOptions& o, const ParameterShards& shards);
 

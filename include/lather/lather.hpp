@@ -10,6 +10,7 @@
 #include <lather/linalg/inverse_root.hpp>
 #include <lather/optim/first_order.hpp>
 #include <lather/optim/muon.hpp>
+#include <lather/optim/sharded_muon.hpp>
 #include <lather/optim/optimizer.hpp>
 #include <lather/optim/partition.hpp>
 #include <lather/optim/quantization.hpp>

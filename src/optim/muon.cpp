@@ -9,6 +9,7 @@
 #include <cmath>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 namespace lather::optim {
 
@@ -33,6 +34,32 @@ void MuonOptions::validate() const {
   std::set<std::string> seen;
   for (const auto& name : adamw_parameters)
     LATHER_REQUIRE(seen.insert(name).second, "MuonOptions::adamw_parameters names '", name, "' twice");
+}
+
+std::vector<std::pair<std::string, std::string>> describe_muon(const MuonOptions& o) {
+  const auto text = [](double x) {
+    std::ostringstream out;
+    out.precision(17);
+    out << x;
+    return out.str();
+  };
+  std::string coefficients, adamw;
+  for (double c : o.ns_coefficients) coefficients += (coefficients.empty() ? "" : ",") + text(c);
+  for (const auto& name : o.adamw_parameters) adamw += (adamw.empty() ? "" : ",") + name;
+  return {{"optimizer", "muon"},
+          {"learning_rate", o.learning_rate.describe()},
+          {"beta", text(o.beta)},
+          {"nesterov", o.nesterov ? "true" : "false"},
+          {"ns_steps", std::to_string(o.ns_steps)},
+          {"ns_coefficients", coefficients},
+          {"epsilon", text(o.epsilon)},
+          {"weight_decay", text(o.weight_decay)},
+          {"adam_beta1", text(o.adam_beta1)},
+          {"adam_beta2", text(o.adam_beta2)},
+          {"adam_epsilon", text(o.adam_epsilon)},
+          {"adam_epsilon_root", text(o.adam_epsilon_root)},
+          {"adam_weight_decay", text(o.adam_weight_decay)},
+          {"adamw_parameters", adamw}};
 }
 
 double MuonParameterPlan::cost() const {

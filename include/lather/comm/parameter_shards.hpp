@@ -18,9 +18,10 @@
 // A band is rows [begin, end) of a parameter's leading dimension, contiguous in the row-major
 // value, the ranks' bands in rank order, so that a gather and a reduce-scatter are one MPI call
 // per parameter. What a band may cut is the optimizer's to say (ShardLayout, per parameter):
-// any row for the elementwise optimizers (SGD, Adagrad, Adam, AdamW); whole rows of blocks for
-// Shampoo, whose blocks then never straddle two ranks; the whole parameter for SOAP and Muon
-// (optim/sharding.hpp gives each optimizer's layouts). The units (runs of rows) are assigned by
+// any row for the elementwise optimizers (SGD, Adagrad, Adam, AdamW) and for Muon, whose state is
+// elementwise (it gathers a matrix's rows to orthogonalise it); whole rows of blocks for Shampoo,
+// whose blocks then never straddle two ranks; the whole parameter for SOAP (optim/sharding.hpp
+// gives each optimizer's layouts). The units (runs of rows) are assigned by
 // the distributed step's greedy longest-processing-time rule, each to the rank least loaded so
 // far, and a parameter's units then lie in rank order. A parameter may also be replicated: every
 // rank holds it whole and its gradient is all-reduced (a scalar; a tensor no band of which an

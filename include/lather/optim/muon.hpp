@@ -53,6 +53,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lather::optim {
@@ -74,6 +75,9 @@ struct MuonOptions {
   std::vector<std::string> adamw_parameters;
   void validate() const;  ///< Throws lather::Error naming the bad field.
 };
+
+/// The options as a checkpoint records them and the ranks compare them (Optimizer::describe()).
+std::vector<std::pair<std::string, std::string>> describe_muon(const MuonOptions& options);
 
 /// How a parameter is treated, and (Muon matrices) where its Newton-Schulz runs.
 struct MuonParameterPlan {

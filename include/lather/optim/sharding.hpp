@@ -11,8 +11,11 @@
 //    the whole) is replicated. Build the optimizer on ParameterShards::slices() with the sharding
 //    group as its weight shards, so that its statistics keep the whole model's numbering and a
 //    tensor's norms are summed over the bands.
-//  * SOAP, Muon: the whole parameter on one rank, assigned by cost (a Muon matrix is
-//    orthogonalised whole); build the optimizer on ParameterShards::owned(), on its own.
+//  * SOAP: the whole parameter on one rank, assigned by cost; build the optimizer on
+//    ParameterShards::owned(), on its own.
+//  * Muon: any row (the default layout): its state is elementwise, and ShardedMuon, built on
+//    ParameterShards::slices() over the sharding group, gathers each matrix's rows to the rank
+//    that orthogonalises it.
 //  * SGD, Adagrad, Adam, AdamW: any row (the default layout).
 //
 //   const auto layouts = optim::shampoo_shard_layouts(model.parameter_specs(), options);
@@ -36,7 +39,7 @@ namespace lather::optim {
 std::vector<comm::ShardLayout> shampoo_shard_layouts(const std::vector<ParameterSpec>& parameters,
                                                      const ShampooOptions& options);
 
-/// Every parameter whole on one rank (SOAP, Muon), costed as elements x the smaller of its rows
+/// Every parameter whole on one rank (SOAP), costed as elements x the smaller of its rows
 /// and its row length (the orthogonalisation's and the eigenbases' growth).
 std::vector<comm::ShardLayout> whole_parameter_shard_layouts(const std::vector<ParameterSpec>& parameters);
 

@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 
 namespace lather::optim::Impl {
 
@@ -153,12 +152,37 @@ struct AdamWStep {
   }
 };
 
-/// The Muon momentum of one m x n matrix and its bias-corrected (Nesterov) estimate, written
-/// straight into the iterate `wide` in the orientation the iteration needs (transposed when m > n).
+/// optax's bias correction 1 - beta^count, computed as it does: in Scalar from Scalar(beta) (for
+/// beta2 = 0.999 the float32 and the double value differ by 1e-5 relative).
+template <class Scalar>
+Scalar bias_correction(double beta, long count) {
+  return Scalar(1) - std::pow(Scalar(beta), Scalar(count));
+}
+
+/// Muon's AdamW of update t + 1 (t updates done) at learning rate lr.
+template <class ExecutionSpace, class Scalar>
+AdamWStep<ExecutionSpace, Scalar> muon_adamw_step(const MuonOptions& o, Scalar lr, long t) {
+  return {Scalar(o.adam_beta1),
+          Scalar(o.adam_beta2),
+          Scalar(1 - o.adam_beta1),
+          Scalar(1 - o.adam_beta2),
+          Scalar(o.adam_epsilon),
+          Scalar(o.adam_epsilon_root),
+          Scalar(o.adam_weight_decay),
+          lr,
+          bias_correction<Scalar>(o.adam_beta1, t + 1),
+          bias_correction<Scalar>(o.adam_beta1, t + 2),
+          bias_correction<Scalar>(o.adam_beta2, t + 1),
+          o.nesterov};
+}
+
+/// The Muon momentum of rows x cols elements (row-major) and its bias-corrected (Nesterov)
+/// estimate, written to `wide` transposed when `transposed` (the iterate of a whole m x n matrix
+/// in the orientation the iteration needs: m > n), else as they lie (a band of rows).
 template <class ExecutionSpace, class Scalar>
 void muon_momentum(const ExecutionSpace& space, const Scalar* g, Scalar* mu, Scalar* wide, std::int64_t rows,
-                   std::int64_t cols, Scalar beta, Scalar one_beta, Scalar c, Scalar c_next, bool nesterov) {
-  const bool transposed = rows > cols;
+                   std::int64_t cols, Scalar beta, Scalar one_beta, Scalar c, Scalar c_next, bool nesterov,
+                   bool transposed) {
   Kokkos::parallel_for(
       "Lather::Muon::momentum", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows * cols),
       KOKKOS_LAMBDA(std::int64_t k) {
@@ -170,13 +194,14 @@ void muon_momentum(const ExecutionSpace& space, const Scalar* g, Scalar* mu, Sca
       });
 }
 
-/// x := x - lr (scale O + wd x) for the orthogonalized O (wide orientation, `result`); the new
-/// values also to `copy` when not null (this rank's part of the all-gather).
+/// x := x - lr (scale O + wd x) for rows x cols values and the orthogonalized O in `result`:
+/// transposed (the wide orientation of a whole m x n matrix, m > n) when `transposed`, else as x
+/// lies (a band of rows); the new values also to `copy` when not null (this rank's part of the
+/// all-gather).
 template <class ExecutionSpace, class Scalar>
 void muon_update(const ExecutionSpace& space, Scalar* x, Scalar* copy,
                  const MuonMatrix<Scalar, typename ExecutionSpace::memory_space>& result, std::int64_t rows,
-                 std::int64_t cols, Scalar lr, Scalar scale, Scalar wd) {
-  const bool transposed = rows > cols;
+                 std::int64_t cols, Scalar lr, Scalar scale, Scalar wd, bool transposed) {
   Kokkos::parallel_for(
       "Lather::Muon::update", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows * cols),
       KOKKOS_LAMBDA(std::int64_t k) {
@@ -284,9 +309,7 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   const auto& o = m_options;
   const long t = m_step;  // updates done so far; this is update t + 1
   const Scalar lr = Scalar(o.learning_rate(t));
-  // optax's bias corrections 1 - beta^count, computed as it does: in Scalar from Scalar(beta)
-  // (for beta2 = 0.999 the float32 and the double value differ by 1e-5 relative).
-  const auto correction = [](double beta, long count) { return Scalar(1) - std::pow(Scalar(beta), Scalar(count)); };
+  const auto correction = [](double beta, long count) { return Impl::bias_correction<Scalar>(beta, count); };
 
   // A NaN or Inf in any rank's gradient, before AdamW's moments or the momentum move: a rank's
   // share reads only its own matrices, so every rank scans its whole gradient and the group agrees
@@ -298,18 +321,7 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
       bad < 0 ? std::string() : Impl::non_finite_gradient_message(this->m_parameters[std::size_t(bad)].name));
 
   // AdamW parameters: updated on every rank alike.
-  Impl::AdamWStep<ExecutionSpace, Scalar> adamw{Scalar(o.adam_beta1),
-                                                Scalar(o.adam_beta2),
-                                                Scalar(1 - o.adam_beta1),
-                                                Scalar(1 - o.adam_beta2),
-                                                Scalar(o.adam_epsilon),
-                                                Scalar(o.adam_epsilon_root),
-                                                Scalar(o.adam_weight_decay),
-                                                lr,
-                                                correction(o.adam_beta1, t + 1),
-                                                correction(o.adam_beta1, t + 2),
-                                                correction(o.adam_beta2, t + 1),
-                                                o.nesterov};
+  const auto adamw = Impl::muon_adamw_step<ExecutionSpace, Scalar>(o, lr, t);
   for (std::size_t p = 0; p < values.size(); ++p)
     if (!m_plan[p].matrix)
       adamw(space, values[p].data(), grads[p].data(), st.adam_mu[p].data(), st.adam_nu[p].data(),
@@ -324,7 +336,8 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
       if (!plan.matrix || plan.owner != rank) continue;
       const std::int64_t rows = plan.rows, cols = plan.columns;
       Impl::muon_momentum(space, grads[p].data(), st.momentum[p].data(), st.ws.x.data(), rows, cols, Scalar(o.beta),
-                          Scalar(1 - o.beta), correction(o.beta, t + 1), correction(o.beta, t + 2), o.nesterov);
+                          Scalar(1 - o.beta), correction(o.beta, t + 1), correction(o.beta, t + 2), o.nesterov,
+                          rows > cols);
       const auto result = Impl::orthogonalize_wide(space, st.ws, std::min(rows, cols), std::max(rows, cols),
                                                    o.ns_coefficients, o.ns_steps, o.epsilon);
       // optax.contrib.scale_by_shape's width scaling sqrt(max(1, fan_out / fan_in)), fan_in the
@@ -332,7 +345,8 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
       const Scalar scale = Scalar(std::sqrt(std::max(1.0, double(cols) / double(rows))));
       // Distributed, the new values also go to this rank's segment of the exchange.
       Scalar* copy = distributed() ? m_distributor->buffer().data() + st.offset[p] : nullptr;
-      Impl::muon_update(space, values[p].data(), copy, result, rows, cols, lr, scale, Scalar(o.weight_decay));
+      Impl::muon_update(space, values[p].data(), copy, result, rows, cols, lr, scale, Scalar(o.weight_decay),
+                        rows > cols);
     }
   };
   if (!distributed()) {
@@ -437,30 +451,7 @@ void Muon<ExecutionSpace, Scalar>::state_released() {
 
 template <class ExecutionSpace, class Scalar>
 std::vector<std::pair<std::string, std::string>> Muon<ExecutionSpace, Scalar>::describe() const {
-  const auto& o = m_options;
-  const auto text = [](double x) {
-    std::ostringstream out;
-    out.precision(17);
-    out << x;
-    return out.str();
-  };
-  std::string coefficients, adamw;
-  for (double c : o.ns_coefficients) coefficients += (coefficients.empty() ? "" : ",") + text(c);
-  for (const auto& name : o.adamw_parameters) adamw += (adamw.empty() ? "" : ",") + name;
-  return {{"optimizer", "muon"},
-          {"learning_rate", o.learning_rate.describe()},
-          {"beta", text(o.beta)},
-          {"nesterov", o.nesterov ? "true" : "false"},
-          {"ns_steps", std::to_string(o.ns_steps)},
-          {"ns_coefficients", coefficients},
-          {"epsilon", text(o.epsilon)},
-          {"weight_decay", text(o.weight_decay)},
-          {"adam_beta1", text(o.adam_beta1)},
-          {"adam_beta2", text(o.adam_beta2)},
-          {"adam_epsilon", text(o.adam_epsilon)},
-          {"adam_epsilon_root", text(o.adam_epsilon_root)},
-          {"adam_weight_decay", text(o.adam_weight_decay)},
-          {"adamw_parameters", adamw}};
+  return describe_muon(m_options);
 }
 
 }  // namespace lather::optim

@@ -1,0 +1,93 @@
+#pragma once
+// Muon on sharded parameters (comm::ParameterShards): each rank of a group holds a band of rows of
+// every parameter, its gradient, and the state of those rows only -- the momentum of a matrix's
+// rows, AdamW's moments of the other parameters' rows -- so that the state falls as 1/P like the
+// first-order optimizers'. The Newton-Schulz iteration needs a matrix whole: each matrix has an
+// owner (greedy longest-processing-time on its cost, as the distributed Muon assigns them), to
+// which the ranks send their rows of the momentum's estimate, and from which they receive their
+// rows of the orthogonalized matrix; the whole matrix exists only there, in the iteration's
+// scratch. The numbers are Muon's (muon.hpp) on the whole parameters, bit for bit: the momentum
+// and AdamW are elementwise, and the owner orthogonalizes exactly the matrix one rank would.
+//
+//   lather::optim::ShardedMuon<Kokkos::DefaultExecutionSpace, float> muon(space, shards.slices().specs(),
+//                                                                       options, shards.group());
+//   muon.step(space, shards.slices());   // after ParameterShards::finish_step
+//
+// Per matrix and step: one exchange of rows to the owner, one agreement (a failure in the owner's
+// iteration is an error on every rank, before any rank's rows change), one exchange of rows back.
+// A NaN or Inf in any rank's gradient rows is refused on every rank before any state moves.
+// Checkpoints: state_arrays() gives each parameter's state as this rank's rows of the arrays Muon
+// writes (named alike), which a sharded run's checkpoint assembles into Muon's by the bands.
+
+#if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
+#error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
+#endif
+
+#include <lather/comm/group.hpp>
+#include <lather/optim/muon.hpp>
+#include <lather/optim/optimizer.hpp>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lather::optim {
+
+namespace Impl {
+template <class ExecutionSpace, class Scalar>
+struct ShardedMuonState;
+}
+
+template <class ExecutionSpace, class Scalar>
+class ShardedMuon final : public Optimizer<ExecutionSpace, Scalar> {
+ public:
+  using typename Optimizer<ExecutionSpace, Scalar>::Tensors;
+  using typename Optimizer<ExecutionSpace, Scalar>::memory_space;
+
+  /// `bands`: this rank's rows of every parameter, in the model's order -- a slice along axis 0 of
+  /// the whole tensor (split_axis 0, global_shape the whole; possibly without rows), or the whole
+  /// tensor. The ranks of `group` hold each tensor's rows between them, in rank order, or each the
+  /// whole of it. Collective over `group`: the ranks agree on the whole parameters, the options
+  /// and the bands (a gap or an overlap is an error on every rank).
+  ShardedMuon(const ExecutionSpace& space, std::vector<ParameterSpec> bands, MuonOptions options,
+              const comm::Group& group);
+  ~ShardedMuon() override;
+  ShardedMuon(const ShardedMuon&) = delete;
+  ShardedMuon& operator=(const ShardedMuon&) = delete;
+
+  std::string name() const override { return "muon"; }
+  long step_count() const override { return m_step; }
+  StateMemoryReport memory_report() const override;
+  /// This rank's rows of Muon's arrays (the step: rank 0's).
+  std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;
+  void state_restored(const ExecutionSpace& space, long step_count) override;
+  std::vector<std::pair<std::string, std::string>> describe() const override { return describe_muon(m_options); }
+
+  const MuonOptions& options() const { return m_options; }
+  /// Per parameter, of the whole tensor: Muon matrix or AdamW, and the rank of the group that
+  /// orthogonalizes it.
+  const std::vector<MuonParameterPlan>& plan() const { return m_plan; }
+
+ protected:
+  void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;
+
+ private:
+  /// Matrix p's update from this rank's rows of its momentum estimate (in the band buffer), which
+  /// receives this rank's rows of the orthogonalized matrix.
+  void orthogonalize_rows(const ExecutionSpace& space, std::size_t p, long t);
+
+  MuonOptions m_options;
+  comm::Group m_group;
+  std::vector<MuonParameterPlan> m_plan;
+  std::unique_ptr<Impl::ShardedMuonState<ExecutionSpace, Scalar>> m_state;
+  long m_step = 0;
+  std::int64_t m_step_host = 0;
+};
+
+// Compiled into liblather (src/optim/sharded_muon.cpp); other spaces:
+// <lather/optim/impl/sharded_muon_impl.hpp>.
+extern template class ShardedMuon<DefaultExecutionSpace, float>;
+extern template class ShardedMuon<DefaultExecutionSpace, double>;
+
+}  // namespace lather::optim
