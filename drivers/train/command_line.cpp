@@ -305,7 +305,7 @@ void add_options(CLI::App& app, TrainOptions& o, std::optional<ModelKind> help_m
       ->capture_default_str();
   app.add_flag("--shard-parameters", o.shard_parameters,
                "Each replica stores its own units of every parameter, gradient and optimizer state (rows; whole "
-               "Shampoo blocks; whole SOAP tensors); layers are gathered before their passes, gradients "
+               "rows of Shampoo's and SOAP's blocks); layers are gathered before their passes, gradients "
                "reduce-scattered after (not with --pipeline-stages)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of the HDF5 checkpoints");
   app.add_option("--checkpoint-every", o.checkpoint_every,

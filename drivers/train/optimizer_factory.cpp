@@ -49,6 +49,9 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_sharded_optimizer(const Spa
   if (o.optimizer == OptimizerKind::shampoo)
     return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), comm::Group(),
                                                           mesh.data_parallel());
+  if (o.optimizer == OptimizerKind::soap)
+    return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), comm::Group(),
+                                                       mesh.data_parallel());
   if (o.optimizer == OptimizerKind::muon)
     return std::make_unique<optim::ShardedMuon<Space, float>>(space, parameters, o.muon_options(),
                                                               mesh.data_parallel());

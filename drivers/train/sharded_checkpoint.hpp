@@ -3,9 +3,9 @@
 // a sharded run resumes unsharded, on another rank count, and back: on save, the parameters and
 // the optimizer's state are all-gathered into a replicated copy that the usual checkpoint writes
 // (arrays shaped like a parameter by its bands, Shampoo's stacked statistics by their number in
-// the whole model, any other array from the lowest rank holding it: a SOAP tensor's state
-// from its owner); on load, the usual checkpoint fills such a copy, and each rank keeps its units.
-// The copy lives for the save or load only: for that time the rank holds the whole model and its
+// the whole model, any other array from the lowest rank holding it whole, else the ranks' parts in
+// rank order: SOAP's state of a parameter, block by block); on load, the usual checkpoint fills such a copy, and each
+// rank keeps its units. The copy lives for the save or load only: for that time the rank holds the whole model and its
 // state once more.
 
 #include "resume.hpp"

@@ -31,7 +31,7 @@ std::unique_ptr<ParameterShards> make_shards(const Space& space, const TrainOpti
                                              const ParameterList<float, Memory>::tensor_list& values) {
   std::vector<comm::ShardLayout> layouts;  // the elementwise optimizers: any row
   if (o.optimizer == OptimizerKind::shampoo) layouts = optim::shampoo_shard_layouts(specs, o.shampoo_options());
-  if (o.optimizer == OptimizerKind::soap) layouts = optim::whole_parameter_shard_layouts(specs);
+  if (o.optimizer == OptimizerKind::soap) layouts = optim::soap_shard_layouts(specs, o.soap_options());
   auto shards = std::make_unique<ParameterShards>(space, mesh.data_parallel(), specs, std::move(layers), layouts);
   shards->scatter_values(space, values);
   return shards;
@@ -71,7 +71,9 @@ std::string describe_sharded_memory(const comm::Mesh& mesh, const ParameterShard
 }
 
 const ParameterList<float, Memory>& sharded_parameters(const TrainOptions& o, const ParameterShards& shards) {
-  return o.optimizer == OptimizerKind::shampoo || o.optimizer == OptimizerKind::muon ? shards.slices() : shards.owned();
+  const bool matrices =
+      o.optimizer == OptimizerKind::shampoo || o.optimizer == OptimizerKind::soap || o.optimizer == OptimizerKind::muon;
+  return matrices ? shards.slices() : shards.owned();
 }
 
 long last_nonempty_share(long count, long parts) {

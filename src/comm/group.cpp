@@ -307,6 +307,17 @@ void Group::reduce_scatter(const T* send, T* receive, const std::vector<std::siz
                  " elements in all; MPI_Reduce_scatter takes at most ", INT_MAX);
   std::vector<int> count, displacement;  // not structured bindings: lambdas capture them
   std::tie(count, displacement) = int_counts(counts, "Group::reduce_scatter");
+  if (send == receive && counts[0] == 0 && total > 0) {
+    // In place with nothing for rank 0: MPICH's pairwise algorithm (long messages) moves each
+    // rank's result from its displacement to the start of the buffer, skipping rank 0 only, so a
+    // later rank at displacement 0 copies a buffer onto itself, which its datatype engine refuses
+    // (an assertion that aborts the job). The sum of the whole buffer instead, each rank keeping
+    // its part: twice the traffic, for layouts that leave rank 0 no rows of a tensor.
+    allreduce(receive, total, op);
+    if (count[st.rank] > 0 && displacement[st.rank] > 0)
+      std::memmove(receive, receive + displacement[st.rank], std::size_t(count[st.rank]) * sizeof(T));
+    return;
+  }
   const void* from = send == receive ? MPI_IN_PLACE : send;
   Impl::complete(
       "MPI_Reduce_scatter",

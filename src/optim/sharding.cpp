@@ -2,6 +2,7 @@
 
 #include <lather/core/error.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
+#include <lather/optim/partition.hpp>
 
 #include <algorithm>
 #include <numeric>
@@ -55,14 +56,41 @@ std::vector<comm::ShardLayout> shampoo_shard_layouts(const std::vector<Parameter
   return layouts;
 }
 
-std::vector<comm::ShardLayout> whole_parameter_shard_layouts(const std::vector<ParameterSpec>& parameters) {
+std::vector<comm::ShardLayout> soap_shard_layouts(const std::vector<ParameterSpec>& parameters,
+                                                  const SoapOptions& options) {
   std::vector<comm::ShardLayout> layouts;
   for (const auto& spec : parameters) {
-    const std::int64_t rows = spec.shape.empty() ? 1 : spec.shape.front();
-    const std::int64_t elements = element_count(spec.shape);
+    LATHER_REQUIRE(!spec.split() || spec.shape == spec.global(), "SOAP: parameter '", spec.name,
+                   "' is a weight shard's slice; sharded parameters take whole tensors");
     comm::ShardLayout layout;
-    layout.unit_rows = rows;
-    layout.unit_cost = double(elements) * double(std::max<std::int64_t>(1, std::min(rows, elements / rows)));
+    if (spec.shape.empty() || spec.shape.front() == 0) {  // a scalar: no rows to split
+      layout.replicated = spec.shape.empty();
+      layout.unit_rows = 1;
+      layouts.push_back(layout);
+      continue;
+    }
+    // SOAP's reading (Soap's constructor): merged, then blocked. Its first dimension holds the
+    // rows, merged with the small dimensions after them (`inner` elements per row); bands are cut
+    // where its blocks are.
+    const TensorShape merged = options.merge_small_dims_block_size > 0
+                                   ? merge_small_dims(spec.shape, options.merge_small_dims_block_size)
+                                   : spec.shape;
+    const BlockPartition partition(merged, options.block_size);
+    const std::int64_t inner = merged.front() / spec.shape.front();
+    const std::int64_t extent = partition.split_sizes().front().front();
+    layout.unit_rows = std::lcm(extent, inner) / inner;
+    // The cost balanced is memory, in floats: a value, its gradient, the two moments and three
+    // buffers of the step per element, and a factor and a basis (n x n) per factored dimension of
+    // each block of the first row of blocks.
+    const bool rank_ok = merged.size() >= 2 || (merged.size() == 1 && options.precondition_1d);
+    const std::int64_t first_rows_end = layout.unit_rows * inner;
+    for (const auto& block : partition.blocks()) {
+      if (block.offset.front() >= first_rows_end) continue;
+      layout.unit_cost += 7.0 * double(block.elements());
+      for (std::size_t d = 0; d < block.size.size(); ++d)
+        if (rank_ok && merged[d] <= options.max_precond_dim)
+          layout.unit_cost += 2.0 * double(block.size[d]) * double(block.size[d]);
+    }
     layouts.push_back(layout);
   }
   return layouts;

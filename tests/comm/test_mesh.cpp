@@ -208,6 +208,39 @@ TEST(Group, AllgathervPlacesEveryPart) {
   }
 }
 
+// Every rank's sum of its part, against a plain sum over the ranks' inputs: parts of every rank,
+// none for rank 0 (MPICH's long-message in-place algorithm moves a later rank's part onto itself
+// then; Group sums the whole buffer instead), only for the last rank, short and long (above
+// MPICH's 512 KiB switch to its pairwise algorithm), in place and not.
+TEST(Group, ReduceScatterSumsEveryPart) {
+  const lather::comm::Group world(MPI_COMM_WORLD);
+  const int n = world.size(), me = world.rank();
+  const auto value = [](int rank, std::size_t k) { return float((rank + 1) * 0.5) + float(k % 97) * 0.25f; };
+  for (const std::size_t per_rank : {std::size_t(40), std::size_t(1) << 18}) {
+    std::vector<std::vector<std::size_t>> layouts = {std::vector<std::size_t>(std::size_t(n), per_rank)};
+    layouts.push_back(layouts.front());
+    layouts.back()[0] = 0;  // nothing for rank 0
+    layouts.push_back(std::vector<std::size_t>(std::size_t(n), 0));
+    layouts.back().back() = per_rank;  // everything for the last rank
+    for (const auto& counts : layouts)
+      for (bool in_place : {true, false}) {
+        std::size_t total = 0, offset = 0;
+        for (int r = 0; r < n; ++r) (r < me ? offset : total) += counts[std::size_t(r)];
+        total += offset;
+        std::vector<float> send(total), receive(in_place ? 0 : counts[std::size_t(me)]);
+        for (std::size_t k = 0; k < total; ++k) send[k] = value(me, k);
+        float* into = in_place ? send.data() : receive.data();
+        world.reduce_scatter(send.data(), into, counts, lather::comm::Combine::sum);
+        for (std::size_t k = 0; k < counts[std::size_t(me)]; ++k) {
+          float expected = 0;  // the ranks' values in rank order: exact in float (multiples of 1/4)
+          for (int r = 0; r < n; ++r) expected += value(r, offset + k);
+          ASSERT_EQ(into[k], expected) << "element " << k << " of " << counts[std::size_t(me)]
+                                       << (in_place ? ", in place" : "") << ", rank 0 holding " << counts[0];
+        }
+      }
+  }
+}
+
 // src/comm/waiting.hpp: LATHER_COLLECTIVE_WAIT takes auto, spin or yield; anything else stops the
 // (collective) Group constructor on every rank, naming the variable, before any collective of it.
 // The suite runs under each value on some rank count (tests/comm/CMakeLists.txt).

@@ -48,7 +48,7 @@ TEST(ShardedTraining, LossCurveIsTheReplicatedRunsOnEveryRankCount) {
   };
   std::vector<Layout> runs = {{1, 1, 1, "adamw"}, {2, 1, 2, "adamw"}, {3, 1, 1, "adamw"}, {4, 1, 1, "sgd"},
                               {8, 1, 1, "adamw"}, {2, 2, 1, "adamw"}, {4, 2, 2, "adamw"}};
-  // The matrix optimizers: Shampoo's rows of blocks, SOAP's whole tensors, Muon's rows gathered to their owner.
+  // The matrix optimizers: Shampoo's and SOAP's rows of blocks, Muon's rows gathered to their owner.
   for (const char* optimizer : {"shampoo", "soap", "muon"})
     for (int ranks : {1, 2, 3, 4, 8}) runs.push_back({ranks, 1, ranks == 2 ? 2 : 1, optimizer});
   if (const char* only = std::getenv("LATHER_TEST_SHARDED_OPTIMIZER"))  // a quicker run of one optimizer
@@ -117,7 +117,7 @@ TEST_P(Checkpoints, CrossBetweenShardedAndReplicatedRunsAndRankCounts) {
 }
 
 // Each optimizer's state crosses: bands of rows (AdamW, Muon), Shampoo's statistics by their
-// number in the whole model, SOAP's tensors whole from their owner.
+// number in the whole model, SOAP's blocks of each band in rank order.
 INSTANTIATE_TEST_SUITE_P(Optimizers, Checkpoints, ::testing::Values("adamw", "shampoo", "soap", "muon"));
 
 void fail_on_the_last_rank(const char* point) {

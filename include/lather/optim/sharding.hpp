@@ -11,8 +11,8 @@
 //    the whole) is replicated. Build the optimizer on ParameterShards::slices() with the sharding
 //    group as its weight shards, so that its statistics keep the whole model's numbering and a
 //    tensor's norms are summed over the bands.
-//  * SOAP: the whole parameter on one rank, assigned by cost; build the optimizer on
-//    ParameterShards::owned(), on its own.
+//  * SOAP: whole rows of its blocks, as Shampoo's; build it on ParameterShards::slices() with the
+//    sharding group as its shards, which sum a parameter's update norm over the bands.
 //  * Muon: any row (the default layout): its state is elementwise, and ShardedMuon, built on
 //    ParameterShards::slices() over the sharding group, gathers each matrix's rows to the rank
 //    that orthogonalises it.
@@ -29,6 +29,7 @@
 #include <lather/comm/parameter_shards.hpp>
 #include <lather/core/parameters.hpp>
 #include <lather/optim/shampoo_options.hpp>
+#include <lather/optim/soap.hpp>
 
 #include <vector>
 
@@ -39,8 +40,10 @@ namespace lather::optim {
 std::vector<comm::ShardLayout> shampoo_shard_layouts(const std::vector<ParameterSpec>& parameters,
                                                      const ShampooOptions& options);
 
-/// Every parameter whole on one rank (SOAP), costed as elements x the smaller of its rows
-/// and its row length (the orthogonalisation's and the eigenbases' growth).
-std::vector<comm::ShardLayout> whole_parameter_shard_layouts(const std::vector<ParameterSpec>& parameters);
+/// SOAP's layouts for `parameters` (whole tensors: SOAP takes no weight shards): whole rows of its
+/// blocks, read as Soap reads them (merge_small_dims, then block_size), costed by the memory they
+/// hold. Build the optimizer on ParameterShards::slices() with the sharding group as its `shards`.
+std::vector<comm::ShardLayout> soap_shard_layouts(const std::vector<ParameterSpec>& parameters,
+                                                  const SoapOptions& options);
 
 }  // namespace lather::optim

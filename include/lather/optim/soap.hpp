@@ -44,6 +44,15 @@
 // blocks) and the ranks agree, one small collective per step, so every rank throws the same
 // lather::Error naming the parameter and the optimizer and the parameters are unchanged.
 //
+// Sharded parameters (comm::ParameterShards::slices(), built with optim::soap_shard_layouts):
+// with a group of `shards` of more than one rank, a parameter whose shape is not its global
+// shape is this rank's band of rows of the whole tensor (split_axis 0 at the band's first row),
+// which holds whole rows of the whole tensor's blocks. The band is read as the whole tensor is
+// (merged, then blocked), and this rank keeps the blocks inside it; normalize_grads's RMS of a
+// parameter sums every band's block sums over `shards` (one allreduce, which carries the failure
+// flag too), block by block in the whole tensor's order, so the trajectory is the same bits as on
+// the whole parameters. A band that cuts a block is an error naming the parameter.
+//
 // Locally, a rank's blocks of one shape and factor layout (a "shape class") are consecutive in its
 // packed buffers, and their factors and bases of one dimension are consecutive matrices: the
 // factor updates and the rotations of a class are one strided-batched GEMM per dimension.
@@ -129,11 +138,13 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   /// The state is allocated (zero) on `space`. The ranks of `group` hold the same parameters and
   /// reduced gradients and share the blocks (collective over `group`: the ranks check that they
   /// agree on the parameters and options).
+  /// With `shards` of more than one rank, the parameters are bands of rows (see above; collective
+  /// over `shards` too).
   Soap(const ExecutionSpace& space, std::vector<ParameterSpec> parameters, SoapOptions options,
-       const comm::Group& group = comm::Group());
+       const comm::Group& group = comm::Group(), const comm::Group& shards = comm::Group());
   Soap(const ExecutionSpace& space, const Parameters& parameters, SoapOptions options,
-       const comm::Group& group = comm::Group())
-      : Soap(space, parameters.specs(), std::move(options), group) {}
+       const comm::Group& group = comm::Group(), const comm::Group& shards = comm::Group())
+      : Soap(space, parameters.specs(), std::move(options), group, shards) {}
   ~Soap() override;
   Soap(const Soap&) = delete;
   Soap& operator=(const Soap&) = delete;
@@ -173,7 +184,8 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   /// One block: where it lies in its parameter and in the packed buffers, and its factors.
   struct BlockInfo {
     int parameter = 0;
-    Block block;                             ///< offset and size in the merged shape
+    std::int64_t global = 0;                 ///< its number among the whole parameters' blocks
+    Block block;                             ///< offset and size in the merged shape (of the band)
     std::int64_t packed = 0;                 ///< start in the checkpoint layout (whole parameter set)
     std::vector<std::int64_t> factor;        ///< per dimension: start in the checkpoint layout, or -1
     int owner = 0;                           ///< the group rank that computes it
@@ -242,8 +254,14 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
 
  private:
   SoapOptions m_options;
-  std::vector<BlockPartition> m_partitions;                                // per parameter, of the merged shape
-  std::vector<TensorShape> m_merged;                                       // per parameter
+  std::vector<BlockPartition> m_partitions;                               // per parameter, of the merged shape
+  std::vector<TensorShape> m_merged;                                      // per parameter (its band)
+  std::vector<std::int64_t> m_parameter_elements;                         // per parameter, whole
+  std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_global;  // per parameter: block numbers
+  std::int64_t m_global_blocks = 0;                                       // of the whole parameters
+  /// Per parameter: whether this rank's block sums enter the sum over the shards (not for a
+  /// parameter every shard holds whole, but on the first).
+  std::vector<char> m_sums_counted;
   std::vector<BlockInfo> m_blocks;                                         // all parameters, in order
   std::vector<std::pair<std::size_t, std::size_t>> m_parameter_blocks;     // [first, end) per parameter
   std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_packed;   // [begin, end) per parameter
@@ -253,6 +271,7 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   std::vector<std::size_t> m_own_classes;                                  // this rank's, in local order
   std::vector<std::int64_t> m_local_packed, m_local_factors;               // per rank: sizes of its share
   comm::Group m_group;
+  comm::Group m_shards;  ///< the holders of the bands (one rank: the parameters are whole)
   /// Where each block is updated and how the new values reach every rank: its exchange buffer
   /// holds, per rank, the new values of its blocks in its local layout.
   std::unique_ptr<Distributor<ExecutionSpace, Scalar>> m_distributor;

@@ -75,40 +75,69 @@ inline std::int64_t soap_product(const std::vector<std::int64_t>& size, std::siz
 
 template <class ExecutionSpace, class Scalar>
 Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<ParameterSpec> parameters,
-                                   SoapOptions options, const comm::Group& group)
+                                   SoapOptions options, const comm::Group& group, const comm::Group& shards)
     : Optimizer<ExecutionSpace, Scalar>(std::move(parameters),
                                         typename Optimizer<ExecutionSpace, Scalar>::ValidateLater()),
       m_options(std::move(options)),
       m_group(group),
+      m_shards(shards),
       m_distributor(make_distributor<ExecutionSpace, Scalar>(Placement::distributed, group)) {
   const int ranks = m_distributor->parts(), rank = m_distributor->part();
   // The one collective that does not wait for the agreement below (every rank reaches it before
   // anything that may throw on one rank only): the refresh's host threads.
-  m_host_threads =
-      ::lather::Impl::host_threads_for(space, m_options.host_threads, m_group.node_occupancy().cpu_share());
+  m_host_threads = ::lather::Impl::host_threads_for(
+      space, m_options.host_threads, (m_shards.size() > 1 ? m_shards : m_group).node_occupancy().cpu_share());
   const auto setup = [&] {
     this->validate_parameters();
     m_options.validate();
     const auto& o = m_options;
     std::int64_t packed = 0, factors = 0;
     for (std::size_t p = 0; p < this->m_parameters.size(); ++p) {
-      const auto& shape = this->m_parameters[p].shape;
+      const auto& spec = this->m_parameters[p];
+      // A band of rows is read as the whole tensor: its reading, its blocks.
+      const bool band = m_shards.size() > 1 && spec.shape != spec.global();
+      const auto& shape = band ? spec.global() : spec.shape;
       const TensorShape merged =
           o.merge_small_dims_block_size > 0 ? merge_small_dims(shape, o.merge_small_dims_block_size) : shape;
-      LATHER_REQUIRE(merged.size() <= std::size_t(Impl::soap_max_rank), "Soap: parameter '", this->m_parameters[p].name,
-                     "' has ", merged.size(), " dimensions after merging; at most ", Impl::soap_max_rank,
-                     " are supported");
-      m_merged.push_back(merged);
+      LATHER_REQUIRE(merged.size() <= std::size_t(Impl::soap_max_rank), "Soap: parameter '", spec.name, "' has ",
+                     merged.size(), " dimensions after merging; at most ", Impl::soap_max_rank, " are supported");
       m_partitions.emplace_back(merged, o.block_size);
+      m_parameter_elements.push_back(element_count(shape));
+      // The band's first and last merged rows (the first merged dimension holds the rows, merged
+      // with the dimensions after them when they are small).
+      std::int64_t first_row = 0, end_row = merged.empty() ? 1 : merged[0];
+      if (band) {
+        LATHER_REQUIRE(spec.split_axis == 0 && !merged.empty() && shape[0] > 0, "Soap: parameter '", spec.name,
+                       "' is a slice along axis ", spec.split_axis, "; a band must be rows (axis 0) of the whole");
+        const std::int64_t inner = merged[0] / shape[0];
+        first_row = spec.split_offset * inner;
+        end_row = first_row + spec.shape[0] * inner;
+        TensorShape rows = merged;
+        rows[0] = end_row - first_row;
+        m_merged.push_back(rows);
+      } else {
+        m_merged.push_back(merged);
+      }
       // The reference's rule: rank-1 parameters only with precondition_1d; a dimension above
       // max_precond_dim never (checked on the merged shape, before blocking, as Shampoo does).
       const bool rank_ok = shape.size() >= 2 || (shape.size() == 1 && o.precondition_1d);
       const std::size_t first = m_blocks.size();
-      const std::int64_t packed_begin = packed, factors_begin = factors;
-      for (const auto& block : m_partitions.back().blocks()) {
-        if (block.elements() == 0) continue;
+      const std::int64_t packed_begin = packed, factors_begin = factors, global_begin = m_global_blocks;
+      for (const auto& whole_block : m_partitions.back().blocks()) {
+        if (whole_block.elements() == 0) continue;
+        const std::int64_t number = m_global_blocks++;
+        Block block = whole_block;
+        if (band) {
+          const std::int64_t b0 = block.offset[0], b1 = b0 + block.size[0];
+          if (b1 <= first_row || b0 >= end_row) continue;  // another band's block
+          LATHER_REQUIRE(b0 >= first_row && b1 <= end_row, "Soap: the band of merged rows [", first_row, ", ", end_row,
+                         ") of parameter '", spec.name, "' cuts its block [", b0, ", ", b1,
+                         "); sharded parameters must hold whole rows of blocks (optim::soap_shard_layouts)");
+          block.offset[0] -= first_row;
+        }
         BlockInfo info;
         info.parameter = int(p);
+        info.global = number;
         info.block = block;
         info.packed = packed;
         packed += block.elements();
@@ -122,6 +151,7 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
         m_blocks.push_back(std::move(info));
       }
       m_parameter_blocks.emplace_back(first, m_blocks.size());
+      m_parameter_global.emplace_back(global_begin, m_global_blocks);
       m_parameter_packed.emplace_back(packed_begin, packed);
       m_parameter_factors.emplace_back(factors_begin, factors);
     }
@@ -199,14 +229,23 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
           Kokkos::View<double*, memory_space>(Kokkos::view_alloc(space, "Lather::soap::block_sums"), m_blocks.size());
     m_distributor->lay_out(space, m_local_packed, "Lather::soap::gathered");
   };
-  if (ranks == 1) {
+  if (ranks == 1 && m_shards.size() == 1) {
     setup();
     return;
   }
   // Options, plan and allocations may fail on one rank only: the ranks agree on it, with the
   // check that they hold the same parameters and options, before any of them reaches a step.
   const std::string local_error = ::lather::Impl::local_failure("soap.construct", setup);
-  Impl::agree_on_construction(m_group, "Soap", this->m_parameters, describe(), local_error);
+  Impl::agree_on_construction(m_group, m_shards, "Soap", this->m_parameters, describe(), local_error);
+  // A parameter every shard holds whole (a scalar, a replicated tensor) counts its block sums once.
+  const std::size_t count = this->m_parameters.size();
+  std::vector<int> whole_here(count), whole_everywhere(count);
+  for (std::size_t p = 0; p < count; ++p)
+    whole_here[p] = this->m_parameters[p].shape == this->m_parameters[p].global() ? 1 : 0;
+  if (m_shards.size() > 1) m_shards.allreduce(whole_here.data(), whole_everywhere.data(), count, comm::Combine::min);
+  m_sums_counted.assign(count, 1);
+  for (std::size_t p = 0; p < count; ++p)
+    if (m_shards.size() > 1 && whole_everywhere[p] && m_shards.rank() > 0) m_sums_counted[p] = 0;
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -390,23 +429,31 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   });
   // normalize_grads: the RMS of each whole parameter's update (the reference: u / (sqrt(mean(u^2))
   // + eps)), from every rank's block sums (one allreduce, which carries the failure flag too).
+  // With bands, every band's blocks, over the shards (by the blocks' numbers in the whole model).
   std::vector<Scalar> denominator(values.size(), Scalar(1));
   if (o.normalize_grads) {
-    std::vector<double> sums(m_blocks.size() + 1, 0.0);
+    std::vector<double> sums(std::size_t(m_global_blocks) + 1, 0.0);
     if (error.empty()) {
-      Kokkos::deep_copy(space, Kokkos::View<double*, Kokkos::HostSpace>(sums.data(), m_blocks.size()), m_block_sums);
+      std::vector<double> mine(m_blocks.size());
+      Kokkos::deep_copy(space, Kokkos::View<double*, Kokkos::HostSpace>(mine.data(), mine.size()), m_block_sums);
       ::lather::Impl::fence(space, "Lather::soap: block sums on the host");
+      for (std::size_t k = 0; k < m_blocks.size(); ++k)
+        if (m_sums_counted.empty() || m_sums_counted[std::size_t(m_blocks[k].parameter)])
+          sums[std::size_t(m_blocks[k].global)] = mine[k];
     }
     sums.back() = error.empty() ? 0.0 : 1.0;
     m_distributor->combine(sums, comm::Combine::sum);  // x + 0 + ... = x exactly
-    if (sums.back() != 0.0) m_distributor->agree(context, error);
+    if (m_shards.size() > 1) m_shards.allreduce(sums, comm::Combine::sum);
+    if (sums.back() != 0.0) {
+      if (m_shards.size() > 1) m_shards.agree_on_failure(context, error);
+      m_distributor->agree(context, error);
+    }
     for (std::size_t p = 0; p < values.size(); ++p) {
-      const auto [first, last] = m_parameter_blocks[p];
-      const auto [begin, end] = m_parameter_packed[p];
-      if (end == begin) continue;
+      const auto [first, last] = m_parameter_global[p];
+      if (m_parameter_elements[p] == 0) continue;
       double sum = 0;
-      for (std::size_t k = first; k < last; ++k) sum += sums[k];
-      denominator[p] = Scalar(std::sqrt(sum / double(end - begin))) + eps;
+      for (auto k = first; k < last; ++k) sum += sums[std::size_t(k)];
+      denominator[p] = Scalar(std::sqrt(sum / double(m_parameter_elements[p]))) + eps;
     }
   }
   // Phase 2: the new values of this rank's blocks, its factors, and (every
