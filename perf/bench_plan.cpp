@@ -23,6 +23,7 @@
 #include <lather/nn/mlp.hpp>
 #include <lather/nn/pipeline_schedule.hpp>
 #include <lather/nn/transformer.hpp>
+#include <lather/optim/muon.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
@@ -72,10 +73,12 @@ struct Runner {
   std::function<void(const FlatTensor<float, Memory>&)> place_gradients;
   double activation_bytes_per_row = 0;
   std::function<double()> activation_bytes;  ///< held now, from the Views (0 where not known)
-  /// The MLP only: its parameters sharded over the mesh's replicas (lather-train's
-  /// shard_parameters), and a step's passes through them.
+  /// Its parameters sharded over the mesh's replicas (lather-train's shard_parameters), and a
+  /// step's passes through them.
   std::function<std::unique_ptr<train::ParameterShards>(const comm::Mesh&)> shard;
   std::function<void(int samples, int micro, train::ParameterShards& shards)> sharded_passes;
+  /// Per layer a sharded run gathers whole: its parameters and its tensors.
+  std::vector<double> layer_parameters, layer_tensors;
 };
 
 /// A rank's memory by kind, from the Views it holds after the steps.
@@ -138,6 +141,11 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
       }
       shards.finish_step(Space(), double(samples), "");
     };
+    const auto sizes = mlp_sizes(o);
+    for (std::size_t l = 0; l + 1 < sizes.size(); ++l) {
+      r.layer_parameters.push_back(double(sizes[l] + 1) * sizes[l + 1]);  // kernel and bias
+      r.layer_tensors.push_back(2);
+    }
     double widths = 0;
     for (const auto& layer : model->layers()) widths += layer.out;
     r.activation_bytes_per_row = 2.0 * 4.0 * widths;  // pre-activations and activations
@@ -167,6 +175,25 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
   };
   r.parameters = [model]() -> const ParameterList<float, Memory>& { return model->parameters(); };
   r.place_gradients = [model](const FlatTensor<float, Memory>& s) { model->place_gradients(Space(), s); };
+  r.shard = [model, t = optimizer_options(o)](const comm::Mesh& mesh) {
+    return train::shard_parameters(Space(), t, mesh, *model);
+  };
+  r.sharded_passes = [model, inputs, targets, time](int samples, int micro, train::ParameterShards& shards) {
+    shards.start_step(Space(), micro);
+    for (int m = 0; m < micro; ++m) {
+      const int first = samples * m / micro, count = samples * (m + 1) / micro - first;
+      const auto span = std::make_pair(std::size_t(first) * time, std::size_t(first + count) * time);
+      model->train_batch(Space(), count, time, Kokkos::subview(*inputs, span), Kokkos::subview(*targets, span), false,
+                         shards.ready_hook(Space()), shards.needed_hook(Space()));
+    }
+    shards.finish_step(Space(), double(samples) * time, "");
+  };
+  for (const auto& [first, last] : model->parameter_layers()) {
+    double elements = 0;
+    for (std::size_t i = first; i < last; ++i) elements += double(element_count(model->parameter_specs()[i].shape));
+    r.layer_parameters.push_back(elements);
+    r.layer_tensors.push_back(double(last - first));
+  }
   // Measured after a pass: the activations of one slot, per row.
   r.passes(1, 1, {});
   r.activation_bytes_per_row = double(model->memory().activations) / double(time);
@@ -224,6 +251,16 @@ plan::ModelCosts measure_costs(const PlanOptions& o, const comm::Group& world) {
   c.optimizer_state_bytes = double(report.total());
   c.optimizer_split_bytes = double(report.total() - report.local_bytes);
   c.activation_bytes_per_row = runner.activation_bytes_per_row;
+  c.layer_parameters = runner.layer_parameters;
+  c.layer_tensors = runner.layer_tensors;
+  if (o.optimizer == "muon") {
+    // Sharded, Muon's matrices travel to their owners by rows and back every step.
+    for (const auto& matrix : optim::plan_muon(parameters.specs(), optimizer_options(o).muon_options(), 1))
+      if (matrix.matrix) {
+        c.sharded_matrix_exchanges += 1;
+        c.sharded_matrix_bytes += 4.0 * double(matrix.rows) * double(matrix.columns);
+      }
+  }
   if (o.model == "mlp") {
     // Megatron's pairs: a row-parallel layer's output is all-reduced forward, a column-parallel
     // layer's input gradient backward (not the first layer's: the data needs none).
@@ -238,8 +275,6 @@ plan::ModelCosts measure_costs(const PlanOptions& o, const comm::Group& world) {
     }
     c.stream_bytes_per_row = 4.0 * o.hidden.front();
     c.layers = hidden + 1;
-    for (std::size_t l = 0; l + 1 < sizes.size(); ++l)
-      c.layer_parameters.push_back(double(sizes[l] + 1) * sizes[l + 1]);  // kernel and bias
   } else {
     // Per block two all-reduces forward (attention output, MLP output) and two backward (the
     // projections' and the MLP's input gradients); the embedding's forward and backward, and the
@@ -267,7 +302,10 @@ nlohmann::json to_json(const plan::ModelCosts& c) {
           {"tensor_parallel_bytes_per_row", c.tensor_parallel_bytes_per_row},
           {"stream_bytes_per_row", c.stream_bytes_per_row},
           {"layers", c.layers},
-          {"layer_parameters", c.layer_parameters}};
+          {"layer_parameters", c.layer_parameters},
+          {"layer_tensors", c.layer_tensors},
+          {"sharded_matrix_exchanges", c.sharded_matrix_exchanges},
+          {"sharded_matrix_bytes", c.sharded_matrix_bytes}};
 }
 
 plan::ModelCosts costs_from_json(const nlohmann::json& j, const std::string& file) {
@@ -288,6 +326,9 @@ plan::ModelCosts costs_from_json(const nlohmann::json& j, const std::string& fil
     c.stream_bytes_per_row = j.at("stream_bytes_per_row");
     c.layers = j.at("layers");
     if (j.contains("layer_parameters")) c.layer_parameters = j.at("layer_parameters").get<std::vector<double>>();
+    if (j.contains("layer_tensors")) c.layer_tensors = j.at("layer_tensors").get<std::vector<double>>();
+    c.sharded_matrix_exchanges = j.value("sharded_matrix_exchanges", 0.0);
+    c.sharded_matrix_bytes = j.value("sharded_matrix_bytes", 0.0);
   } catch (const nlohmann::json::exception& e) {
     LATHER_FAIL("--costs ", file, ": ", e.what());
   }
@@ -339,9 +380,8 @@ std::vector<plan::Layout> layouts(const PlanOptions& o, int ranks) {
   };
   add(ranks, 1, 1, false);
   if (ranks > 1) add(ranks, 1, 1, true);
-  // Sharded parameters: the MLP with an optimizer that updates bands of rows (--shard-parameters).
-  const bool first_order = o.optimizer != "shampoo" && o.optimizer != "soap" && o.optimizer != "muon";
-  if (ranks > 1 && o.model == "mlp" && first_order) add(ranks, 1, 1, false, true);
+  // Sharded parameters (--shard-parameters), every optimizer.
+  if (ranks > 1) add(ranks, 1, 1, false, true);
   for (int S = 2; S <= std::min(ranks, 8); S *= 2) {
     if (ranks % S) continue;
     const bool fits = o.model == "mlp"

@@ -54,7 +54,8 @@ Prediction predict_sharded(const ModelCosts& c, const Network& net, const Layout
   double all_layers = 0, first_two = 0, last_two = 0, largest[2] = {0, 0};
   for (std::size_t k = 0; k < c.layer_parameters.size(); ++k) {
     const double bytes = 4.0 * c.layer_parameters[k] / S;
-    const double seconds = c.tensors_per_layer * allgather_seconds(net, R, bytes / c.tensors_per_layer);
+    const double tensors = k < c.layer_tensors.size() ? c.layer_tensors[k] : double(c.tensors_per_layer);
+    const double seconds = tensors * allgather_seconds(net, R, bytes / tensors);
     all_layers += seconds;
     if (k < 2) first_two += seconds;
     if (k + 2 >= c.layer_parameters.size()) last_two += seconds;
@@ -66,6 +67,11 @@ Prediction predict_sharded(const ModelCosts& c, const Network& net, const Layout
   out.reduction = gathers + M * all_layers;
   out.exposed = out.reduction;
   out.optimizer = c.optimizer_seconds / (double(S) * R);
+  // Sharded Muon: each matrix's rows to its owner and its rows of the result back, one matrix
+  // after the other (a gather and a scatter: the owner's link carries (R - 1)/R of it each way).
+  if (R > 1 && c.sharded_matrix_exchanges > 0)
+    out.optimizer +=
+        2.0 * (c.sharded_matrix_exchanges * net.alpha + double(R - 1) / R * c.sharded_matrix_bytes / S * net.beta);
   // The step's agreement, its weight and the loss sums: three small all-reduces.
   const double agreements = 3.0 * allreduce_seconds(net, R, 8.0);
   out.step = out.compute + out.tensor_parallel + out.exposed + out.optimizer + agreements;

@@ -49,10 +49,15 @@ struct ModelCosts {
   /// Bytes per row of what crosses a pipeline boundary (the residual stream).
   double stream_bytes_per_row = 0;
   int layers = 1;  ///< blocks (transformer) or dense layers (MLP), split over the stages
-  /// Parameters of each layer a sharded run gathers whole (the MLP's dense layers), and the
-  /// tensors of each (one gather and one reduce-scatter per tensor); empty: sharding not modelled.
-  std::vector<double> layer_parameters;
+  /// Parameters of each layer a sharded run gathers whole (the MLP's dense layers; the
+  /// transformer's embedding, blocks, and final LayerNorm with the head), and the tensors of each
+  /// (one gather and one reduce-scatter per tensor; empty: tensors_per_layer each); empty:
+  /// sharding not modelled.
+  std::vector<double> layer_parameters, layer_tensors;
   int tensors_per_layer = 2;
+  /// Sharded Muon (optim::ShardedMuon): its matrices, each sent to its owner by rows and back
+  /// every step: how many, and their bytes in all.
+  double sharded_matrix_exchanges = 0, sharded_matrix_bytes = 0;
 
   /// Forward + backward seconds of `rows` rows (the passes' cost per row falls as batches grow,
   /// then rises as activations leave the caches: a line through the points would miss both).
@@ -83,7 +88,8 @@ struct Prediction {
 
 /// The step of `samples` samples per replica on `layout`. Sharded (no stages, a model with
 /// layer_parameters): the layers' all-gathers and reduce-scatters instead of the reduction, all of
-/// them exposed, and the optimizer on 1/R of the parameters without an all-gather.
+/// them exposed, and the optimizer on 1/R of the parameters without an all-gather (Muon: with its
+/// matrices' rows to their owners and back).
 Prediction predict(const ModelCosts& costs, const Network& net, const Layout& layout, double samples);
 
 /// Samples per second per rank on `layout`, over the same on one rank (weak scaling: the

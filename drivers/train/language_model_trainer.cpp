@@ -279,7 +279,10 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   const auto evaluate = [&](long step) {
     const double began = log.seconds();
     const long windows_total = long(validation_offsets.size());
-    const auto [begin, end] = share(windows_total, replicas, replica);
+    // Not structured bindings: the round's lambda below captures them (C++17 forbids it; clang
+    // refuses).
+    const auto mine = share(windows_total, replicas, replica);
+    const long begin = mine.first, end = mine.second;
     const long rounds = ((windows_total + replicas - 1) / replicas + micro_windows - 1) / micro_windows;
     double sums[3] = {0, 0, 0};
     for (long round = 0; round < rounds; ++round) {

@@ -132,4 +132,25 @@ TEST(PlanModel, ShardedParametersGatherEveryLayerAndSplitTheOptimizerWithoutAnAl
   EXPECT_DOUBLE_EQ(p.memory_bytes, (2 * 4e6 + 8e6) / 4 + 2 * 4 * (3e5 + 4e5) + rows / 2 * 1000);
 }
 
+TEST(PlanModel, ShardedLayersGatherTheirTensorsAndShardedMuonExchangesItsMatrices) {
+  auto c = costs();
+  // An embedding of 2 tensors, two blocks of 16, a head of 4; Muon's 3 matrices, 3e6 bytes.
+  c.layer_parameters = {1e5, 4e5, 3e5, 2e5};
+  c.layer_tensors = {2, 16, 16, 4};
+  c.sharded_matrix_exchanges = 3;
+  c.sharded_matrix_bytes = 3e6;
+  Layout l;
+  l.replicas = 4;
+  l.sharded = true;
+  const auto p = predict(c, net, l, 32);
+  const auto layer = [](double n, double tensors) { return tensors * allgather_seconds(net, 4, 4 * n / tensors); };
+  const double all = layer(1e5, 2) + layer(4e5, 16) + layer(3e5, 16) + layer(2e5, 4);
+  // One pass: every layer forward, the two before the last two backward; every layer reduced.
+  EXPECT_NEAR(p.reduction, (all + layer(1e5, 2) + layer(4e5, 16)) + all, 1e-15);
+  EXPECT_NEAR(p.optimizer, 4e-3 / 4 + 2 * (3 * net.alpha + 3.0 / 4 * 3e6 * net.beta), 1e-15);
+  // One rank: no exchange.
+  l.replicas = 1;
+  EXPECT_DOUBLE_EQ(predict(c, net, l, 32).optimizer, 4e-3);
+}
+
 }  // namespace
