@@ -259,6 +259,7 @@ plan::ModelCosts measure_costs(const PlanOptions& o, const comm::Group& world) {
       if (matrix.matrix) {
         c.sharded_matrix_exchanges += 1;
         c.sharded_matrix_bytes += 4.0 * double(matrix.rows) * double(matrix.columns);
+        c.optimizer_unit_costs.push_back(matrix.cost());  // whole matrices: one rank each
       }
   }
   if (o.model == "mlp") {
@@ -305,7 +306,8 @@ nlohmann::json to_json(const plan::ModelCosts& c) {
           {"layer_parameters", c.layer_parameters},
           {"layer_tensors", c.layer_tensors},
           {"sharded_matrix_exchanges", c.sharded_matrix_exchanges},
-          {"sharded_matrix_bytes", c.sharded_matrix_bytes}};
+          {"sharded_matrix_bytes", c.sharded_matrix_bytes},
+          {"optimizer_unit_costs", c.optimizer_unit_costs}};
 }
 
 plan::ModelCosts costs_from_json(const nlohmann::json& j, const std::string& file) {
@@ -329,6 +331,8 @@ plan::ModelCosts costs_from_json(const nlohmann::json& j, const std::string& fil
     if (j.contains("layer_tensors")) c.layer_tensors = j.at("layer_tensors").get<std::vector<double>>();
     c.sharded_matrix_exchanges = j.value("sharded_matrix_exchanges", 0.0);
     c.sharded_matrix_bytes = j.value("sharded_matrix_bytes", 0.0);
+    if (j.contains("optimizer_unit_costs"))
+      c.optimizer_unit_costs = j.at("optimizer_unit_costs").get<std::vector<double>>();
   } catch (const nlohmann::json::exception& e) {
     LATHER_FAIL("--costs ", file, ": ", e.what());
   }

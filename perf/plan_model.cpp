@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <numeric>
+#include <queue>
 
 namespace lather::plan {
 
@@ -38,6 +41,25 @@ std::string Layout::name() const {
          " shards" + (overlap ? ", overlapped" : "") + (sharded ? ", sharded parameters" : "");
 }
 
+double largest_share(const std::vector<double>& unit_costs, int ranks) {
+  ranks = std::max(1, ranks);
+  std::vector<double> costs = unit_costs;
+  const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
+  if (costs.empty() || total <= 0) return 1.0 / ranks;
+  std::sort(costs.begin(), costs.end(), std::greater<double>());
+  // The least loaded rank on top.
+  std::priority_queue<double, std::vector<double>, std::greater<double>> loads;
+  for (int r = 0; r < ranks; ++r) loads.push(0.0);
+  double largest = 0;
+  for (double c : costs) {
+    const double load = loads.top() + c;
+    loads.pop();
+    loads.push(load);
+    largest = std::max(largest, load);
+  }
+  return largest / total;
+}
+
 namespace {
 
 /// The sharded step (ParameterShards): `out` holds the compute and tensor-parallel terms.
@@ -66,7 +88,7 @@ Prediction predict_sharded(const ModelCosts& c, const Network& net, const Layout
   const double gathers = L > 0 ? first_pass + (M - 1) * later_pass : 0.0;
   out.reduction = gathers + M * all_layers;
   out.exposed = out.reduction;
-  out.optimizer = c.optimizer_seconds / (double(S) * R);
+  out.optimizer = c.optimizer_seconds / S * largest_share(c.optimizer_unit_costs, R);
   // Sharded Muon: each matrix's rows to its owner and its rows of the result back, one matrix
   // after the other (a gather and a scatter: the owner's link carries (R - 1)/R of it each way).
   if (R > 1 && c.sharded_matrix_exchanges > 0)
@@ -119,8 +141,9 @@ Prediction predict(const ModelCosts& c, const Network& net, const Layout& l, dou
   // The optimizer on this rank's tensors; a distributed step splits it over the replicas and
   // all-gathers the new values.
   const double local_optimizer = c.optimizer_seconds / (double(S) * P);
-  out.optimizer =
-      c.distributed_step && R > 1 ? local_optimizer / R + allgather_seconds(net, R, gradient_bytes) : local_optimizer;
+  out.optimizer = c.distributed_step && R > 1 ? local_optimizer * largest_share(c.optimizer_unit_costs, R) +
+                                                    allgather_seconds(net, R, gradient_bytes)
+                                              : local_optimizer;
   // The reducer's agreement and the step's loss sums: two small all-reduces over the replicas.
   const double agreements = 2.0 * allreduce_seconds(net, R, 8.0);
   out.step = out.compute + out.tensor_parallel + out.pipeline + out.exposed + out.optimizer + agreements;

@@ -34,8 +34,12 @@ struct ModelCosts {
   /// Forward + backward seconds measured at these row counts (ascending): passes_seconds()
   /// interpolates between them, and extends the nearest segment beyond them.
   std::vector<double> pass_rows, pass_seconds;
-  double optimizer_seconds = 0;      ///< one step over every parameter, replicated
-  bool distributed_step = false;     ///< the optimizer splits its work over the replicas
+  double optimizer_seconds = 0;   ///< one step over every parameter, replicated
+  bool distributed_step = false;  ///< the optimizer splits its work over the replicas
+  /// The relative costs of the units a distributed or sharded step assigns to the ranks by greedy
+  /// longest-processing-time (Muon's matrices); the step takes the most loaded rank's share.
+  /// Empty: an even split.
+  std::vector<double> optimizer_unit_costs;
   double parameters = 0;             ///< count (float32)
   double optimizer_state_bytes = 0;  ///< the whole model's
   /// The part of it a distributed step splits over the replicas (the statistics, their roots and
@@ -91,6 +95,10 @@ struct Prediction {
 /// them exposed, and the optimizer on 1/R of the parameters without an all-gather (Muon: with its
 /// matrices' rows to their owners and back).
 Prediction predict(const ModelCosts& costs, const Network& net, const Layout& layout, double samples);
+
+/// The most loaded of `ranks` ranks' share of `unit_costs` when greedy longest-processing-time
+/// assigns them (1/ranks when there are none).
+double largest_share(const std::vector<double>& unit_costs, int ranks);
 
 /// Samples per second per rank on `layout`, over the same on one rank (weak scaling: the
 /// per-replica batch fixed).

@@ -153,4 +153,21 @@ TEST(PlanModel, ShardedLayersGatherTheirTensorsAndShardedMuonExchangesItsMatrice
   EXPECT_DOUBLE_EQ(predict(c, net, l, 32).optimizer, 4e-3);
 }
 
+TEST(PlanModel, TheOptimizerTakesTheMostLoadedRanksShareOfWholeUnits) {
+  // Greedy longest-processing-time: {3, 1, 1, 1} on 2 ranks is 3 | 1 1 1, on 4 ranks 3 | 1 | 1 | 1.
+  EXPECT_DOUBLE_EQ(largest_share({3, 1, 1, 1}, 2), 0.5);
+  EXPECT_DOUBLE_EQ(largest_share({3, 1, 1, 1}, 4), 0.5);
+  EXPECT_DOUBLE_EQ(largest_share({1, 1, 1, 1}, 4), 0.25);
+  EXPECT_DOUBLE_EQ(largest_share({}, 8), 1.0 / 8);
+  auto c = costs();
+  c.distributed_step = true;
+  c.optimizer_unit_costs = {3, 1, 1, 1};
+  Layout l;
+  l.replicas = 4;
+  EXPECT_DOUBLE_EQ(predict(c, net, l, 32).optimizer, 4e-3 * 0.5 + allgather_seconds(net, 4, 4e6));
+  c.layer_parameters = {1e5, 4e5, 3e5, 2e5};
+  l.sharded = true;
+  EXPECT_DOUBLE_EQ(predict(c, net, l, 32).optimizer, 4e-3 * 0.5);
+}
+
 }  // namespace
