@@ -1,103 +1,22 @@
-#include <lather/comm/group.hpp>
+#include "group_state.hpp"
 
 #include "affinity.hpp"
 
 #if LATHER_ENABLE_MPI
-#include "mpi_check.hpp"
 #include "waiting.hpp"
 #endif
 
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <optional>
 #include <tuple>
 #include <utility>
 
 namespace lather::comm {
 
-// A group is a communicator we own (MPI builds) or one process on its own (`local`): then every
-// collective is a copy and MPI is never called, so a Group works before MPI_Init and without MPI.
-struct Group::State {
-#if LATHER_ENABLE_MPI
-  MPI_Comm comm = MPI_COMM_NULL;
-#endif
-  int size = 1, rank = 0;
-  bool local = true;
-  // Counted once per communicator (MPI_Comm_split_type and an allgather: up to a tenth of a second
-  // where ranks outnumber cores), by the first to ask.
-  mutable std::optional<NodeOccupancy> occupancy;
-
-  State() = default;
-  State(const State&) = delete;
-  State& operator=(const State&) = delete;
-  ~State() {
-#if LATHER_ENABLE_MPI
-    if (comm == MPI_COMM_NULL) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm);  // nothing to report from a destructor
-#endif
-  }
-};
-
 namespace {
 
 #if LATHER_ENABLE_MPI
-template <class T>
-MPI_Datatype datatype();
-template <>
-MPI_Datatype datatype<char>() {
-  return MPI_BYTE;
-}
-template <>
-MPI_Datatype datatype<std::int8_t>() {
-  return MPI_INT8_T;
-}
-template <>
-MPI_Datatype datatype<int>() {
-  return MPI_INT;
-}
-template <>
-MPI_Datatype datatype<std::int64_t>() {
-  return MPI_INT64_T;
-}
-template <>
-MPI_Datatype datatype<std::uint16_t>() {
-  return MPI_UINT16_T;
-}
-template <>
-MPI_Datatype datatype<std::uint32_t>() {
-  return MPI_UINT32_T;
-}
-template <>
-MPI_Datatype datatype<std::uint64_t>() {
-  return MPI_UINT64_T;
-}
-template <>
-MPI_Datatype datatype<float>() {
-  return MPI_FLOAT;
-}
-template <>
-MPI_Datatype datatype<double>() {
-  return MPI_DOUBLE;
-}
-
-MPI_Op operation(Combine op) {
-  switch (op) {
-    case Combine::sum:
-      return MPI_SUM;
-    case Combine::min:
-      return MPI_MIN;
-    case Combine::max:
-      return MPI_MAX;
-  }
-  return MPI_SUM;
-}
-
-/// MPI counts are int: pieces of at most this many elements per call.
-constexpr std::size_t max_count = std::size_t(1) << 30;
-
 /// A contiguous MPI datatype of `bytes` bytes, freed at scope exit.
 class UnitType {
  public:
@@ -117,20 +36,6 @@ class UnitType {
  private:
   MPI_Datatype m_type = MPI_DATATYPE_NULL;
 };
-
-/// Counts and displacements as MPI takes them, refusing what int cannot hold.
-std::pair<std::vector<int>, std::vector<int>> int_counts(const std::vector<std::size_t>& counts, const char* call) {
-  std::vector<int> count(counts.size()), displacement(counts.size());
-  std::size_t at = 0;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    LATHER_REQUIRE(counts[r] <= std::size_t(INT_MAX) && at <= std::size_t(INT_MAX), call, ": ", counts[r],
-                   " elements at offset ", at, " exceed what MPI's int counts describe");
-    count[r] = int(counts[r]);
-    displacement[r] = int(at);
-    at += counts[r];
-  }
-  return {std::move(count), std::move(displacement)};
-}
 
 /// MPI_Sendrecv with one partner, waiting as waiting.hpp says.
 int sendrecv(const void* out, int out_count, MPI_Datatype out_type, void* in, int in_count, MPI_Datatype in_type,
@@ -531,118 +436,6 @@ void Group::receive(T* values, std::size_t count, int source, int tag) const {
 }
 
 template <class T>
-Request Group::start_send(const T* values, std::size_t count, int destination, int tag) const {
-  const auto& st = state();
-  LATHER_REQUIRE(!st.local && destination >= 0 && destination < st.size && destination != st.rank,
-                 "Group::start_send: rank ", destination, " is not another rank of the group of ", st.size);
-  LATHER_REQUIRE(count <= max_count, "Group::start_send: ", count, " elements; at most ", max_count, " at once");
-  Request request;
-#if LATHER_ENABLE_MPI
-  Impl::check_mpi(MPI_Isend(values, int(count), datatype<T>(), destination, tag, st.comm, &request.m_request),
-                  "MPI_Isend");
-#else
-  (void)values, (void)tag;
-#endif
-  return request;
-}
-
-template <class T>
-Request Group::start_receive(T* values, std::size_t count, int source, int tag) const {
-  const auto& st = state();
-  LATHER_REQUIRE(!st.local && source >= 0 && source < st.size && source != st.rank, "Group::start_receive: rank ",
-                 source, " is not another rank of the group of ", st.size);
-  LATHER_REQUIRE(count <= max_count, "Group::start_receive: ", count, " elements; at most ", max_count, " at once");
-  Request request;
-  request.m_receive = true;
-  request.m_call = "MPI_Irecv";
-#if LATHER_ENABLE_MPI
-  Impl::check_mpi(MPI_Irecv(values, int(count), datatype<T>(), source, tag, st.comm, &request.m_request), "MPI_Irecv");
-#else
-  (void)values, (void)tag;
-#endif
-  return request;
-}
-
-Request Group::start_barrier() const {
-  const auto& st = state();
-  Request request;
-  request.m_call = "MPI_Ibarrier";
-#if LATHER_ENABLE_MPI
-  if (!st.local) Impl::check_mpi(MPI_Ibarrier(st.comm, &request.m_request), "MPI_Ibarrier");
-#else
-  (void)st;
-#endif
-  return request;
-}
-
-template <class T>
-Request Group::start_allreduce(T* values, std::size_t count, Combine op) const {
-  const auto& st = state();
-  LATHER_REQUIRE(count <= max_count, "Group::start_allreduce: ", count, " elements; at most ", max_count, " at once");
-  Request request;
-  request.m_call = "MPI_Iallreduce";
-#if LATHER_ENABLE_MPI
-  if (!st.local)
-    Impl::check_mpi(
-        MPI_Iallreduce(MPI_IN_PLACE, values, int(count), datatype<T>(), operation(op), st.comm, &request.m_request),
-        "MPI_Iallreduce");
-#else
-  (void)st, (void)values, (void)op;
-#endif
-  return request;
-}
-
-template <class T>
-Request Group::start_alltoall(const T* send, std::size_t per_rank, T* receive) const {
-  const auto& st = state();
-  LATHER_REQUIRE(per_rank <= max_count, "Group::start_alltoall: ", per_rank, " elements per rank; at most ", max_count,
-                 " at once");
-  Request request;
-  request.m_call = "MPI_Ialltoall";
-  if (st.local) {
-    if (per_rank > 0 && send != receive) std::memmove(receive, send, per_rank * sizeof(T));
-    return request;
-  }
-#if LATHER_ENABLE_MPI
-  const int n = int(per_rank);
-  Impl::check_mpi(MPI_Ialltoall(send, n, datatype<T>(), receive, n, datatype<T>(), st.comm, &request.m_request),
-                  "MPI_Ialltoall");
-#endif
-  return request;
-}
-
-template <class T>
-Request Group::start_allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts) const {
-  const auto& st = state();
-  LATHER_REQUIRE(int(counts.size()) == st.size, "Group::start_allgatherv: ", counts.size(), " counts for a group of ",
-                 st.size);
-  Request request;
-  request.m_call = "MPI_Iallgatherv";
-  if (st.local) {
-    if (counts[0] > 0 && send != receive) std::memmove(receive, send, counts[0] * sizeof(T));
-    return request;
-  }
-#if LATHER_ENABLE_MPI
-  std::size_t total = 0;
-  for (auto c : counts) total += c;
-  LATHER_REQUIRE(total <= std::size_t(INT_MAX), "Group::start_allgatherv: ", total,
-                 " elements in all exceed MPI's int counts");
-  std::vector<int> count, displacement;
-  std::tie(count, displacement) = int_counts(counts, "Group::start_allgatherv");
-  // MPI reads the counts and displacements until the transfer completes: the Request keeps them.
-  request.m_arguments = count;
-  request.m_arguments.insert(request.m_arguments.end(), displacement.begin(), displacement.end());
-  const int* counts_kept = request.m_arguments.data();
-  const int* displacements_kept = counts_kept + st.size;
-  const void* from = send == receive + displacement[st.rank] ? MPI_IN_PLACE : send;
-  Impl::check_mpi(MPI_Iallgatherv(from, count[st.rank], datatype<T>(), receive, counts_kept, displacements_kept,
-                                  datatype<T>(), st.comm, &request.m_request),
-                  "MPI_Iallgatherv");
-#endif
-  return request;
-}
-
-template <class T>
 void Group::exchange(const T* out, std::size_t out_count, T* in, std::size_t in_count, int partner, int tag) const {
   const auto& st = state();
   LATHER_REQUIRE(!st.local && partner >= 0 && partner < st.size && partner != st.rank, "Group::exchange: rank ",
@@ -688,11 +481,6 @@ void Group::agree_on_failure(const std::string& context, const std::string& loca
   template void Group::alltoall<T>(const T*, std::size_t, T*) const;                                    \
   template void Group::send<T>(const T*, std::size_t, int, int) const;                                  \
   template void Group::receive<T>(T*, std::size_t, int, int) const;                                     \
-  template Request Group::start_send<T>(const T*, std::size_t, int, int) const;                         \
-  template Request Group::start_receive<T>(T*, std::size_t, int, int) const;                            \
-  template Request Group::start_allreduce<T>(T*, std::size_t, Combine) const;                           \
-  template Request Group::start_alltoall<T>(const T*, std::size_t, T*) const;                           \
-  template Request Group::start_allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const;     \
   template void Group::exchange<T>(const T*, std::size_t, T*, std::size_t, int, int) const;
 
 LATHER_COMM_GROUP_INSTANTIATE(char)
