@@ -215,6 +215,28 @@ void muon_update(const ExecutionSpace& space, Scalar* x, Scalar* copy,
       });
 }
 
+/// optax.contrib.scale_by_shape's width scaling sqrt(max(1, fan_out / fan_in)) of a rows x cols
+/// matrix: fan_in the rows (reduction axis 0), fan_out the product of the other dimensions.
+template <class Scalar>
+Scalar muon_scale(std::int64_t rows, std::int64_t cols) {
+  return Scalar(std::sqrt(std::max(1.0, double(cols) / double(rows))));
+}
+
+/// Muon's update t + 1 (t updates done) of one whole rows x cols matrix: its momentum into the
+/// iterate, the Newton-Schulz iteration in `ws`, the new values (also to `copy` when not null).
+template <class ExecutionSpace, class Scalar>
+void muon_matrix_step(const ExecutionSpace& space, const MuonOptions& o,
+                      NewtonSchulzWorkspace<ExecutionSpace, Scalar>& ws, const Scalar* g, Scalar* mu, Scalar* x,
+                      Scalar* copy, std::int64_t rows, std::int64_t cols, long t, Scalar lr) {
+  const bool transposed = rows > cols;
+  muon_momentum(space, g, mu, ws.x.data(), rows, cols, Scalar(o.beta), Scalar(1 - o.beta),
+                bias_correction<Scalar>(o.beta, t + 1), bias_correction<Scalar>(o.beta, t + 2), o.nesterov, transposed);
+  const auto result = orthogonalize_wide(space, ws, std::min(rows, cols), std::max(rows, cols), o.ns_coefficients,
+                                         o.ns_steps, o.epsilon);
+  muon_update(space, x, copy, result, rows, cols, lr, muon_scale<Scalar>(rows, cols), Scalar(o.weight_decay),
+              transposed);
+}
+
 /// What one rank keeps besides the options: momentum of its own matrices, AdamW moments of every
 /// AdamW parameter, the Newton-Schulz scratch and (distributed) the all-gather buffer.
 template <class ExecutionSpace, class Scalar>
@@ -309,7 +331,6 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   const auto& o = m_options;
   const long t = m_step;  // updates done so far; this is update t + 1
   const Scalar lr = Scalar(o.learning_rate(t));
-  const auto correction = [](double beta, long count) { return Impl::bias_correction<Scalar>(beta, count); };
 
   // A NaN or Inf in any rank's gradient, before AdamW's moments or the momentum move: a rank's
   // share reads only its own matrices, so every rank scans its whole gradient and the group agrees
@@ -334,19 +355,10 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
     for (std::size_t p = 0; p < values.size(); ++p) {
       const auto& plan = m_plan[p];
       if (!plan.matrix || plan.owner != rank) continue;
-      const std::int64_t rows = plan.rows, cols = plan.columns;
-      Impl::muon_momentum(space, grads[p].data(), st.momentum[p].data(), st.ws.x.data(), rows, cols, Scalar(o.beta),
-                          Scalar(1 - o.beta), correction(o.beta, t + 1), correction(o.beta, t + 2), o.nesterov,
-                          rows > cols);
-      const auto result = Impl::orthogonalize_wide(space, st.ws, std::min(rows, cols), std::max(rows, cols),
-                                                   o.ns_coefficients, o.ns_steps, o.epsilon);
-      // optax.contrib.scale_by_shape's width scaling sqrt(max(1, fan_out / fan_in)), fan_in the
-      // rows (reduction axis 0), fan_out the product of the other dimensions.
-      const Scalar scale = Scalar(std::sqrt(std::max(1.0, double(cols) / double(rows))));
       // Distributed, the new values also go to this rank's segment of the exchange.
       Scalar* copy = distributed() ? m_distributor->buffer().data() + st.offset[p] : nullptr;
-      Impl::muon_update(space, values[p].data(), copy, result, rows, cols, lr, scale, Scalar(o.weight_decay),
-                        rows > cols);
+      Impl::muon_matrix_step(space, o, st.ws, grads[p].data(), st.momentum[p].data(), values[p].data(), copy, plan.rows,
+                             plan.columns, t, lr);
     }
   };
   if (!distributed()) {

@@ -180,19 +180,11 @@ void ShardedMuon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, c
     const auto& plan = m_plan[p];
     if (!plan.matrix || plan.rows * plan.columns == 0) continue;
     const std::int64_t cols = plan.columns;
-    // optax.contrib.scale_by_shape's width scaling of the whole matrix (muon.hpp).
-    const Scalar scale = Scalar(std::sqrt(std::max(1.0, double(cols) / double(plan.rows))));
     if (st.whole_everywhere[p]) {
       // Every rank holds it whole: Muon's own step, on every rank alike.
-      const std::int64_t rows = plan.rows;
-      const bool transposed = rows > cols;
-      std::string error = ::lather::Impl::local_failure("muon.distributed_step", [&] {
-        Impl::muon_momentum(space, grads[p].data(), st.momentum[p].data(), st.ws.x.data(), rows, cols, beta, one_beta,
-                            c, c_next, o.nesterov, transposed);
-        const auto result = Impl::orthogonalize_wide(space, st.ws, std::min(rows, cols), std::max(rows, cols),
-                                                     o.ns_coefficients, o.ns_steps, o.epsilon);
-        Impl::muon_update(space, values[p].data(), static_cast<Scalar*>(nullptr), result, rows, cols, lr, scale,
-                          Scalar(o.weight_decay), transposed);
+      const std::string error = ::lather::Impl::local_failure("muon.distributed_step", [&] {
+        Impl::muon_matrix_step(space, o, st.ws, grads[p].data(), st.momentum[p].data(), values[p].data(),
+                               static_cast<Scalar*>(nullptr), plan.rows, cols, t, lr);
       });
       m_group.agree_on_failure(what, error);
       continue;
@@ -203,7 +195,7 @@ void ShardedMuon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, c
     orthogonalize_rows(space, p, t);
     Impl::muon_update(space, values[p].data(), static_cast<Scalar*>(nullptr),
                       Impl::MuonMatrix<Scalar, memory_space>(st.band.data(), std::size_t(rows), std::size_t(cols)),
-                      rows, cols, lr, scale, Scalar(o.weight_decay), false);
+                      rows, cols, lr, Impl::muon_scale<Scalar>(plan.rows, cols), Scalar(o.weight_decay), false);
   }
   ++m_step;
 }
