@@ -246,11 +246,13 @@ void TrainOptions::validate() const {
   if (shard_parameters) {
     LATHER_REQUIRE(pipeline_stages == 1, "--shard-parameters shards the parameters of whole layers over the ",
                    "replicas; with --pipeline-stages ", pipeline_stages, " the stages hold them already");
-    // Shampoo's bands are whole rows of its blocks, marked as slices of the whole tensor: a weight
-    // shard's slice would need a second split (SOAP and Muon refuse weight shards anyway).
-    LATHER_REQUIRE(optimizer != OptimizerKind::shampoo || weight_shards == 1,
-                   "--shard-parameters with --optimizer shampoo needs --weight-shards 1 (its bands of blocks cannot ",
-                   "split a weight shard's slice again); first-order optimizers take both");
+    // Shampoo's bands of a weight shard's column slice are pieces cut along two axes, whose int8
+    // momentum would scale columns over rows that other ranks hold (SOAP and Muon refuse weight
+    // shards anyway).
+    LATHER_REQUIRE(optimizer != OptimizerKind::shampoo || weight_shards == 1 ||
+                       !shampoo_options().best_effort_memory_usage_reduction,
+                   "--shard-parameters with --optimizer shampoo and --weight-shards ", weight_shards,
+                   " does not support best_effort_memory_usage_reduction (int8 momentum)");
     LATHER_REQUIRE(reduce == comm::ReduceOp::weighted_mean, "--shard-parameters reduce-scatters the mean; --reduce ",
                    reduction_name(reduce), " needs every replica's whole gradient");
     LATHER_REQUIRE(!overlap_reduction, "--shard-parameters reduce-scatters each layer's gradients as its backward ",

@@ -85,6 +85,8 @@ ParameterSpec band_of(const ParameterSpec& model, std::int64_t begin, std::int64
   band.shape.front() = end - begin;
   if (model.split_axis == 0) {
     band.split_offset = model.split_offset + begin;
+  } else if (model.split_axis > 0 && model.shape != model.global()) {  // a weight shard's column slice: its rows too
+    band.row_offset = model.row_offset + begin;
   } else {
     band.split_axis = 0;
     band.split_offset = begin;

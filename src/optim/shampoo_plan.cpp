@@ -61,6 +61,22 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
       pp.local_shape = global;
       pp.local_shape.front() = pp.spec.shape.front() * inner;
     }
+    // A band of rows of a column slice (a piece cut along two axes): the slice's reading, the band
+    // a range of its first interpreted dimension, which holds the rows (merged with the dimensions
+    // after them and before the split axis when they are small: `row_inner` elements per row).
+    std::int64_t row_begin = 0, row_end = 0;
+    const bool row_band = pp.spec.row_band();
+    if (row_band) {
+      LATHER_REQUIRE(split > 0 && global.front() % shape.front() == 0, "Shampoo: parameter '", pp.spec.name,
+                     "' is a band of rows of a slice along axis ", pp.spec.split_axis,
+                     ", but its reading merges its rows with the split axis");
+      const std::int64_t row_inner = global.front() / shape.front();
+      pp.local_shape = global;
+      pp.local_shape[std::size_t(split)] = pp.spec.shape[std::size_t(pp.spec.split_axis)];
+      pp.local_shape.front() = pp.spec.shape.front() * row_inner;
+      row_begin = pp.spec.row_offset * row_inner;
+      row_end = row_begin + pp.local_shape.front();
+    }
     // Blocks are cut at block_size along the dimensions with a statistic, and one-sided, at
     // unpreconditioned_block_size along the others.
     const auto dims = preconditioned_dimensions(int(global.size()), options.preconditioner_type);
@@ -72,6 +88,11 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
       extents[d] = at_block_size(d) ? options.block_size : options.unpreconditioned_block_size;
     pp.partition = BlockPartition(global, extents);
     pp.quantized_momentum = options.best_effort_memory_usage_reduction && pp.spec.shape.size() > 1;
+    // int8 momentum scales each column by its maximum over the rows: a band of a column slice has
+    // neither all the rows nor the columns of the other bands of its rows.
+    LATHER_REQUIRE(!(row_band && pp.quantized_momentum), "Shampoo: parameter '", pp.spec.name,
+                   "' is a band of rows of a weight shard's column slice, whose int8 momentum is not supported: ",
+                   "turn off best_effort_memory_usage_reduction");
     if (pp.preconditioned && pp.partition.rank() == 0) pp.preconditioned = false;
     if (pp.preconditioned) {
       LATHER_REQUIRE(split < 0 || global.size() == pp.local_shape.size(), "Shampoo: parameter '", pp.spec.name,
@@ -100,6 +121,13 @@ ShampooPlan make_plan(const std::vector<ParameterSpec>& parameters, const Shampo
                          at_block_size(std::size_t(split)) ? " = block_size" : " = unpreconditioned_block_size",
                          "); choose weight shards whose slices are multiples of it");
           local.offset[split] -= begin;
+        }
+        if (row_band) {
+          const std::int64_t b0 = block.offset.front(), b1 = b0 + block.size.front();
+          if (b1 <= row_begin || b0 >= row_end) continue;  // another band's block
+          LATHER_REQUIRE(b0 >= row_begin && b1 <= row_end, "Shampoo: the band of rows [", row_begin, ", ", row_end,
+                         ") of parameter '", pp.spec.name, "' cuts its block [", b0, ", ", b1, ")");
+          local.offset.front() -= row_begin;
         }
         local.packed_offset = packed;
         packed += local.elements();

@@ -13,18 +13,18 @@ std::vector<comm::ShardLayout> shampoo_shard_layouts(const std::vector<Parameter
                                                      const ShampooOptions& options) {
   std::vector<comm::ShardLayout> layouts;
   for (const auto& spec : parameters) {
-    LATHER_REQUIRE(!spec.split() || spec.shape == spec.global(), "Shampoo: parameter '", spec.name,
-                   "' is already a weight shard's slice; sharded parameters cannot split it again");
+    LATHER_REQUIRE(!spec.row_band() && !spec.band_of_whole, "Shampoo: parameter '", spec.name,
+                   "' is already a band of rows; sharded parameters cut whole tensors or weight shards' slices");
     comm::ShardLayout layout;
-    if (spec.shape.empty()) {  // a scalar: no rows to split
-      layout.replicated = true;
+    if (spec.shape.empty() || spec.shape.front() == 0) {  // a scalar, or a slice of no rows: nothing to split
+      layout.replicated = spec.shape.empty();
       layouts.push_back(layout);
       continue;
     }
     const std::int64_t row_elements = element_count(spec.shape) / spec.shape.front();
     // How the replicated run reads the tensor, and how it reads a band of it (comm::band_of, as
-    // ParameterShards::slices hands it over). Where the two differ (a tensor split along its
-    // columns whose rows merge with them), the tensor is replicated.
+    // ParameterShards::slices hands it over). Where the two differ (a tensor whose reading
+    // merges its rows with the dimensions after them differently for a band), it is replicated.
     const Impl::ShampooPlan plan = Impl::make_plan({spec}, options);
     const auto& pp = plan.parameters.front();
     const ParameterSpec band = comm::band_of(spec, 0, spec.shape.front());
@@ -34,8 +34,9 @@ std::vector<comm::ShardLayout> shampoo_shard_layouts(const std::vector<Parameter
       continue;
     }
     // The reading's first dimension holds the rows, merged with the small dimensions after them
-    // (`inner` elements per row); bands are cut where its blocks are.
-    const std::int64_t inner = pp.partition.shape().front() / spec.shape.front();
+    // (`inner` elements per row); bands are cut where its blocks are. A weight shard's slice
+    // begins on a block's first row, so its bands are cut alike.
+    const std::int64_t inner = pp.local_shape.front() / spec.shape.front();
     // The cost balanced is memory, what sharding is for, in floats: a value, its gradient and
     // three floats of per-element state (the graft's statistics, two momenta) per element, and two
     // padded slots (statistic, preconditioner) per statistic of a block in the unit.
@@ -47,7 +48,7 @@ std::vector<comm::ShardLayout> shampoo_shard_layouts(const std::vector<Parameter
       layout.unit_rows = std::lcm(extent, inner) / inner;
       const double slot = double(options.block_size) * double(options.block_size);
       const std::int64_t first_rows_end = layout.unit_rows * inner;
-      for (const auto& block : pp.partition.blocks())
+      for (const auto& block : pp.local_blocks)  // this slice's blocks, at their offsets in it
         if (block.offset.front() < first_rows_end)
           layout.unit_cost += 5.0 * double(block.elements()) + 2.0 * slot * double(pp.dims.size());
     }

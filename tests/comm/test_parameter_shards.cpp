@@ -310,4 +310,43 @@ TEST(ParameterShards, ALayoutThatDiffersIsAnErrorOnEveryRank) {
   expect_error([&] { Shards(Exec(), MPI_COMM_WORLD, specs, {{0, 2}, {2, 5}}); }, "the layers cover 5 of the 8");
 }
 
+// A band of rows of each kind of spec, checked field by field: of a whole tensor (read as the
+// whole), of a weight shard's row slice (the same global tensor), of a column slice (a piece cut
+// along two axes) and of a spec split along columns by one shard (the whole tensor).
+TEST(BandOf, KeepsTheGlobalTensorAndTheCutsOfEachKindOfSpec) {
+  const ParameterSpec whole{"w", {8, 6}};
+  ParameterSpec band = lather::comm::band_of(whole, 2, 5);
+  EXPECT_EQ(band.shape, (lather::TensorShape{3, 6}));
+  EXPECT_TRUE(band.band_of_whole && band.split_axis == 0 && band.split_offset == 2);
+  EXPECT_EQ(band.global(), whole.shape);
+
+  ParameterSpec rows{"r", {4, 6}};  // rows [4, 8) of [8, 6]
+  rows.split_axis = 0, rows.split_offset = 4, rows.global_shape = {8, 6};
+  band = lather::comm::band_of(rows, 1, 3);
+  EXPECT_TRUE(!band.band_of_whole && band.split_axis == 0 && band.split_offset == 5);
+  EXPECT_EQ(band.global(), rows.global_shape);
+
+  ParameterSpec columns{"c", {8, 3}};  // columns [3, 6) of [8, 6]
+  columns.split_axis = 1, columns.split_offset = 3, columns.global_shape = {8, 6};
+  band = lather::comm::band_of(columns, 2, 6);
+  EXPECT_TRUE(!band.band_of_whole && band.split_axis == 1 && band.split_offset == 3 && band.row_offset == 2);
+  EXPECT_EQ(band.shape, (lather::TensorShape{4, 3}));
+  EXPECT_TRUE(band.row_band());
+  EXPECT_NO_THROW(band.validate());
+  EXPECT_FALSE(lather::comm::band_of(columns, 0, 8).row_band());  // every row: the slice itself
+
+  ParameterSpec one_shard{"o", {8, 6}};  // split along columns over one shard: the whole
+  one_shard.split_axis = 1, one_shard.global_shape = {8, 6};
+  band = lather::comm::band_of(one_shard, 2, 6);
+  EXPECT_TRUE(band.band_of_whole && band.split_axis == 0 && band.split_offset == 2 && band.row_offset == 0);
+
+  // Rows outside the tensor, and a row offset without a later split axis, are refused.
+  ParameterSpec bad = lather::comm::band_of(columns, 2, 6);
+  bad.row_offset = 5;
+  EXPECT_THROW(bad.validate(), lather::Error);
+  bad = lather::comm::band_of(rows, 1, 3);
+  bad.row_offset = 1;
+  EXPECT_THROW(bad.validate(), lather::Error);
+}
+
 }  // namespace

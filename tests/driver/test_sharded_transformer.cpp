@@ -1,9 +1,9 @@
 // lather-train --model transformer --shard-parameters under mpiexec -n 4, on the small model and
 // text of language_model_runs.hpp: the sharded run's loss curve over 50 steps is the replicated
 // run's for AdamW (2 ranks with accumulation, 4 ranks as 2 replicas of 2 weight shards), Shampoo
-// (3 ranks), SOAP (2) and Muon (4 with accumulation); a Shampoo checkpoint crosses from a sharded
-// run on 4 ranks to a replicated one on 2 and on to a sharded one on 3; a failure on one rank in
-// a sharded step is an error on every rank (ctest's timeout catches a hang).
+// (3 ranks, and 2 replicas of 2 weight shards), SOAP (2) and Muon (4 with accumulation); a Shampoo checkpoint crosses
+// from a sharded run on 4 ranks to a replicated one on 2 and on to a sharded one on 3; a failure on one rank in a
+// sharded step is an error on every rank (ctest's timeout catches a hang).
 #include "language_model_runs.hpp"
 
 #include <lather/core/error.hpp>
@@ -35,12 +35,15 @@ TEST(ShardedTransformer, LossCurveIsTheReplicatedRuns) {
     OptimizerKind optimizer;
   };
   for (const Layout l : {Layout{2, 1, 2, OptimizerKind::adamw}, Layout{4, 2, 1, OptimizerKind::adamw},
-                         Layout{3, 1, 1, OptimizerKind::shampoo}, Layout{2, 1, 1, OptimizerKind::soap},
-                         Layout{4, 1, 2, OptimizerKind::muon}}) {
+                         Layout{3, 1, 1, OptimizerKind::shampoo}, Layout{4, 2, 1, OptimizerKind::shampoo},
+                         Layout{2, 1, 1, OptimizerKind::soap}, Layout{4, 1, 2, OptimizerKind::muon}}) {
     auto o = small_run();
     o.optimizer = l.optimizer;
     o.weight_shards = l.shards;
     o.accumulate = l.accumulate;
+    // Blocks inside the shards' slices, as lather-train chooses them.
+    if (l.optimizer == OptimizerKind::shampoo)
+      o.shampoo = {"block_size=" + std::to_string(lather::train::transformer_block_size(o.d_model, l.shards))};
     const std::string what = std::to_string(l.ranks) + " ranks, weight shards " + std::to_string(l.shards) +
                              ", accumulate " + std::to_string(l.accumulate) + ", " + to_string(l.optimizer);
     const Curve replicated = run(o, l.ranks, "replicated");

@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <limits>
+#include <ostream>
 
 namespace {
 
@@ -33,12 +34,13 @@ std::vector<optim::ParameterSpec> global_specs() {
           {"tall", {32, 5}}, {"scale", {}},       {"long", {70}}};
 }
 
-/// This shard's view of the model: split parameters become their slice.
-std::vector<optim::ParameterSpec> local_specs(int shards, int shard) {
-  auto specs = global_specs();
+/// This shard's view of the model: split parameters ("wide" and "broad" along their columns,
+/// "tall" along its rows) become their slice.
+std::vector<optim::ParameterSpec> local_specs(int shards, int shard,
+                                              std::vector<optim::ParameterSpec> specs = global_specs()) {
   if (shards == 1) return specs;
   for (auto& s : specs) {
-    const int axis = s.name == "wide" ? 1 : s.name == "tall" ? 0 : -1;
+    const int axis = s.name == "wide" || s.name == "broad" ? 1 : s.name == "tall" ? 0 : -1;
     if (axis < 0) continue;
     s.global_shape = s.shape;
     s.shape[axis] /= shards;
@@ -60,16 +62,20 @@ std::vector<std::vector<float>> global_values(double phase,
   return out;
 }
 
-/// The elements of a global tensor that a local spec holds, in its row-major order.
+/// The elements of a global tensor that a local spec holds, in its row-major order (a band of a
+/// column slice: its rows [row_offset, row_offset + shape[0]) only).
 std::vector<float> slice(const optim::ParameterSpec& s, const std::vector<float>& global) {
   if (!s.split()) return global;
   const auto& g = s.global();
   std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < s.split_axis; ++d) outer *= g[d];
+  for (int d = 1; d < s.split_axis; ++d) outer *= g[d];
   for (std::size_t d = std::size_t(s.split_axis) + 1; d < g.size(); ++d) inner *= g[d];
   const std::int64_t along = s.shape[s.split_axis], global_along = g[s.split_axis];
+  // The outer index runs over the dimensions before the split axis, the rows first.
+  const std::int64_t first_outer = s.split_axis > 0 ? s.row_offset * outer : 0;
+  const std::int64_t end_outer = s.split_axis > 0 ? (s.row_offset + s.shape[0]) * outer : 1;
   std::vector<float> out;
-  for (std::int64_t o = 0; o < outer; ++o)
+  for (std::int64_t o = first_outer; o < end_outer; ++o)
     for (std::int64_t a = 0; a < along; ++a)
       for (std::int64_t i = 0; i < inner; ++i)
         out.push_back(global[std::size_t((o * global_along + s.split_offset + a) * inner + i)]);
@@ -355,46 +361,93 @@ TEST(RootAssignment, BalancedBeatsEven) {
 }
 
 /// Fully sharded parameters (comm::ParameterShards in Shampoo's layouts): each rank updates the
-/// rows of blocks it owns, with Shampoo built on the slices and the group as its weight shards.
-/// Every block sees the single rank's data, so its statistics and roots are the same bits; the
-/// per-tensor norms of grafting are summed over the bands in another order, and the int8 column
-/// scales are maxima over them: the tolerance is the weight-shard case's (1e-6 relative).
-class ShardedShampoo : public ::testing::TestWithParam<bool> {};
+/// rows of blocks it owns, with Shampoo built on the slices and the group as its weight shards;
+/// with two weight shards, the shards' slices are cut into bands over the replicas ("broad"'s
+/// column slices into pieces cut along two axes) and Shampoo sums over the whole mesh, counting
+/// the pieces that several ranks hold once. Every block sees the single rank's data, so its
+/// statistics and roots are the same bits; the per-tensor norms of grafting are summed over the
+/// pieces in another order, and the int8 column scales are maxima over them: the tolerance is the
+/// weight-shard case's (1e-6 relative).
+struct ShardedMode {
+  bool quantized;
+  int weight_shards;
+};
+
+std::ostream& operator<<(std::ostream& out, const ShardedMode& mode) {
+  return out << (mode.quantized ? "int8 momentum, " : "") << mode.weight_shards << " weight shards";
+}
+
+class ShardedShampoo : public ::testing::TestWithParam<ShardedMode> {};
 
 TEST_P(ShardedShampoo, EqualsSingleRank) {
-  const bool quantized = GetParam();
+  const ShardedMode mode = GetParam();
+  const comm::Group world(MPI_COMM_WORLD);
+  if (world.size() % mode.weight_shards != 0) GTEST_SKIP() << "weight shards need a multiple of ranks";
   optim::ShampooOptions o = small_block_options();  // its graft's norms span the bands
-  o.best_effort_memory_usage_reduction = quantized;
+  o.best_effort_memory_usage_reduction = mode.quantized;
   // "pairs" [8, 2] is read as one vector of 16 (rows merged with their 2 columns), its 8-element
-  // blocks 4 rows each.
+  // blocks 4 rows each; "broad" [24, 16] has three rows of blocks in each column slice.
   auto specs = global_specs();
   specs.push_back({"pairs", {8, 2}});
-  const auto layouts = optim::shampoo_shard_layouts(specs, o);
+  specs.push_back({"broad", {24, 16}});
+  const comm::Mesh mesh(world, mode.weight_shards);
+  const auto slices = local_specs(mode.weight_shards, mesh.shard(), specs);  // this weight shard's
+  const auto layouts = optim::shampoo_shard_layouts(slices, o);
   EXPECT_TRUE(layouts[5].replicated);  // "scale", a scalar: every rank
   EXPECT_EQ(layouts[1].unit_rows, 8);  // "dense": rows of 8-row blocks
   EXPECT_EQ(layouts[2].unit_rows, 8);  // "conv", [9, 4, 6]: 8 of its 3 rows, whole
   EXPECT_EQ(layouts[7].unit_rows, 4);  // "pairs": 4 rows, 8 elements
-  const comm::Group world(MPI_COMM_WORLD);
-  comm::ParameterShards<Space, float> shards(Space(), world, specs, {{0, specs.size()}}, layouts);
-  shards.scatter_values(Space(), device_tensors(specs, global_values(0.0, specs)));
-  optim::Shampoo<Space, float> sharded(Space(), shards.slices().specs(), o, comm::Group(), world);
+  EXPECT_EQ(layouts[8].unit_rows, 8);  // "broad", or its column slices: rows of 8-row blocks
+  comm::ParameterShards<Space, float> shards(Space(), mesh.data_parallel(), slices, {{0, specs.size()}}, layouts);
+  shards.scatter_values(Space(), device_tensors(slices, global_values(0.0, specs)));
+  const comm::Group& pieces = mode.weight_shards > 1 ? mesh.world() : mesh.data_parallel();
+  if (mode.quantized && mode.weight_shards > 1 && mesh.replicas() > 1) {
+    // "broad"'s column slices are cut into bands of rows, whose int8 momentum is refused.
+    const auto build = [&] {
+      optim::Shampoo<Space, float> refused(Space(), shards.slices().specs(), o, comm::Group(), pieces);
+    };
+    EXPECT_THROW(build(), lather::Error);
+    return;
+  }
+  optim::Shampoo<Space, float> sharded(Space(), shards.slices().specs(), o, comm::Group(), pieces);
   optim::Shampoo<Space, float> single(Space(), specs, o);
   auto whole = device_tensors(specs, global_values(0.0, specs));
   for (int step = 0; step < 5; ++step) {
     const auto g = global_values(1.0 + step, specs);
-    const auto bands = device_tensors(shards.slices().specs(), g);  // this rank's rows of each gradient
+    const auto bands = device_tensors(shards.slices().specs(), g);  // this rank's piece of each gradient
     for (std::size_t p = 0; p < specs.size(); ++p) Kokkos::deep_copy(shards.slices().gradient(p), bands[p]);
     sharded.step(Space(), shards.slices());
     single.step(Space(), whole, device_tensors(specs, g));
   }
-  auto gathered = device_tensors(specs, global_values(9.0, specs));
+  auto gathered = device_tensors(slices, global_values(9.0, specs));
   shards.gather_values(Space(), gathered);
   const auto a = test::host_vectors(gathered), b = test::host_vectors(whole);
   for (std::size_t p = 0; p < a.size(); ++p)
-    test::expect_split_close<Space::memory_space>(
-        a[p], b[p], specs[p].name + " sharded over " + std::to_string(world.size()) + " ranks", 0.0);
+    test::expect_split_close<Space::memory_space>(a[p], slice(slices[p], b[p]),
+                                                  specs[p].name + " sharded over " + std::to_string(world.size()) +
+                                                      " ranks, " + std::to_string(mode.weight_shards) +
+                                                      " weight shards",
+                                                  0.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Quantized, ShardedShampoo, ::testing::Bool());
+// Pieces of a split tensor that overlap without being equal are refused on every rank.
+TEST(ShardedShampooConstruction, PiecesThatOverlapAreAnErrorOnEveryRank) {
+  const comm::Group world(MPI_COMM_WORLD);
+  if (world.size() == 1) GTEST_SKIP() << "needs a group";
+  // The last rank claims rows [8, 24) of "dense" [24, 12], the others [0, 16): they overlap.
+  const bool last = world.rank() == world.size() - 1;
+  optim::ParameterSpec band{"dense", {16, 12}};
+  band.split_axis = 0, band.split_offset = last ? 8 : 0, band.global_shape = {24, 12}, band.band_of_whole = true;
+  try {
+    optim::Shampoo<Space, float> shampoo(Space(), {band}, small_block_options(), comm::Group(), world);
+    ADD_FAILURE() << "overlapping pieces were accepted";
+  } catch (const lather::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pieces of parameter 'dense'"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ShardedShampoo,
+                         ::testing::Values(ShardedMode{false, 1}, ShardedMode{true, 1}, ShardedMode{false, 2},
+                                           ShardedMode{true, 2}));
 
 }  // namespace

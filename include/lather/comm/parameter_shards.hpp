@@ -74,8 +74,9 @@ struct ShardLayout {
 
 /// The spec of rows [begin, end) of a model's parameter as slices() hands it to an optimizer: a
 /// band of a weight shard's slice along its rows stays a slice of the same global tensor, read as
-/// that shard's is; any other band is a slice of the tensor this rank holds, read as the whole
-/// tensor is (ParameterSpec::band_of_whole).
+/// that shard's is; a band of a slice along a later axis is that slice's rows too
+/// (ParameterSpec::row_offset), read as the slice is; any other band is a slice of the tensor this
+/// rank holds, read as the whole tensor is (ParameterSpec::band_of_whole).
 ParameterSpec band_of(const ParameterSpec& model, std::int64_t begin, std::int64_t end);
 
 /// Bytes this rank holds for sharded parameters, by kind (measured from the Views' extents).

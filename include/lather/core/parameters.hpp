@@ -50,9 +50,15 @@ struct ParameterSpec {
   /// inside the band (Shampoo merges small dimensions as for the unsplit tensor). Without it, a
   /// weight shard's split axis stays a dimension of its own.
   bool band_of_whole = false;
+  /// With split_axis above 0: the slice may also be a band of rows (comm::ParameterShards over a
+  /// weight shard's column slice): it holds rows [row_offset, row_offset + shape[0]) of
+  /// global_shape[0] as well, cut where the blocks of the slice's reading are cut.
+  std::int64_t row_offset = 0;
 
   const TensorShape& global() const { return global_shape.empty() ? shape : global_shape; }
   bool split() const { return split_axis >= 0; }
+  /// True for a band of rows of a slice split along a later axis (a piece cut along two axes).
+  bool row_band() const { return split_axis > 0 && (row_offset != 0 || shape.front() != global().front()); }
   void validate() const;  ///< Throws lather::Error naming the parameter when inconsistent.
 };
 

@@ -7,10 +7,12 @@
 //    first dimension; for a small tensor read with its rows merged into the next dimension, a
 //    [256, 10] kernel read as one vector of 2560, on rows whose elements fill whole blocks),
 //    costed by the memory they hold (values, gradients, per-element state, the statistics' padded
-//    slots). A tensor split along its columns whose reading merges its rows (no band reads like
-//    the whole) is replicated. Build the optimizer on ParameterShards::slices() with the sharding
-//    group as its weight shards, so that its statistics keep the whole model's numbering and a
-//    tensor's norms are summed over the bands.
+//    slots). A tensor whose band is read otherwise than the whole (no band reads like it) is
+//    replicated. With weight shards, the layouts cut each shard's slice the same way (a band of a
+//    column slice is a piece cut along two axes, ParameterSpec::row_offset). Build the optimizer on
+//    ParameterShards::slices() with the sharding group as its weight shards -- with weight shards,
+//    the whole mesh (mesh.world()) -- so that its statistics keep the whole model's numbering and
+//    a tensor's norms are summed over its pieces, each counted once.
 //  * SOAP: whole rows of its blocks, as Shampoo's; build it on ParameterShards::slices() with the
 //    sharding group as its shards, which sum a parameter's update norm over the bands.
 //  * Muon: any row (the default layout): its state is elementwise, and ShardedMuon, built on
@@ -35,8 +37,8 @@
 
 namespace lather::optim {
 
-/// Shampoo's layouts for `parameters` (unsplit: with weight shards, Shampoo's slices are already
-/// split, and a second split of them is refused with a lather::Error naming the parameter).
+/// Shampoo's layouts for `parameters` (whole tensors, or a weight shard's slices; a band of rows
+/// already is refused with a lather::Error naming the parameter).
 std::vector<comm::ShardLayout> shampoo_shard_layouts(const std::vector<ParameterSpec>& parameters,
                                                      const ShampooOptions& options);
 

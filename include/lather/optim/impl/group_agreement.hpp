@@ -70,4 +70,44 @@ inline void agree_on_construction(const comm::Group& group, const comm::Group& s
   if (!agreed.empty()) throw Error(agreed, nullptr, 0);
 }
 
+/// Collective over `shards` (more than one rank), after the construction's agreement: per
+/// parameter, whether this rank's piece counts in a sum over the shards of a split parameter's
+/// per-tensor sums (1) or another rank holds the same piece and counts it (0). Pieces that several
+/// ranks hold alike -- a weight shard's slice that every replica holds whole, a band of an unsplit
+/// tensor that every weight shard holds -- count on the lowest of them. The counted pieces of each
+/// split parameter must cover it once: pieces that overlap without being equal are a lather::Error
+/// naming the parameter, the same on every rank (all decide from the same all-gather).
+inline std::vector<char> counted_pieces(const comm::Group& shards, const std::vector<ParameterSpec>& parameters) {
+  const std::size_t n = parameters.size();
+  std::vector<std::uint64_t> mine(2 * n);
+  for (std::size_t p = 0; p < n; ++p) {
+    const auto& spec = parameters[p];
+    ::lather::Impl::Fnv1a piece;
+    piece.add(std::uint64_t(spec.split_axis + 1)).add(std::uint64_t(spec.split_offset));
+    piece.add(std::uint64_t(spec.row_offset)).add(std::uint64_t(spec.band_of_whole));
+    for (auto d : spec.shape) piece.add(std::uint64_t(d));
+    mine[2 * p] = piece.value();
+    mine[2 * p + 1] = std::uint64_t(element_count(spec.shape));
+  }
+  const int ranks = shards.size();
+  std::vector<std::uint64_t> all(2 * n * std::size_t(ranks));
+  shards.allgather(mine.data(), 2 * n, all.data());
+  const auto at = [&](int r, std::size_t p, int k) { return all[std::size_t(r) * 2 * n + 2 * p + std::size_t(k)]; };
+  std::vector<char> counted(n, 1);
+  for (std::size_t p = 0; p < n; ++p) {
+    if (!parameters[p].split()) continue;  // each rank's own copy: never summed over the shards
+    std::uint64_t covered = 0;
+    for (int r = 0; r < ranks; ++r) {
+      bool first = true;
+      for (int q = 0; q < r && first; ++q) first = at(q, p, 0) != at(r, p, 0);
+      if (first) covered += at(r, p, 1);
+      if (r == shards.rank()) counted[p] = first ? 1 : 0;
+    }
+    const auto total = std::uint64_t(element_count(parameters[p].global()));
+    LATHER_REQUIRE(covered == total, "the ranks' pieces of parameter '", parameters[p].name, "' hold ", covered,
+                   " elements of its ", total, " (pieces that overlap without being equal, or missing)");
+  }
+  return counted;
+}
+
 }  // namespace lather::optim::Impl

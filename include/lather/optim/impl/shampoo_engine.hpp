@@ -23,6 +23,7 @@
 #include <lather/optim/distribution.hpp>
 #include <lather/optim/impl/block_products.hpp>
 #include <lather/optim/impl/finite_gradients.hpp>
+#include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/root_exchange.hpp>
 #include <lather/optim/impl/async_roots.hpp>
@@ -89,6 +90,9 @@ class ShampooEngineBase {
   virtual std::vector<std::pair<std::string, double>> phase_seconds() const = 0;
   virtual long gemm_launches() const = 0;
   virtual double product_flops() const = 0;
+  /// Collective over the shards (Impl::counted_pieces): which split parameters' pieces this rank
+  /// counts in the per-tensor sums over them.
+  virtual void count_pieces() = 0;
 };
 
 template <class ExecutionSpace, class Scalar, class T>
@@ -378,6 +382,11 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   /// its own graft (the units' norms of the last pass; no communication: a block is one rank's).
   void scale_blocks(const ExecutionSpace& space);
   bool sums_over_shards(int p) const;
+  void count_pieces() override {
+    std::vector<ParameterSpec> specs;
+    for (const auto& pp : m_plan.parameters) specs.push_back(pp.spec);
+    m_counted = counted_pieces(m_shards, specs);
+  }
   /// True where each block's direction takes its own graft's norm (graft_granularity block); false
   /// per tensor, and without a graft (graft_type none), where the direction keeps its norm.
   bool grafts_per_block() const {
@@ -392,7 +401,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   ShampooPlan m_plan;
   StepPlan m_step_plan;
   comm::Group m_group;
-  comm::Group m_shards;  // ranks holding the other slices of split parameters
+  comm::Group m_shards;         // ranks holding the other slices of split parameters
+  std::vector<char> m_counted;  // per parameter: this rank's piece counts in sums over the shards
   /// Which rank updates each unit, and the exchange of the new values (the step plan's parts).
   std::unique_ptr<Distributor<ExecutionSpace, Scalar>> m_distributor;
   std::vector<int> m_mine;  // statistics whose roots this rank computes

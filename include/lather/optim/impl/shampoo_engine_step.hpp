@@ -247,7 +247,10 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::parameter_norms(const ExecutionSp
   if (m_shards.size() > 1) {
     std::vector<double> split;
     for (std::size_t p = 0; p < parameters; ++p)
-      if (sums_over_shards(int(p))) split.insert(split.end(), {sums[2 * p], sums[2 * p + 1]});
+      if (sums_over_shards(int(p))) {
+        const double counted = m_counted.empty() || m_counted[p] ? 1.0 : 0.0;  // a piece another rank holds too
+        split.insert(split.end(), {counted * sums[2 * p], counted * sums[2 * p + 1]});
+      }
     split.push_back(sums[2 * parameters]);
     m_shards.allreduce(split, comm::Combine::sum);
     for (std::size_t p = 0, k = 0; p < parameters; ++p)
