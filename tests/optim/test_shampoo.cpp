@@ -1,5 +1,6 @@
 // Shampoo against an independent plain model of the JAX reference (reference_shampoo.hpp), option
 // by option, plus hand-checkable closed forms and the failure rules.
+#include <lather/core/gemm.hpp>
 #include <lather/core/host_blas_threads.hpp>
 #include <lather/core/host_threads.hpp>
 #include <lather/optim/shampoo.hpp>
@@ -9,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -340,7 +342,8 @@ TEST(Shampoo, RootHostThreadsDoNotChangeTheTrajectory) {
 
 // The blocks' statistics and preconditioning products shared out among host threads
 // (product_host_threads; 0 picks from the node) leave the trajectory bit for bit what one thread
-// gives, whatever the BLAS's own thread count: each block's products are the same BLAS calls
+// gives, whatever the BLAS's own thread count where the BLAS gives a product the same bits on any
+// of its thread counts (else to rounding): each block's products are the same BLAS calls
 // whichever thread makes them. So do the element-wise passes (pack, graft, update), whose units
 // the same threads share out on a serial backend (run_units): a unit's runs and sums are those
 // of a team of one. 8 steps, one-sided and not, of two models: blocks of mixed small
@@ -348,12 +351,35 @@ TEST(Shampoo, RootHostThreadsDoNotChangeTheTrajectory) {
 // rank-3 tensor (the products over its middle dimension loop over the leading index); and blocks
 // of 128 and 72, sizes at which OpenBLAS splits a product over its threads; dense and quantized
 // stores (whose statistics' products go through gemm_strided_batched's host threads).
+/// Whether the host BLAS gives a GEMM the same bits on 2 threads as on 1, for products of the
+/// shapes below (OpenBLAS's Zen and Haswell kernels do; its SkylakeX and Cooperlake kernels give
+/// some shapes other bits on 2 threads).
+bool blas_products_reproduce_across_its_threads() {
+  const int found = lather::host_blas_threads();
+  bool same = true;
+  for (const auto& [m, n, k] : {std::array<int, 3>{72, 72, 200}, {128, 200, 128}, {200, 200, 128}}) {
+    std::vector<double> a(std::size_t(m) * k), b(std::size_t(k) * n);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37 * double(i)) + 0.1;
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.11 * double(i));
+    std::vector<std::vector<double>> c;
+    for (int threads : {1, 2}) {
+      if (!lather::set_host_blas_threads(threads)) return true;  // a BLAS of one thread
+      c.emplace_back(std::size_t(m) * n, 0.0);
+      lather::Impl::host_gemm('N', 'N', m, n, k, 1.0, a.data(), k, b.data(), n, 0.0, c.back().data(), n);
+    }
+    same = same && c[0] == c[1];
+  }
+  if (found > 0) lather::set_host_blas_threads(found);
+  return same;
+}
+
 TEST(Shampoo, ProductHostThreadsDoNotChangeTheTrajectory) {
   struct Model {
     std::vector<Shape> shapes;
     int block_size;
   };
   const Model models[] = {{{{7}, {9, 5}, {12, 8}, {3, 4, 6}}, 6}, {{{256, 200}}, 128}};
+  const bool blas_reproduces = blas_products_reproduce_across_its_threads();
   const int found_blas_threads = lather::host_blas_threads();
   for (const Model& model : models) {
     for (int variant = 0; variant < 4; ++variant) {
@@ -377,11 +403,28 @@ TEST(Shampoo, ProductHostThreadsDoNotChangeTheTrajectory) {
           auto device = to_device<double>(params);
           for (int t = 0; t < 8; ++t) shampoo.step(Space(), device, to_device<double>(gradients(to_host(device), t)));
           const auto got = to_host(device);
-          if (first.empty())
+          const auto what = [&] {
+            return std::to_string(threads) + " host threads, BLAS on " + std::to_string(blas_threads) + ", " +
+                   to_string(side) + ", blocks of " + std::to_string(model.block_size) +
+                   (quantized ? ", quantized" : "");
+          };
+          if (first.empty()) {
             first = got;
-          else
-            EXPECT_EQ(got, first) << threads << " host threads, BLAS on " << blas_threads << ", " << to_string(side)
-                                  << ", blocks of " << model.block_size << (quantized ? ", quantized" : "");
+          } else if (blas_reproduces || blas_threads == 1) {
+            EXPECT_EQ(got, first) << what();
+          } else {
+            // A BLAS whose products on 2 threads round otherwise (one thread's products keep its
+            // thread count; those shared among host threads take one BLAS thread each): double
+            // rounding (1e-16) carried through 8 steps and 3 inverse fourth roots of statistics
+            // whose smallest eigenvalues are near the ridge, which amplify it to 1e-8 of the
+            // values at most (measured: 9.4e-9 on OpenBLAS's Cooperlake kernels). A product lost
+            // or applied twice moves them by percents.
+            double largest = 0;
+            for (std::size_t p = 0; p < got.size(); ++p)
+              for (std::size_t k = 0; k < got[p].size(); ++k)
+                largest = std::max(largest, std::abs(got[p][k] - first[p][k]) / (1.0 + std::abs(first[p][k])));
+            EXPECT_LT(largest, 1e-7) << what();
+          }
           EXPECT_NE(got, params);
         }
       }
