@@ -1,6 +1,6 @@
 // The mesh's groups against their definition (rank r = shard r mod S of replica r div S), the
 // ranks a group has on this node and the CPUs they may run on, each rank's share of them for the
-// BLAS, the all-gather of parts of any size, a bad LATHER_COLLECTIVE_WAIT, bad shard counts as
+// BLAS, the all-gather of parts of any size, the all-to-all of Views, a bad LATHER_COLLECTIVE_WAIT, bad shard counts as
 // errors on every rank, and the replica tools: broadcast, average, seeds and the divergence check
 // naming the ranks that differ.
 #include <lather/comm/blas_threads.hpp>
@@ -206,6 +206,35 @@ TEST(Group, AllgathervPlacesEveryPart) {
     expect_allgatherv_places_every_part<float>(in_place);
     expect_allgatherv_places_every_part<std::int64_t>(in_place);
   }
+}
+
+// The all-to-all of Views in rows of 3: rank s sends rank r (r + s) % 3 rows holding
+// 1000 s + 100 r + k, and receives each rank's rows in rank order (through host copies where MPI
+// cannot read the execution space's memory). Some ranks send some ranks nothing.
+TEST(Group, AlltoallvOfViewsPlacesEveryRow) {
+  const lather::comm::Group world(MPI_COMM_WORLD);
+  const int n = world.size(), me = world.rank();
+  constexpr std::size_t row = 3;
+  std::vector<std::size_t> to(static_cast<std::size_t>(n), 0), from(static_cast<std::size_t>(n), 0);
+  std::vector<double> send;
+  for (int r = 0; r < n; ++r) {
+    to[std::size_t(r)] = std::size_t((r + me) % 3);
+    from[std::size_t(r)] = std::size_t((me + r) % 3);
+    for (std::size_t k = 0; k < to[std::size_t(r)] * row; ++k) send.push_back(1000.0 * me + 100.0 * r + double(k));
+  }
+  std::size_t received = 0;
+  for (auto c : from) received += c;
+  const auto send_view = make_view<float>(send);
+  Kokkos::View<float*, Memory> receive("receive", received * row);
+  world.alltoallv(Exec(), Kokkos::View<const float*, Memory>(send_view), to, receive, from, row);
+  const auto got = read_view(receive);
+  std::size_t at = 0;
+  for (int s = 0; s < n; ++s)
+    for (std::size_t k = 0; k < from[std::size_t(s)] * row; ++k, ++at)
+      EXPECT_EQ(got[at], 1000.0 * s + 100.0 * me + double(k)) << "from rank " << s << ", value " << k;
+  EXPECT_THROW(world.alltoallv(Exec(), Kokkos::View<const float*, Memory>(send_view),
+                               std::vector<std::size_t>(std::size_t(n) + 1), receive, from, row),
+               lather::Error);
 }
 
 // Every rank's sum of its part, against a plain sum over the ranks' inputs: parts of every rank,

@@ -173,6 +173,14 @@ class Group {
                   const Kokkos::View<const T*, typename ExecutionSpace::memory_space>& send,
                   const Kokkos::View<T*, typename ExecutionSpace::memory_space>& receive,
                   const std::vector<std::size_t>& counts) const;
+  /// alltoallv of 1-D Views of the execution space's memory, counted in units of `unit`
+  /// elements (one row of an array, say): handed to MPI in place where MPI can read that memory,
+  /// else staged through host copies made on `space`.
+  template <class ExecutionSpace, class T>
+  void alltoallv(const ExecutionSpace& space, const Kokkos::View<const T*, typename ExecutionSpace::memory_space>& send,
+                 const std::vector<std::size_t>& send_counts,
+                 const Kokkos::View<T*, typename ExecutionSpace::memory_space>& receive,
+                 const std::vector<std::size_t>& receive_counts, std::size_t unit) const;
 
  private:
   struct State;
@@ -224,6 +232,35 @@ void Group::allgatherv(const ExecutionSpace& space,
     allgatherv(send_host.data(), receive_host.data(), counts);
     Kokkos::deep_copy(space, Kokkos::subview(receive, std::make_pair(std::size_t(0), total)), receive_host);
     ::lather::Impl::fence(space, "Lather::comm::Group::allgatherv: received data in place");
+  }
+}
+
+template <class ExecutionSpace, class T>
+void Group::alltoallv(const ExecutionSpace& space,
+                      const Kokkos::View<const T*, typename ExecutionSpace::memory_space>& send,
+                      const std::vector<std::size_t>& send_counts,
+                      const Kokkos::View<T*, typename ExecutionSpace::memory_space>& receive,
+                      const std::vector<std::size_t>& receive_counts, std::size_t unit) const {
+  using memory_space = typename ExecutionSpace::memory_space;
+  std::size_t out = 0, in = 0;
+  for (auto c : send_counts) out += c;
+  for (auto c : receive_counts) in += c;
+  LATHER_REQUIRE(int(send_counts.size()) == size() && int(receive_counts.size()) == size() &&
+                     send.extent(0) >= out * unit && receive.extent(0) >= in * unit,
+                 "Group::alltoallv: counts do not match the group, this rank's View or the receiving View");
+  if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
+    ::lather::Impl::fence(space, "Lather::comm::Group::alltoallv: data ready before sending");
+    alltoallv(send.data(), send_counts, receive.data(), receive_counts, unit * sizeof(T));
+  } else {
+    Kokkos::View<T*, Kokkos::HostSpace> send_host(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::comm::Group::alltoallv::send"), out * unit);
+    Kokkos::View<T*, Kokkos::HostSpace> receive_host(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::comm::Group::alltoallv::staging"), in * unit);
+    Kokkos::deep_copy(space, send_host, Kokkos::subview(send, std::make_pair(std::size_t(0), out * unit)));
+    ::lather::Impl::fence(space, "Lather::comm::Group::alltoallv: staged data ready before sending");
+    alltoallv(send_host.data(), send_counts, receive_host.data(), receive_counts, unit * sizeof(T));
+    Kokkos::deep_copy(space, Kokkos::subview(receive, std::make_pair(std::size_t(0), in * unit)), receive_host);
+    ::lather::Impl::fence(space, "Lather::comm::Group::alltoallv: received data in place");
   }
 }
 

@@ -36,33 +36,19 @@ struct ShardedMuonState {
   Flat band;  // this rank's rows of one matrix: its momentum estimate out, its orthogonalized rows in
 };
 
-/// Rows of `row_elements` values from every rank to every rank (Group::alltoallv, rows in rank
-/// order on both sides): handed to MPI where it can read the memory, else staged through the host.
+/// Rows of `row_elements` values from every rank to every rank (Group::alltoallv of the Views,
+/// rows in rank order on both sides).
 template <class ExecutionSpace, class Scalar>
 void exchange_rows(const ExecutionSpace& space, const comm::Group& group, const Scalar* send,
                    const std::vector<std::size_t>& send_rows, Scalar* receive,
                    const std::vector<std::size_t>& receive_rows, std::int64_t row_elements) {
   using memory_space = typename ExecutionSpace::memory_space;
-  const std::size_t unit = std::size_t(row_elements) * sizeof(Scalar);
-  if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
-    ::lather::Impl::fence(space, "Lather::ShardedMuon: rows ready before sending");
-    group.alltoallv(send, send_rows, receive, receive_rows, unit);
-  } else {
-    std::size_t out = 0, in = 0;
-    for (auto r : send_rows) out += r;
-    for (auto r : receive_rows) in += r;
-    using Unmanaged = Kokkos::View<Scalar*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    Kokkos::View<Scalar*, Kokkos::HostSpace> out_host(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::ShardedMuon::send"), out * std::size_t(row_elements));
-    Kokkos::View<Scalar*, Kokkos::HostSpace> in_host(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "Lather::ShardedMuon::receive"),
-        in * std::size_t(row_elements));
-    Kokkos::deep_copy(space, out_host, Unmanaged(const_cast<Scalar*>(send), out_host.extent(0)));
-    ::lather::Impl::fence(space, "Lather::ShardedMuon: staged rows ready before sending");
-    group.alltoallv(out_host.data(), send_rows, in_host.data(), receive_rows, unit);
-    Kokkos::deep_copy(space, Unmanaged(receive, in_host.extent(0)), in_host);
-    ::lather::Impl::fence(space, "Lather::ShardedMuon: received rows in place");
-  }
+  std::size_t out = 0, in = 0;
+  for (auto r : send_rows) out += r;
+  for (auto r : receive_rows) in += r;
+  const auto unit = std::size_t(row_elements);
+  group.alltoallv(space, Kokkos::View<const Scalar*, memory_space>(send, out * unit), send_rows,
+                  Kokkos::View<Scalar*, memory_space>(receive, in * unit), receive_rows, unit);
 }
 
 }  // namespace lather::optim::Impl
