@@ -19,9 +19,9 @@
 // value, the ranks' bands in rank order, so that a gather and a reduce-scatter are one MPI call
 // per parameter. What a band may cut is the optimizer's to say (ShardLayout, per parameter):
 // any row for the elementwise optimizers (SGD, Adagrad, Adam, AdamW) and for Muon, whose state is
-// elementwise (it gathers a matrix's rows to orthogonalise it); whole rows of blocks for Shampoo,
-// whose blocks then never straddle two ranks; the whole parameter for SOAP (optim/sharding.hpp
-// gives each optimizer's layouts). The units (runs of rows) are assigned by
+// elementwise (it gathers a matrix's rows to orthogonalise it); whole rows of blocks for Shampoo
+// and SOAP, whose blocks then never straddle two ranks (optim/sharding.hpp gives each optimizer's
+// layouts). The units (runs of rows) are assigned by
 // the distributed step's greedy longest-processing-time rule, each to the rank least loaded so
 // far, and a parameter's units then lie in rank order. A parameter may also be replicated: every
 // rank holds it whole and its gradient is all-reduced (a scalar; a tensor no band of which an
