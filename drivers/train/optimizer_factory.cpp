@@ -47,11 +47,11 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_sharded_optimizer(const Spa
                                                                        const std::vector<ParameterSpec>& parameters,
                                                                        const comm::Mesh& mesh) {
   // Shampoo sums a tensor's norms over its pieces: bands over the replicas, and with weight shards
-  // the shards' slices too (the whole mesh; pieces that several ranks hold count once).
+  // the shards' slices too, so over the whole mesh (sharded runs have no pipeline stages; pieces
+  // that several ranks hold count once).
   if (o.optimizer == OptimizerKind::shampoo)
-    return std::make_unique<optim::Shampoo<Space, float>>(
-        space, parameters, o.shampoo_options(), comm::Group(),
-        mesh.weight_shards() > 1 ? mesh.world() : mesh.data_parallel());
+    return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), comm::Group(),
+                                                          mesh.world());
   if (o.optimizer == OptimizerKind::soap)
     return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), comm::Group(),
                                                        mesh.data_parallel());

@@ -71,12 +71,13 @@ inline void agree_on_construction(const comm::Group& group, const comm::Group& s
 }
 
 /// Collective over `shards` (more than one rank), after the construction's agreement: per
-/// parameter, whether this rank's piece counts in a sum over the shards of a split parameter's
+/// parameter, whether this rank's piece counts in a sum over the shards of the parameter's
 /// per-tensor sums (1) or another rank holds the same piece and counts it (0). Pieces that several
-/// ranks hold alike -- a weight shard's slice that every replica holds whole, a band of an unsplit
-/// tensor that every weight shard holds -- count on the lowest of them. The counted pieces of each
-/// split parameter must cover it once: pieces that overlap without being equal are a lather::Error
-/// naming the parameter, the same on every rank (all decide from the same all-gather).
+/// ranks hold alike -- a tensor every rank holds whole, a weight shard's slice that every replica
+/// holds, a band of an unsplit tensor that every weight shard holds -- count on the lowest of
+/// them. The counted pieces of each parameter must cover it once: pieces that overlap without
+/// being equal are a lather::Error naming the parameter, the same on every rank (all decide from
+/// the same all-gather).
 inline std::vector<char> counted_pieces(const comm::Group& shards, const std::vector<ParameterSpec>& parameters) {
   const std::size_t n = parameters.size();
   std::vector<std::uint64_t> mine(2 * n);
@@ -95,7 +96,6 @@ inline std::vector<char> counted_pieces(const comm::Group& shards, const std::ve
   const auto at = [&](int r, std::size_t p, int k) { return all[std::size_t(r) * 2 * n + 2 * p + std::size_t(k)]; };
   std::vector<char> counted(n, 1);
   for (std::size_t p = 0; p < n; ++p) {
-    if (!parameters[p].split()) continue;  // each rank's own copy: never summed over the shards
     std::uint64_t covered = 0;
     for (int r = 0; r < ranks; ++r) {
       bool first = true;

@@ -23,7 +23,6 @@
 #include <lather/optim/distribution.hpp>
 #include <lather/optim/impl/block_products.hpp>
 #include <lather/optim/impl/finite_gradients.hpp>
-#include <lather/optim/impl/group_agreement.hpp>
 #include <lather/optim/impl/matrix_store.hpp>
 #include <lather/optim/impl/root_exchange.hpp>
 #include <lather/optim/impl/async_roots.hpp>
@@ -90,9 +89,9 @@ class ShampooEngineBase {
   virtual std::vector<std::pair<std::string, double>> phase_seconds() const = 0;
   virtual long gemm_launches() const = 0;
   virtual double product_flops() const = 0;
-  /// Collective over the shards (Impl::counted_pieces): which split parameters' pieces this rank
-  /// counts in the per-tensor sums over them.
-  virtual void count_pieces() = 0;
+  /// Which parameters' pieces this rank counts in the per-tensor sums over the shards
+  /// (Impl::counted_pieces); until set, all of them.
+  virtual void set_counted_pieces(std::vector<char> counted) = 0;
 };
 
 template <class ExecutionSpace, class Scalar, class T>
@@ -382,11 +381,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   /// its own graft (the units' norms of the last pass; no communication: a block is one rank's).
   void scale_blocks(const ExecutionSpace& space);
   bool sums_over_shards(int p) const;
-  void count_pieces() override {
-    std::vector<ParameterSpec> specs;
-    for (const auto& pp : m_plan.parameters) specs.push_back(pp.spec);
-    m_counted = counted_pieces(m_shards, specs);
-  }
+  void set_counted_pieces(std::vector<char> counted) override { m_counted = std::move(counted); }
   /// True where each block's direction takes its own graft's norm (graft_granularity block); false
   /// per tensor, and without a graft (graft_type none), where the direction keeps its norm.
   bool grafts_per_block() const {

@@ -46,7 +46,7 @@ Shampoo<ExecutionSpace, Scalar>::Shampoo(const ExecutionSpace& space, std::vecto
   // hold the same parameters and options, before any of them can reach a step's collective.
   const std::string local_error = ::lather::Impl::local_failure(nullptr, setup);
   Impl::agree_on_construction(group, shards, "Shampoo", this->m_parameters, describe(options), local_error);
-  if (shards.size() > 1) m_engine->count_pieces();
+  if (shards.size() > 1) m_engine->set_counted_pieces(Impl::counted_pieces(shards, this->m_parameters));
 }
 
 template <class ExecutionSpace, class Scalar>

@@ -238,14 +238,8 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
   const std::string local_error = ::lather::Impl::local_failure("soap.construct", setup);
   Impl::agree_on_construction(m_group, m_shards, "Soap", this->m_parameters, describe(), local_error);
   // A parameter every shard holds whole (a scalar, a replicated tensor) counts its block sums once.
-  const std::size_t count = this->m_parameters.size();
-  std::vector<int> whole_here(count), whole_everywhere(count);
-  for (std::size_t p = 0; p < count; ++p)
-    whole_here[p] = this->m_parameters[p].shape == this->m_parameters[p].global() ? 1 : 0;
-  if (m_shards.size() > 1) m_shards.allreduce(whole_here.data(), whole_everywhere.data(), count, comm::Combine::min);
-  m_sums_counted.assign(count, 1);
-  for (std::size_t p = 0; p < count; ++p)
-    if (m_shards.size() > 1 && whole_everywhere[p] && m_shards.rank() > 0) m_sums_counted[p] = 0;
+  m_sums_counted = m_shards.size() > 1 ? Impl::counted_pieces(m_shards, this->m_parameters)
+                                       : std::vector<char>(this->m_parameters.size(), 1);
 }
 
 template <class ExecutionSpace, class Scalar>
