@@ -69,14 +69,16 @@ class ShardedMuon final : public Optimizer<ExecutionSpace, Scalar> {
   /// orthogonalizes it.
   const std::vector<MuonParameterPlan>& plan() const { return m_plan; }
 
- protected:
-  void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;
-
- private:
+  /// Implementation step. Public only because nvcc rejects an extended __host__ __device__ lambda
+  /// (KOKKOS_LAMBDA) in a private or protected member function.
   /// Matrix p's update from this rank's rows of its momentum estimate (in the band buffer), which
   /// receives this rank's rows of the orthogonalized matrix.
   void orthogonalize_rows(const ExecutionSpace& space, std::size_t p, long t);
 
+ protected:
+  void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;
+
+ private:
   MuonOptions m_options;
   comm::Group m_group;
   std::vector<MuonParameterPlan> m_plan;
