@@ -27,6 +27,7 @@ struct RootBenchOptions {
   double gemm_seconds = 0.3;
   int batched_gemm_max_size = -1;
   int host_threads = 0;  ///< eigh: the threads taking a batch's matrices (0: as Shampoo chooses)
+  int batched_eigh_max_size = -1;
 };
 
 /// Statistics-like SPD matrices: A = G diag(s) G^T / m with G normal n x 2n and column scales s
@@ -63,7 +64,10 @@ void run_root(const RootBenchOptions& o) {
   std::vector<linalg::RootMethod> methods;
   if (o.method == "all" || o.method == "newton") methods.push_back(linalg::RootMethod::newton);
   if (o.method == "all" || o.method == "eigh") methods.push_back(linalg::RootMethod::eigh);
-  LATHER_REQUIRE(!methods.empty(), "--method must be newton, eigh or all, got '", o.method, "'");
+  // On a host backend eigh is the host path; on a device, "all" times both.
+  const bool device = !lather::Impl::host_accessible<Space::memory_space>;
+  if ((o.method == "all" && device) || o.method == "eigh_host") methods.push_back(linalg::RootMethod::eigh_host);
+  LATHER_REQUIRE(!methods.empty(), "--method must be newton, eigh, eigh_host or all, got '", o.method, "'");
   const auto precision = linalg::parse_precision(o.precision);
   const bool in_float = precision == linalg::Precision::float32;
   // The eigh roots' host threads as Shampoo takes them (optim::Impl::host_threads): asked for, else
@@ -93,15 +97,19 @@ void run_root(const RootBenchOptions& o) {
           options.method = method;
           options.compute_precision = precision;
           options.batched_gemm_max_size = o.batched_gemm_max_size;
+          options.batched_eigh_max_size = o.batched_eigh_max_size;
           options.host_threads = host_threads;
           // One untimed call first: a process's first call of a kernel pays one-time costs (on an
           // H200 the first cuBLAS strided-batched call took 80-115 ms, so the first case listed
           // ran at 4% of its rate later in the same run).
-          linalg::inverse_pth_root(Space(), statistics, roots, p, options);
-          Kokkos::fence();
-          Kokkos::Timer timer;
-          const auto result = linalg::inverse_pth_root(Space(), statistics, roots, p, options);
-          const double seconds = timer.seconds();
+          const auto timed = [&](const linalg::InverseRootOptions& with) {
+            linalg::inverse_pth_root(Space(), statistics, roots, p, with);
+            Kokkos::fence();
+            Kokkos::Timer timer;
+            auto outcome = linalg::inverse_pth_root(Space(), statistics, roots, p, with);
+            return std::make_pair(timer.seconds(), std::move(outcome));
+          };
+          const auto [seconds, result] = timed(options);
           const double iterations = std::accumulate(result.iterations.begin(), result.iterations.end(), 0.0) / batch;
           const double power_iterations =
               std::accumulate(result.power_iterations.begin(), result.power_iterations.end(), 0.0) / batch;
@@ -122,7 +130,16 @@ void run_root(const RootBenchOptions& o) {
                               {"gemm_gflops_batched", gemm_batched},
                               {"ratio", gflops / baseline},
                               {"max_error", *std::max_element(result.error.begin(), result.error.end())}};
-          if (method == linalg::RootMethod::eigh) line["host_threads"] = host_threads;
+          if (method != linalg::RootMethod::newton) line["host_threads"] = host_threads;
+          if (method == linalg::RootMethod::eigh && device) {
+            // The baseline of the device's eigensolver: the host path (eigh_host) in the same run.
+            auto host_path = options;
+            host_path.method = linalg::RootMethod::eigh_host;
+            const double host_seconds = timed(host_path).first;
+            line["host_path_roots_per_second"] = batch / host_seconds;
+            line["ratio_to_host_path"] = host_seconds / seconds;
+            line["batched_eigh_max_size"] = o.batched_eigh_max_size;
+          }
           emit(std::move(line));
         }
       }
@@ -141,8 +158,10 @@ void register_root(CLI::App& app) {
   add_list_option(*sub, "--n", options->n, "Matrix sizes");
   add_list_option(*sub, "--batch", options->batch, "Matrices per batched call");
   add_list_option(*sub, "--p", options->p, "Root exponents p (computes A^(-1/p))");
-  sub->add_option("--method", options->method, "newton, eigh or all")
-      ->check(CLI::IsMember({"newton", "eigh", "all"}))
+  sub->add_option("--method", options->method,
+                  "newton, eigh (on the execution space; on a device its lines carry the host path's rate), "
+                  "eigh_host or all")
+      ->check(CLI::IsMember({"newton", "eigh", "eigh_host", "all"}))
       ->capture_default_str();
   sub->add_option("--precision", options->precision, "Compute precision: float32 or float64")
       ->check(CLI::IsMember({"float32", "float64"}))
@@ -152,6 +171,10 @@ void register_root(CLI::App& app) {
   sub->add_option("--batched-gemm-max-size", options->batched_gemm_max_size,
                   "Largest n that uses batched small GEMMs instead of one BLAS call per matrix "
                   "(-1: the backend's default)")
+      ->capture_default_str();
+  sub->add_option("--batched-eigh-max-size", options->batched_eigh_max_size,
+                  "eigh on a device: largest n for the batched eigensolver instead of one solver call per "
+                  "matrix (-1: the backend's default)")
       ->capture_default_str();
   sub->add_option("--host-threads", options->host_threads,
                   "eigh: host threads taking a batch's matrices (0: as Shampoo takes them: a threaded "

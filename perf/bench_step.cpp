@@ -222,7 +222,8 @@ void register_step(CLI::App& app) {
       "update) against Adam on the same parameters, same run, with Shampoo's time by phase and Adam's "
       "bandwidth against a same-run triad. Under mpiexec the ranks share Shampoo's step.");
   add_list_option(*sub, "--set", options->sets, "Parameter sets (transformer, cnn)");
-  add_list_option(*sub, "--root-method", options->root_methods, "Inverse-root methods to time (newton, eigh)");
+  add_list_option(*sub, "--root-method", options->root_methods,
+                  "Inverse-root methods to time (newton, eigh, eigh_host)");
   add_list_option(*sub, "--others", options->others,
                   "Other optimizers timed beside Adam and Shampoo (soap, muon; none: neither)");
   sub->add_option("--sets-file", options->file, "The parameter sets file (default: perf/parameter_sets.json)");

@@ -24,21 +24,6 @@ void syevd_call(int n, float* a, float* w, float* work, int lwork, int* iwork, i
   ssyevd_("V", "L", &n, a, &n, w, work, &lwork, iwork, &liwork, &info, 1, 1);
 }
 
-/// syevd with the workspace of `ws`, sized by one query per matrix size.
-template <class C>
-void syevd(int n, C* a, C* w, EighWorkspace<C>& ws, int& info) {
-  if (ws.queried_n != n) {
-    C work_query = 0;
-    int iwork_query = 0;
-    syevd_call(n, a, w, &work_query, -1, &iwork_query, -1, info);
-    if (info != 0) return;
-    ws.work.resize(std::size_t(std::max(int(work_query), 1)));
-    ws.iwork.resize(std::size_t(std::max(iwork_query, 1)));
-    ws.queried_n = n;
-  }
-  syevd_call(n, a, w, ws.work.data(), int(ws.work.size()), ws.iwork.data(), int(ws.iwork.size()), info);
-}
-
 template <class C>
 using HostMatrix = Kokkos::View<C**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
@@ -51,6 +36,24 @@ void symmetric_square(int n, const HostMatrix<C>& w, const HostMatrix<C>& out) {
 }
 
 }  // namespace
+
+template <class C>
+int host_syevd(int n, C* a, C* w, EighWorkspace<C>& ws) {
+  int info = 0;
+  if (ws.queried_n != n) {
+    C work_query = 0;
+    int iwork_query = 0;
+    syevd_call(n, a, w, &work_query, -1, &iwork_query, -1, info);
+    if (info != 0) return info;
+    ws.work.resize(std::size_t(std::max(int(work_query), 1)));
+    ws.iwork.resize(std::size_t(std::max(iwork_query, 1)));
+    ws.queried_n = n;
+  }
+  syevd_call(n, a, w, ws.work.data(), int(ws.work.size()), ws.iwork.data(), int(ws.iwork.size()), info);
+  return info;
+}
+template int host_syevd<float>(int, float*, float*, EighWorkspace<float>&);
+template int host_syevd<double>(int, double*, double*, EighWorkspace<double>&);
 
 template <class C>
 EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const InverseRootOptions& options,
@@ -72,8 +75,7 @@ EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const Invers
   // as the columns of the column-major result, i.e. as the rows of `vectors` below.
   ws.eigenvalues.resize(std::size_t(n));
   const std::vector<C>& eigenvalues = ws.eigenvalues;
-  int info = 0;
-  syevd(n, matrix.data(), ws.eigenvalues.data(), ws, info);
+  const int info = host_syevd(n, matrix.data(), ws.eigenvalues.data(), ws);
   if (info != 0) {
     outcome.status = RootStatus::non_finite;
     outcome.error = std::numeric_limits<double>::infinity();

@@ -27,6 +27,14 @@ struct EighWorkspace {
   int queried_n = -1;  ///< the size syevd's workspace query was made for
 };
 
+/// LAPACK syevd of the n x n symmetric matrix at `a` (destroyed: row k receives the k-th
+/// eigenvector), eigenvalues ascending into `w`, with the workspace of `workspace`. Returns LAPACK's
+/// info (0: success).
+template <class C>
+int host_syevd(int n, C* a, C* w, EighWorkspace<C>& workspace);
+extern template int host_syevd<float>(int, float*, float*, EighWorkspace<float>&);
+extern template int host_syevd<double>(int, double*, double*, EighWorkspace<double>&);
+
 /// `matrix` holds the n x n input (row-major) and is destroyed; `root` receives the n x n root.
 template <class C>
 EighOutcome eigh_inverse_root(std::vector<C>& matrix, int n, int p, const InverseRootOptions& options,

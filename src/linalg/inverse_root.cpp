@@ -4,6 +4,7 @@
 #include <lather/core/host_threads.hpp>
 
 #include "coupled_newton.hpp"
+#include "eigh_on_space.hpp"
 #include "eigh_root.hpp"
 
 #include <algorithm>
@@ -215,13 +216,15 @@ void solve_eigh(const ExecutionSpace& space,
   }
 }
 
-}  // namespace
+/// Where the eigh roots are taken.
+enum class EighPath { as_method, on_space };
 
 template <class ExecutionSpace, class Scalar>
-InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve(
-    const ExecutionSpace& space, const MatrixStack<const Scalar, memory_space>& matrices,
-    const MatrixStack<Scalar, memory_space>& roots, const std::vector<RootTask>& tasks,
-    const InverseRootOptions& options) {
+InverseRootResult solve_roots(const ExecutionSpace& space,
+                              const MatrixStack<const Scalar, typename ExecutionSpace::memory_space>& matrices,
+                              const MatrixStack<Scalar, typename ExecutionSpace::memory_space>& roots,
+                              const std::vector<RootTask>& tasks, const InverseRootOptions& options, EighPath path) {
+  using memory_space = typename ExecutionSpace::memory_space;
   ScopedRegion region("Lather::linalg::inverse_pth_root");
   options.validate();
   const long count = long(matrices.extent(0)), padded = long(matrices.extent(1));
@@ -248,7 +251,17 @@ InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve(
   result.resize(tasks.size());
   GemmCount gemms;
   const bool use_double = options.compute_precision == Precision::float64;
-  if (options.method == RootMethod::eigh) {
+  // eigh on a device with an eigensolver stays on the device; eigh_host, and eigh on a host backend
+  // (where the host path reads the stack in place), go to LAPACK on host threads.
+  const bool on_space =
+      path == EighPath::on_space || (options.method == RootMethod::eigh && !host_accessible<memory_space> &&
+                                     has_batched_eigensolver<ExecutionSpace>());
+  if (options.method != RootMethod::newton && on_space) {
+    if (use_double)
+      solve_eigh_on_space<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
+    else
+      solve_eigh_on_space<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms);
+  } else if (options.method != RootMethod::newton) {
     if (use_double)
       solve_eigh<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
     else
@@ -263,6 +276,28 @@ InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve(
   result.gemm_flops = gemms.flops;
   result.gemm_calls = gemms.calls;
   return result;
+}
+
+}  // namespace
+
+template <class ExecutionSpace, class Scalar>
+InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve(
+    const ExecutionSpace& space, const MatrixStack<const Scalar, memory_space>& matrices,
+    const MatrixStack<Scalar, memory_space>& roots, const std::vector<RootTask>& tasks,
+    const InverseRootOptions& options) {
+  return solve_roots<ExecutionSpace, Scalar>(space, matrices, roots, tasks, options, EighPath::as_method);
+}
+
+template <class ExecutionSpace, class Scalar>
+InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve_eigh_on_space(
+    const ExecutionSpace& space, const MatrixStack<const Scalar, memory_space>& matrices,
+    const MatrixStack<Scalar, memory_space>& roots, const std::vector<RootTask>& tasks,
+    const InverseRootOptions& options) {
+  LATHER_REQUIRE(has_batched_eigensolver<ExecutionSpace>(), "inverse_pth_root: ", ExecutionSpace::name(),
+                 " has no eigensolver of its own");
+  InverseRootOptions eigh = options;
+  eigh.method = RootMethod::eigh;
+  return solve_roots<ExecutionSpace, Scalar>(space, matrices, roots, tasks, eigh, EighPath::on_space);
 }
 
 template struct InverseRootSolver<DefaultExecutionSpace, float>;

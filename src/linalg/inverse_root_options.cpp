@@ -6,14 +6,25 @@
 
 namespace lather::linalg {
 
-std::string to_string(RootMethod method) { return method == RootMethod::newton ? "newton" : "eigh"; }
+std::string to_string(RootMethod method) {
+  switch (method) {
+    case RootMethod::newton:
+      return "newton";
+    case RootMethod::eigh:
+      return "eigh";
+    case RootMethod::eigh_host:
+      return "eigh_host";
+  }
+  return "unknown";
+}
 
 std::string to_string(Precision precision) { return precision == Precision::float32 ? "float32" : "float64"; }
 
 RootMethod parse_root_method(const std::string& name) {
   if (name == "newton") return RootMethod::newton;
   if (name == "eigh") return RootMethod::eigh;
-  LATHER_FAIL("unknown inverse-root method '", name, "' (expected newton or eigh)");
+  if (name == "eigh_host") return RootMethod::eigh_host;
+  LATHER_FAIL("unknown inverse-root method '", name, "' (expected newton, eigh or eigh_host)");
 }
 
 Precision parse_precision(const std::string& name) {
@@ -50,6 +61,8 @@ void InverseRootOptions::validate() const {
   LATHER_REQUIRE(workspace_bytes > 0, "InverseRootOptions::workspace_bytes must be > 0");
   LATHER_REQUIRE(batched_gemm_max_size >= -1, "InverseRootOptions::batched_gemm_max_size must be >= -1, got ",
                  batched_gemm_max_size);
+  LATHER_REQUIRE(batched_eigh_max_size >= -1, "InverseRootOptions::batched_eigh_max_size must be >= -1, got ",
+                 batched_eigh_max_size);
   LATHER_REQUIRE(host_threads >= 0 && host_threads <= 1024,
                  "InverseRootOptions::host_threads must be in [0, 1024], got ", host_threads);
 }

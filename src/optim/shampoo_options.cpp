@@ -146,9 +146,9 @@ void ShampooOptions::validate() const {
   LATHER_REQUIRE(!(shard_optimizer_states && step_mode == StepMode::replicated),
                  "ShampooOptions: shard_optimizer_states = true asks for the distributed step, but step_mode is "
                  "replicated");
-  LATHER_REQUIRE(!async_roots || root.method == linalg::RootMethod::eigh,
-                 "ShampooOptions::async_roots needs root_method eigh (the host thread computes eigendecompositions; "
-                 "Newton runs on the execution space), got root_method ",
+  LATHER_REQUIRE(!async_roots || root.method != linalg::RootMethod::newton,
+                 "ShampooOptions::async_roots needs root_method eigh or eigh_host (host threads compute "
+                 "eigendecompositions; Newton runs on the execution space), got root_method ",
                  linalg::to_string(root.method));
   root.validate();
   LATHER_REQUIRE(product_host_threads >= 0 && product_host_threads <= 1024,
@@ -299,12 +299,15 @@ std::string option_help(const std::string& name) {
       {"unpreconditioned_block_size",
        "one-sided Shampoo: block extent along the dimensions without a statistic "
        "(0: block_size, as the reference)"},
-      {"root_method", "newton (coupled Newton iteration) or eigh (eigendecomposition)"},
+      {"root_method",
+       "newton (coupled Newton iteration), eigh (eigendecomposition on the execution space: cuSOLVER on "
+       "CUDA, LAPACK on a host backend) or eigh_host (LAPACK on host threads wherever the statistics are)"},
       {"root_compute_precision", "float32 or float64 for the inverse roots"},
       {"root_max_iterations", "Newton iteration limit"},
       {"root_tolerance", "Newton stops at max|M - I| <= this"},
       {"root_host_threads",
-       "eigh: host threads taking the roots at once (0: the CPUs this rank has to itself on its node; "
+       "eigh on a host backend, eigh_host: host threads taking the roots at once (0: the CPUs this rank has to itself "
+       "on its node; "
        "with async_roots, 0 is one thread on a host backend and those CPUs less one on a device)"},
       {"product_host_threads",
        "host backends: threads sharing out the blocks' statistics and preconditioning "
@@ -317,7 +320,7 @@ std::string option_help(const std::string& name) {
       {"step_mode", "auto, replicated or distributed: how the ranks of a group share the step"},
       {"async_roots",
        "install the roots of a preconditioning step at the next one, computed meanwhile on "
-       "host threads (needs root_method eigh; root_host_threads says how many)"},
+       "host threads (needs root_method eigh or eigh_host; root_host_threads says how many)"},
       {"async_roots_in_background",
        "async_roots: compute on host threads (false: the same stale schedule "
        "in the foreground)"},

@@ -4,7 +4,9 @@
 // Two methods behind one interface, returning the same result type and error measure:
 //  * coupled Newton iteration (Higham, Functions of Matrices, eq. 7.18), exactly as the JAX
 //    reference `matrix_inverse_pth_root` does it, with power iteration for the ridge scale;
-//  * symmetric eigendecomposition (LAPACK syevd on the host), which costs far fewer flops on CPUs.
+//  * symmetric eigendecomposition: on the execution space (cuSOLVER's batched solver on CUDA,
+//    LAPACK syevd on a host backend), or by LAPACK on host threads wherever the stack lives
+//    (eigh_host); it costs far fewer flops than Newton.
 // Matrices live in a padded stack [B, N, N]; each task names one matrix, its true size n <= N and
 // its exponent p. Only the leading n x n block is read, so padding never changes a result, and
 // the padding of the output is written as identity.
@@ -85,6 +87,13 @@ struct InverseRootSolver {
   static InverseRootResult solve(const ExecutionSpace& space, const MatrixStack<const Scalar, memory_space>& matrices,
                                  const MatrixStack<Scalar, memory_space>& roots, const std::vector<RootTask>& tasks,
                                  const InverseRootOptions& options);
+  /// The eigh roots by the execution space's own batched eigensolver, which RootMethod::eigh takes
+  /// on a device; on a host backend LAPACK one matrix at a time. Lets the host suite test the
+  /// device's path. Throws where the space has no eigensolver (HIP without rocSOLVER).
+  static InverseRootResult solve_eigh_on_space(const ExecutionSpace& space,
+                                               const MatrixStack<const Scalar, memory_space>& matrices,
+                                               const MatrixStack<Scalar, memory_space>& roots,
+                                               const std::vector<RootTask>& tasks, const InverseRootOptions& options);
 };
 
 /// numpy.random.RandomState(1729).uniform(-1, 1, n): the reference's power-iteration start.

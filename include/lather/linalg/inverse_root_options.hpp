@@ -12,12 +12,17 @@
 
 namespace lather::linalg {
 
-enum class RootMethod { newton, eigh };
+/// newton: the coupled Newton iteration on the execution space. eigh: eigendecomposition on the
+/// execution space -- a batched eigensolver on a device that has one (cuSOLVER), LAPACK on a host
+/// backend. eigh_host: eigendecomposition by LAPACK on host threads wherever the stack lives (a
+/// device's statistics are copied to the host and the roots back); the same as eigh on a host
+/// backend.
+enum class RootMethod { newton, eigh, eigh_host };
 enum class Precision { float32, float64 };
 
 std::string to_string(RootMethod method);
 std::string to_string(Precision precision);
-RootMethod parse_root_method(const std::string& name);  ///< "newton" or "eigh"
+RootMethod parse_root_method(const std::string& name);  ///< "newton", "eigh" or "eigh_host"
 Precision parse_precision(const std::string& name);     ///< "float32"/"float" or "float64"/"double"
 
 struct InverseRootOptions {
@@ -40,11 +45,14 @@ struct InverseRootOptions {
   /// Matrices of at most this size use batched small GEMMs (one kernel for the whole batch)
   /// instead of one BLAS call per matrix; -1 picks per backend (see docs/reference/linalg.md).
   int batched_gemm_max_size = -1;
-  /// eigh: the host threads that take a batch's matrices at once, each through its own LAPACK
-  /// calls (the results do not depend on it); on a threaded host backend (OpenMP, Threads) the
-  /// backend's own threads take them. 0 picks: 1 for a direct call; in Shampoo the CPUs its rank
-  /// has to itself on the node, or the threaded host backend's threads (docs/reference/linalg.md).
-  /// 0 to 1024.
+  /// eigh on a device: matrices of at most this size go to the batched eigensolver
+  /// (cusolverDnXsyevBatched), larger ones to one syevd per matrix; -1 picks per backend
+  /// (docs/reference/linalg.md). No effect on the host, whose LAPACK takes one matrix at a time.
+  int batched_eigh_max_size = -1;
+  /// eigh on a host backend, and eigh_host: the host threads that take a batch's matrices at once, each through its own
+  /// LAPACK calls (the results do not depend on it); on a threaded host backend (OpenMP, Threads) the backend's own
+  /// threads take them. 0 picks: 1 for a direct call; in Shampoo the CPUs its rank has to itself on the node, or the
+  /// threaded host backend's threads (docs/reference/linalg.md). 0 to 1024.
   int host_threads = 0;
 
   void validate() const;  ///< Throws lather::Error naming the first bad field.
