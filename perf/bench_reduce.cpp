@@ -294,15 +294,15 @@ void run_reduce(const ReduceBenchOptions& o) {
       // Without fusion: one MPI_Allreduce per tensor, in place. MPI may only be handed the tensors
       // themselves when it can read their memory (host memory, or a GPU-aware MPI); otherwise each
       // tensor goes through a host mirror, as an unfused application would have to.
-      constexpr bool mpi_reads_tensors = ::lather::Impl::mpi_accessible<Space::memory_space>;
+      const bool mpi_reads_tensors = comm::mpi_reads_in_place<Space::memory_space>();
       std::vector<Tensors::value_type::HostMirror> staged;
-      if constexpr (!mpi_reads_tensors)
+      if (!mpi_reads_tensors)
         for (const auto& tensor : tensors) staged.push_back(Kokkos::create_mirror_view(tensor));
       const auto unfused = time_against_raw(world, o, raw_model, [&] {
         Kokkos::fence();
         for (std::size_t t = 0; t < tensors.size(); ++t) {
           const auto& tensor = tensors[t];
-          if constexpr (mpi_reads_tensors) {
+          if (mpi_reads_tensors) {
             MPI_Allreduce(MPI_IN_PLACE, tensor.data(), int(tensor.extent(0)), MPI_FLOAT, MPI_SUM, world.native());
           } else {
             Kokkos::deep_copy(staged[t], tensor);

@@ -1,3 +1,4 @@
+#include <lather/comm/device_mpi.hpp>
 #include <lather/comm/parameter_shards.hpp>
 
 #include <lather/core/error.hpp>
@@ -324,7 +325,7 @@ void ParameterShards<ExecutionSpace, Scalar>::start_gather(const ExecutionSpace&
   for (std::size_t i = m_layers[layer].first; i < m_layers[layer].last; ++i) {
     if (m_layouts[i].replicated) continue;  // its gathered values are its owned ones
     const auto whole = m_gathered.value(i);
-    if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
+    if (mpi_reads_in_place<memory_space>()) {
       m_requests.push_back(m_group.start_allgatherv(m_band_values[i].data(), whole.data(), m_counts[i]));
     } else {
       // MPI cannot read this memory: staged through the host, one parameter at a time, blocking.
@@ -377,7 +378,7 @@ void ParameterShards<ExecutionSpace, Scalar>::ready(const ExecutionSpace& space,
     const std::size_t mine = m_counts[i][std::size_t(part)];
     if (m_layouts[i].replicated) {
       m_group.allreduce(space, whole, Combine::sum);
-    } else if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
+    } else if (mpi_reads_in_place<memory_space>()) {
       m_group.reduce_scatter(whole.data(), whole.data(), m_counts[i], Combine::sum);
     } else {
       auto whole_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), whole);

@@ -394,7 +394,7 @@ ModelMemory Transformer<ExecutionSpace, Scalar>::memory() const {
   m.activations = kept + scratch;
   // Host staging of the model's own all-reduces where MPI cannot read the device's memory; the
   // copies of the input gradients that travel to the previous stage.
-  m.communication = communication + (comm::Transport<ExecutionSpace, Scalar>::direct
+  m.communication = communication + (comm::mpi_reads_in_place<typename ExecutionSpace::memory_space>()
                                          ? 0
                                          : std::int64_t(std::size_t(1) << 22) * std::int64_t(sizeof(Scalar)));
   return m;

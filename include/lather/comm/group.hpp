@@ -11,13 +11,14 @@
 // without MPI (LATHER_ENABLE_MPI=OFF) and in programs that never initialise MPI.
 //
 // Pointers handed to the collectives must be memory MPI can read: host memory, or device memory
-// when the build declares a GPU-aware MPI (LATHER_ENABLE_CUDA_AWARE_MPI). The View overloads at
-// the end stage device data through host buffers where needed.
+// with a GPU-aware MPI (comm/device_mpi.hpp). The View overloads at the end stage device data
+// through host buffers where MPI cannot read it.
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
 #error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
 #endif
 
+#include <lather/comm/device_mpi.hpp>
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/fault_injection.hpp>
@@ -194,7 +195,7 @@ void Group::allreduce(const ExecutionSpace& space, const Kokkos::View<T*, typena
                       Combine op) const {
   using memory_space = typename ExecutionSpace::memory_space;
   if (size() == 1 || data.extent(0) == 0) return;
-  if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
+  if (mpi_reads_in_place<memory_space>()) {
     ::lather::Impl::fence(space, "Lather::comm::Group::allreduce: data ready before sending");
     allreduce(data.data(), data.extent(0), op);
   } else {
@@ -219,7 +220,7 @@ void Group::allgatherv(const ExecutionSpace& space,
   LATHER_REQUIRE(
       int(counts.size()) == size() && counts[std::size_t(rank())] == send.extent(0) && receive.extent(0) >= total,
       "Group::allgatherv: counts do not match the group, this rank's View or the receiving View");
-  if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
+  if (mpi_reads_in_place<memory_space>()) {
     ::lather::Impl::fence(space, "Lather::comm::Group::allgatherv: data ready before sending");
     allgatherv(send.data(), receive.data(), counts);
   } else {
@@ -248,7 +249,7 @@ void Group::alltoallv(const ExecutionSpace& space,
   LATHER_REQUIRE(int(send_counts.size()) == size() && int(receive_counts.size()) == size() &&
                      send.extent(0) >= out * unit && receive.extent(0) >= in * unit,
                  "Group::alltoallv: counts do not match the group, this rank's View or the receiving View");
-  if constexpr (::lather::Impl::mpi_accessible<memory_space>) {
+  if (mpi_reads_in_place<memory_space>()) {
     ::lather::Impl::fence(space, "Lather::comm::Group::alltoallv: data ready before sending");
     alltoallv(send.data(), send_counts, receive.data(), receive_counts, unit * sizeof(T));
   } else {

@@ -17,6 +17,7 @@
 #error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
 #endif
 
+#include <lather/comm/device_mpi.hpp>
 #include <lather/comm/mesh.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
@@ -35,7 +36,6 @@ class StageLink {
   using memory_space = typename ExecutionSpace::memory_space;
   using view = Kokkos::View<T*, memory_space>;
   using host_view = Kokkos::View<T*, Kokkos::HostSpace>;
-  static constexpr bool direct = ::lather::Impl::mpi_accessible<memory_space>;
   static constexpr std::int64_t failed = -1;
 
   /// A send in flight: its status and payload requests and, where MPI cannot read the memory
@@ -69,7 +69,7 @@ class StageLink {
     out.status = ok ? std::int64_t(data.extent(0)) : failed;
     const T* payload = data.data();
     if (ok) {
-      if (direct) {
+      if (mpi_reads_in_place<memory_space>()) {
         ::lather::Impl::fence(space, "Lather::comm::StageLink: data ready before sending");
       } else {
         if (out.staging.extent(0) < data.extent(0))
@@ -108,7 +108,7 @@ class StageLink {
                      count);
       return true;
     }
-    if (direct) {
+    if (mpi_reads_in_place<memory_space>()) {
       m_pipeline.start_receive(into.data(), count, from, tag(direction)).wait();
     } else {
       if (m_receive.extent(0) < count)

@@ -1,14 +1,17 @@
 #pragma once
-// Moving View data through a Group. Where MPI may touch the memory space (host memory, or a
-// GPU-aware MPI declared at build time) the View's own pointer goes to MPI after a fence;
-// otherwise every transfer is staged through host buffers in chunks of a fixed size, copied
-// with deep_copy on the caller's execution space instance. Both sides of a point-to-point transfer
-// use the same chunking (it is a function of the agreed options only), so messages always match.
+// Moving View data through a Group. Where MPI may touch the memory (host memory, or device memory
+// with a GPU-aware MPI: comm/device_mpi.hpp) the View's own pointer goes to MPI after a fence;
+// otherwise every transfer is staged through host buffers, copied with deep_copy on the caller's
+// execution space instance. Device memory moves in chunks of a fixed size either way, host
+// memory in one piece: both sides of a point-to-point transfer use the same chunking (a function
+// of the memory space and the agreed options only, not of whether this rank stages), so messages
+// always match.
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
 #error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
 #endif
 
+#include <lather/comm/device_mpi.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
 #include <lather/comm/group.hpp>
@@ -35,15 +38,17 @@ class Transport {
   using memory_space = typename ExecutionSpace::memory_space;
   using view = Kokkos::View<T*, memory_space>;
   using host_view = Kokkos::View<T*, Kokkos::HostSpace>;
-  static constexpr bool direct = ::lather::Impl::mpi_accessible<memory_space>;
   /// Host-staged transfers never move more than this many elements at once.
   static constexpr std::size_t max_chunk = std::size_t(1) << 30;
 
   Transport() = default;
-  /// `staging_elements`: chunk size of host-staged transfers (ignored where MPI reads in place).
+  /// `staging_elements`: chunk size of transfers of device memory (host memory moves whole).
   Transport(Group group, std::size_t staging_elements, std::string label)
       : m_group(std::move(group)),
-        m_chunk(direct ? max_chunk : std::max<std::size_t>(1, std::min(staging_elements, max_chunk))),
+        m_direct(mpi_reads_in_place<memory_space>()),
+        m_chunk(::lather::Impl::host_accessible<memory_space>
+                    ? max_chunk
+                    : std::max<std::size_t>(1, std::min(staging_elements, max_chunk))),
         m_label(std::move(label)) {}
 
   const Group& group() const { return m_group; }
@@ -217,7 +222,7 @@ class Transport {
 
   /// Pointer MPI may read data[begin, begin + count) from, with the data ready.
   T* stage_out(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count, host_view& host) {
-    if constexpr (direct) {
+    if (m_direct) {
       (void)host;
       ::lather::Impl::fence(space, "Lather::comm: data ready before sending");
       return data.data() + begin;
@@ -233,7 +238,7 @@ class Transport {
   T* receive_buffer(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count,
                     host_view& host) {
     ::lather::Impl::fence(space, "Lather::comm: buffer free before receiving");
-    if constexpr (direct) {
+    if (m_direct) {
       (void)host, (void)count;
       return data.data() + begin;
     } else {
@@ -243,7 +248,7 @@ class Transport {
   }
 
   void stage_in(const ExecutionSpace& space, const view& data, std::size_t begin, std::size_t count, host_view& host) {
-    if constexpr (!direct) {
+    if (!m_direct) {
       Kokkos::deep_copy(space, Kokkos::subview(data, range(begin, count)), Kokkos::subview(host, range(0, count)));
     } else {
       (void)space, (void)data, (void)begin, (void)count, (void)host;
@@ -251,6 +256,7 @@ class Transport {
   }
 
   Group m_group;
+  bool m_direct = true;  ///< MPI reads and writes the Views in place (else host staging)
   std::size_t m_chunk = max_chunk;
   std::string m_label;
   host_view m_send, m_receive;

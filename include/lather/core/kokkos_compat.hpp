@@ -130,12 +130,6 @@ std::int64_t count_non_finite(const ExecutionSpace& space, const Scalar* data, s
   return bad;
 }
 
-/// MPI may read and write Views of this memory space in place: host memory, or any memory when
-/// the build declares a GPU-aware MPI (LATHER_ENABLE_CUDA_AWARE_MPI). Otherwise data is staged
-/// through host buffers.
-template <class MemorySpace>
-inline constexpr bool mpi_accessible = host_accessible<MemorySpace> || LATHER_ENABLE_CUDA_AWARE_MPI;
-
 }  // namespace Impl
 
 /// Kokkos for the lifetime of a command-line program: initializes Kokkos from the arguments

@@ -17,7 +17,6 @@ namespace lather::comm::Impl {
 using ::lather::Impl::fence;
 using ::lather::Impl::Fnv1a;
 using ::lather::Impl::host_accessible;
-using ::lather::Impl::mpi_accessible;
 using ::lather::Impl::runs_on_host;
 using ::lather::Impl::ScopedRegion;
 
