@@ -5,7 +5,9 @@
 #include <lather/core/error.hpp>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #if defined(LATHER_HAVE_CUSOLVER) && defined(KOKKOS_ENABLE_CUDA)
@@ -90,15 +92,21 @@ void cusolver_syevd(const Kokkos::Cuda& space, int n, int count, C* a, C* w, int
   const auto uplo = CUBLAS_FILL_MODE_LOWER;
   std::size_t device_bytes = 0, host_bytes = 0;
 #if LATHER_CUSOLVER_SYEV_BATCHED
-  if (batched) {
-    check(cusolverDnXsyevBatched_bufferSize(s.handle, s.params, jobz, uplo, n, type, a, n, type, w, type, &device_bytes,
-                                            &host_bytes, count),
-          "cusolverDnXsyevBatched_bufferSize");
+  // cusolverDnXsyevBatched is limited to n * lda * batch <= INT32_MAX: larger batches go in parts.
+  // A size it refuses outright (its buffer query fails) takes the per-matrix solver below.
+  const int most = int(std::min<std::int64_t>(std::numeric_limits<std::int32_t>::max() / (std::int64_t(n) * n),
+                                              std::numeric_limits<int>::max()));
+  if (batched && most >= 1 &&
+      cusolverDnXsyevBatched_bufferSize(s.handle, s.params, jobz, uplo, n, type, a, n, type, w, type, &device_bytes,
+                                        &host_bytes, std::min(count, most)) == CUSOLVER_STATUS_SUCCESS) {
     s.reserve(space, device_bytes, host_bytes);
-    check(
-        cusolverDnXsyevBatched(s.handle, s.params, jobz, uplo, n, type, a, n, type, w, type, s.device_workspace.data(),
-                               device_bytes, s.host_workspace.data(), host_bytes, info, count),
-        "cusolverDnXsyevBatched");
+    for (int first = 0; first < count; first += most) {
+      const int part = std::min(most, count - first);
+      check(cusolverDnXsyevBatched(s.handle, s.params, jobz, uplo, n, type, a + std::size_t(first) * n * n, n, type,
+                                   w + std::size_t(first) * n, type, s.device_workspace.data(), device_bytes,
+                                   s.host_workspace.data(), host_bytes, info + first, part),
+            "cusolverDnXsyevBatched");
+    }
     return;
   }
 #else
