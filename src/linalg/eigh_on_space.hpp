@@ -55,28 +55,21 @@ struct EighChunk {
 };
 
 /// Copies the leading n x n block of input(matrix_of(s)) into vectors(s) and original(s) in
-/// precision C, counting the values that are not finite; a matrix with any is replaced by the
-/// identity for the solver (its root is not written).
+/// precision C (the Newton solver's load_matrices, which also counts the values that are not
+/// finite); a matrix with any is replaced by the identity for the solver (its root is not written).
 template <class ExecutionSpace, class S, class C, class MemorySpace>
 void gather_for_eigh(const ExecutionSpace& space, const Stack3<const S, MemorySpace>& input,
                      const Array1<const int, MemorySpace>& matrix_of, int slots, int n,
                      const EighChunk<C, MemorySpace>& chunk) {
+  load_matrices<ExecutionSpace, S, C, MemorySpace>(space, input, matrix_of, slots, n, chunk.vectors, chunk.nonfinite);
   using Policy = Kokkos::RangePolicy<ExecutionSpace, Kokkos::IndexType<std::int64_t>>;
   const std::int64_t nn = std::int64_t(n) * n;
   const auto vectors = chunk.vectors, original = chunk.original;
   const auto nonfinite = chunk.nonfinite;
-  Kokkos::deep_copy(space, nonfinite, 0);
   Kokkos::parallel_for(
-      "Lather::eigh_on_space::gather", Policy(space, 0, slots * nn), KOKKOS_LAMBDA(std::int64_t at) {
+      "Lather::eigh_on_space::keep_original", Policy(space, 0, slots * nn), KOKKOS_LAMBDA(std::int64_t at) {
         const int s = int(at / nn), i = int(at % nn / n), j = int(at % n);
-        const C value = C(input(matrix_of(s), i, j));
-        vectors(s, i, j) = value;
-        original(s, i, j) = value;
-        if (!is_finite(value)) Kokkos::atomic_add(&nonfinite(s), 1);
-      });
-  Kokkos::parallel_for(
-      "Lather::eigh_on_space::identity_for_nonfinite", Policy(space, 0, slots * nn), KOKKOS_LAMBDA(std::int64_t at) {
-        const int s = int(at / nn), i = int(at % nn / n), j = int(at % n);
+        original(s, i, j) = vectors(s, i, j);
         if (nonfinite(s) > 0) vectors(s, i, j) = C(i == j);
       });
 }

@@ -253,24 +253,24 @@ InverseRootResult solve_roots(const ExecutionSpace& space,
   const bool use_double = options.compute_precision == Precision::float64;
   // eigh on a device with an eigensolver stays on the device; eigh_host, and eigh on a host backend
   // (where the host path reads the stack in place), go to LAPACK on host threads.
-  const bool on_space =
+  const bool eigh_on_space =
       path == EighPath::on_space || (options.method == RootMethod::eigh && !host_accessible<memory_space> &&
                                      has_batched_eigensolver<ExecutionSpace>());
-  if (options.method != RootMethod::newton && on_space) {
-    if (use_double)
-      solve_eigh_on_space<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
-    else
-      solve_eigh_on_space<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms);
-  } else if (options.method != RootMethod::newton) {
-    if (use_double)
-      solve_eigh<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
-    else
-      solve_eigh<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms);
-  } else {
+  if (options.method == RootMethod::newton) {
     if (use_double)
       solve_newton<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
     else
       solve_newton<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms);
+  } else if (eigh_on_space) {
+    if (use_double)
+      solve_eigh_on_space<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
+    else
+      solve_eigh_on_space<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms);
+  } else {
+    if (use_double)
+      solve_eigh<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
+    else
+      solve_eigh<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms);
   }
   fence(space, "Lather::linalg::inverse_pth_root: roots ready");
   result.gemm_flops = gemms.flops;

@@ -256,7 +256,10 @@ class Transport {
   }
 
   Group m_group;
-  bool m_direct = true;  ///< MPI reads and writes the Views in place (else host staging)
+  /// MPI reads and writes the Views in place (else host staging): taken once at construction, so
+  /// that a start_* and its finish_* take the same path even if comm::set_device_mpi is called
+  /// between them.
+  bool m_direct = true;
   std::size_t m_chunk = max_chunk;
   std::string m_label;
   host_view m_send, m_receive;
