@@ -52,7 +52,7 @@ void solve_newton(const ExecutionSpace& space,
                   const MatrixStack<const S, typename ExecutionSpace::memory_space>& matrices,
                   const MatrixStack<S, typename ExecutionSpace::memory_space>& roots,
                   const std::vector<RootTask>& tasks, const InverseRootOptions& options, InverseRootResult& result,
-                  GemmCount& count) {
+                  GemmCount& count, bool lockstep) {
   using memory_space = typename ExecutionSpace::memory_space;
   std::vector<int> scalars;
   std::map<std::pair<int, int>, std::vector<int>> groups;  // (n, p) -> task positions
@@ -101,12 +101,13 @@ void solve_newton(const ExecutionSpace& space,
   for (const auto& [key, positions] : groups) {
     const auto [n, p] = key;
     // On the host one matrix at a time keeps its working set in cache; lockstep chunks only pay
-    // off where one kernel launch serves many matrices.
-    const std::size_t fit = host_accessible<memory_space>
+    // off where one kernel launch serves many matrices (a device, or `lockstep`: the device's way
+    // taken on the host, for the tests).
+    const std::size_t fit = host_accessible<memory_space> && !lockstep
                                 ? 1
                                 : options.workspace_bytes / CoupledNewton<ExecutionSpace, C>::bytes_per_matrix(n);
     const int capacity = int(std::max<std::size_t>(1, std::min<std::size_t>(fit, positions.size())));
-    CoupledNewton<ExecutionSpace, C> newton(space, capacity, n, options);
+    CoupledNewton<ExecutionSpace, C> newton(space, capacity, n, options, !host_accessible<memory_space> || lockstep);
     for (std::size_t begin = 0; begin < positions.size(); begin += capacity) {
       const std::size_t end = std::min(positions.size(), begin + capacity);
       const std::vector<int> chunk(positions.begin() + begin, positions.begin() + end);
@@ -216,14 +217,15 @@ void solve_eigh(const ExecutionSpace& space,
   }
 }
 
-/// Where the eigh roots are taken.
-enum class EighPath { as_method, on_space };
+/// Where the roots are taken: as the method says, or the device's way on any space (the eigh
+/// roots by the space's own eigensolver; Newton in lockstep chunks with the team power iteration).
+enum class RootPath { as_method, eigh_on_space, newton_lockstep };
 
 template <class ExecutionSpace, class Scalar>
 InverseRootResult solve_roots(const ExecutionSpace& space,
                               const MatrixStack<const Scalar, typename ExecutionSpace::memory_space>& matrices,
                               const MatrixStack<Scalar, typename ExecutionSpace::memory_space>& roots,
-                              const std::vector<RootTask>& tasks, const InverseRootOptions& options, EighPath path) {
+                              const std::vector<RootTask>& tasks, const InverseRootOptions& options, RootPath path) {
   using memory_space = typename ExecutionSpace::memory_space;
   ScopedRegion region("Lather::linalg::inverse_pth_root");
   options.validate();
@@ -254,13 +256,14 @@ InverseRootResult solve_roots(const ExecutionSpace& space,
   // eigh on a device with an eigensolver stays on the device; eigh_host, and eigh on a host backend
   // (where the host path reads the stack in place), go to LAPACK on host threads.
   const bool eigh_on_space =
-      path == EighPath::on_space || (options.method == RootMethod::eigh && !host_accessible<memory_space> &&
-                                     has_batched_eigensolver<ExecutionSpace>());
+      path == RootPath::eigh_on_space || (options.method == RootMethod::eigh && !host_accessible<memory_space> &&
+                                          has_batched_eigensolver<ExecutionSpace>());
   if (options.method == RootMethod::newton) {
+    const bool lockstep = path == RootPath::newton_lockstep;
     if (use_double)
-      solve_newton<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
+      solve_newton<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms, lockstep);
     else
-      solve_newton<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms);
+      solve_newton<ExecutionSpace, Scalar, float>(space, matrices, roots, tasks, options, result, gemms, lockstep);
   } else if (eigh_on_space) {
     if (use_double)
       solve_eigh_on_space<ExecutionSpace, Scalar, double>(space, matrices, roots, tasks, options, result, gemms);
@@ -285,7 +288,7 @@ InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve(
     const ExecutionSpace& space, const MatrixStack<const Scalar, memory_space>& matrices,
     const MatrixStack<Scalar, memory_space>& roots, const std::vector<RootTask>& tasks,
     const InverseRootOptions& options) {
-  return solve_roots<ExecutionSpace, Scalar>(space, matrices, roots, tasks, options, EighPath::as_method);
+  return solve_roots<ExecutionSpace, Scalar>(space, matrices, roots, tasks, options, RootPath::as_method);
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -297,7 +300,17 @@ InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve_eigh_on_space
                  " has no eigensolver of its own");
   InverseRootOptions eigh = options;
   eigh.method = RootMethod::eigh;
-  return solve_roots<ExecutionSpace, Scalar>(space, matrices, roots, tasks, eigh, EighPath::on_space);
+  return solve_roots<ExecutionSpace, Scalar>(space, matrices, roots, tasks, eigh, RootPath::eigh_on_space);
+}
+
+template <class ExecutionSpace, class Scalar>
+InverseRootResult InverseRootSolver<ExecutionSpace, Scalar>::solve_newton_lockstep(
+    const ExecutionSpace& space, const MatrixStack<const Scalar, memory_space>& matrices,
+    const MatrixStack<Scalar, memory_space>& roots, const std::vector<RootTask>& tasks,
+    const InverseRootOptions& options) {
+  InverseRootOptions newton = options;
+  newton.method = RootMethod::newton;
+  return solve_roots<ExecutionSpace, Scalar>(space, matrices, roots, tasks, newton, RootPath::newton_lockstep);
 }
 
 template struct InverseRootSolver<DefaultExecutionSpace, float>;

@@ -27,9 +27,19 @@ using Array2 = Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace>;
 template <class T, class MemorySpace>
 using Array1 = Kokkos::View<T*, MemorySpace>;
 
+/// One team per slot, one lane per thread: for kernels whose team threads take consecutive
+/// elements of a flattened range (adjacent threads, adjacent addresses).
 template <class ExecutionSpace>
 Kokkos::TeamPolicy<ExecutionSpace> per_slot_policy(const ExecutionSpace& space, int slots) {
   return Kokkos::TeamPolicy<ExecutionSpace>(space, slots, Kokkos::AUTO);
+}
+
+/// One team per slot for kernels that walk rows (TeamThreadRange) and the columns of a row
+/// (ThreadVectorRange), coalesced on a device (core/kokkos_compat.hpp's row_team_policy, whose
+/// rule for writes outside the vector loops these kernels follow).
+template <class ExecutionSpace>
+Kokkos::TeamPolicy<ExecutionSpace> per_slot_row_policy(const ExecutionSpace& space, int slots) {
+  return ::lather::Impl::row_team_policy(space, slots);
 }
 
 /// work(s) = C(input(matrix_of(s))) on the leading n x n block; nonfinite(s) counts NaN/Inf.
@@ -39,7 +49,7 @@ void load_matrices(const ExecutionSpace& space, const Stack3<const S, MemorySpac
                    const Stack3<C, MemorySpace>& work, const Array1<int, MemorySpace>& nonfinite) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   Kokkos::parallel_for(
-      "Lather::linalg::load_matrices", per_slot_policy(space, slots), KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::load_matrices", per_slot_row_policy(space, slots), KOKKOS_LAMBDA(const member_type& member) {
         const int s = member.league_rank();
         const int b = matrix_of(s);
         int bad = 0;
@@ -72,7 +82,7 @@ void power_iteration(const ExecutionSpace& space, const Stack3<const C, MemorySp
                      const Array1<C, MemorySpace>& eigenvalue, const Array1<int, MemorySpace>& iterations) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   Kokkos::parallel_for(
-      "Lather::linalg::power_iteration", per_slot_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::power_iteration", per_slot_row_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
         Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) { v_work(s, i) = start(i); });
         member.team_barrier();
@@ -86,7 +96,9 @@ void power_iteration(const ExecutionSpace& space, const Stack3<const C, MemorySp
           if (!(norm2 > C(0))) break;  // v fell into the null space: s is already exact
           const C scale = C(1) / kmath::sqrt(norm2);
           member.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) { v_work(s, i) *= scale; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) {
+            Kokkos::single(Kokkos::PerThread(member), [&]() { v_work(s, i) *= scale; });
+          });
           member.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) {
             C row = 0;
@@ -150,6 +162,20 @@ void power_iteration_host(const Stack3<const C, MemorySpace>& matrices, const st
   }
 }
 
+/// ridge(s) = epsilon * max(lambda(s), 1e-6) where the ridge is relative to lambda_max, else
+/// epsilon; formed in double and rounded once to C, as the eigh paths form theirs.
+template <class ExecutionSpace, class C, class MemorySpace>
+void ridge_from_lambda(const ExecutionSpace& space, const Array1<const int, MemorySpace>& slot_list, int count,
+                       double epsilon, bool relative, const Array1<const C, MemorySpace>& lambda,
+                       const Array1<C, MemorySpace>& ridge) {
+  Kokkos::parallel_for(
+      "Lather::linalg::ridge_from_lambda", Kokkos::RangePolicy<ExecutionSpace>(space, 0, count), KOKKOS_LAMBDA(int k) {
+        const int s = slot_list(k);
+        const double lambda_max = double(lambda(s));
+        ridge(s) = C(relative ? epsilon * (lambda_max < 1e-6 ? 1e-6 : lambda_max) : epsilon);  // std::max's NaN rule
+      });
+}
+
 /// One team's pass over slot s of a Newton step: x(i, j) = element(i, j) (which may also write
 /// the slot's other matrices), t(s) = (1 - alpha) I + alpha x, and the return value max |x - I|
 /// (+inf when an entry is not finite), the error that decides whether the slot goes on.
@@ -185,9 +211,11 @@ void newton_start(const ExecutionSpace& space, const Stack3<C, MemorySpace>& m, 
                   int p, const Array1<const C, MemorySpace>& ridge, const Array1<C, MemorySpace>& error) {
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   Kokkos::parallel_for(
-      "Lather::linalg::newton_start", per_slot_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::newton_start", per_slot_row_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) { m(s, i, i) += ridge(s); });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) {
+          Kokkos::single(Kokkos::PerThread(member), [&]() { m(s, i, i) += ridge(s); });
+        });
         member.team_barrier();
         C norm2 = 0;
         Kokkos::parallel_reduce(
@@ -223,7 +251,8 @@ void newton_error_and_step(const ExecutionSpace& space, const Stack3<const C, Me
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   const C alpha = C(-1) / C(p);
   Kokkos::parallel_for(
-      "Lather::linalg::newton_error_and_step", per_slot_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::newton_error_and_step", per_slot_row_policy(space, count),
+      KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
         const C worst = error_and_step(member, s, n, alpha, t, [&](int i, int j) { return m(s, i, j); });
         Kokkos::single(Kokkos::PerTeam(member), [&]() { error(s) = worst; });
@@ -238,7 +267,7 @@ void store_roots(const ExecutionSpace& space, const Stack3<const C, MemorySpace>
   using member_type = typename Kokkos::TeamPolicy<ExecutionSpace>::member_type;
   const int padded = int(out.extent(1));
   Kokkos::parallel_for(
-      "Lather::linalg::store_roots", per_slot_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
+      "Lather::linalg::store_roots", per_slot_row_policy(space, count), KOKKOS_LAMBDA(const member_type& member) {
         const int s = slot_list(member.league_rank());
         const int b = matrix_of(s);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(member, padded), [&](int i) {

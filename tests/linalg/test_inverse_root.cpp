@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -536,6 +537,99 @@ TEST(InverseRoot, PowerIterationStepsAreReported) {
   EXPECT_EQ(lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, options).power_iterations[0], 0);
   EXPECT_EQ(lather::linalg::inverse_pth_root(Exec(), stack, roots, 2, precise(RootMethod::eigh)).power_iterations[0],
             0);
+}
+
+/// Newton as a device takes it, on this space: lockstep chunks of options.workspace_bytes, the
+/// power iteration one team per matrix, each root written at the end from the H buffer that holds
+/// it.
+template <class T>
+InverseRootResult newton_lockstep(const Stack<T>& matrices, const Stack<T>& roots, const std::vector<RootTask>& tasks,
+                                  const InverseRootOptions& options) {
+  return lather::linalg::Impl::InverseRootSolver<Exec, T>::solve_newton_lockstep(Exec(), matrices, roots, tasks,
+                                                                                 options);
+}
+
+// Lockstep Newton equals Newton one matrix at a time. In one chunk the slots stop at different
+// steps: better-conditioned matrices converge first, with max_iterations = 6 the worse ones stop at
+// the cap, the indefinite one diverges (its previous H is returned), a non-finite one is left as it
+// was; and the chunks hold 3 matrices, so a group of 7 spans three. The two paths differ only in
+// how the power iteration sums A v (BLAS gemv on the host, a team's row sums on a device), so
+// lambda_max agrees to a few ulps in double; the ridge is 1e-6 lambda_max (~1e-6 here) and moves by
+// ~1e-22, far below the rounding of the Newton products (~n eps ~ 4e-15 per step), so the roots
+// agree to 1e-12 relative and the errors to 1e-12 absolute, and statuses and step counts are equal.
+TEST(NewtonLockstep, EqualsOneMatrixAtATime) {
+  const int n = 16, padded = 16;
+  std::vector<std::vector<double>> mats;
+  std::vector<int> sizes;
+  for (double condition : {1e1, 1e2, 1e3, 1e4, 1e6}) {
+    mats.push_back(make_spectrum(n, 1.0, condition, 11 + unsigned(mats.size())).matrix());
+    sizes.push_back(n);
+  }
+  auto indefinite = make_spectrum(n, 1.0, 10.0, 5);
+  indefinite.eigenvalues[3] = -0.5;
+  mats.push_back(indefinite.matrix());
+  sizes.push_back(n);
+  mats.push_back(make_spectrum(n, 1.0, 1e2, 17).matrix());
+  mats.back()[5] = std::numeric_limits<double>::infinity();
+  sizes.push_back(n);
+  for (int b = 0; b < 2; ++b) {  // a second group, and a 1 x 1 matrix
+    mats.push_back(make_spectrum(7, 2.0, 1e3, 30 + unsigned(b)).matrix());
+    sizes.push_back(7);
+  }
+  mats.push_back({4.0});
+  sizes.push_back(1);
+  std::vector<RootTask> tasks;
+  for (int b : {3, 0, 6, 8, 1, 5, 9, 2, 4, 7}) tasks.push_back({b, sizes[std::size_t(b)], b == 8 || b == 7 ? 2 : 4});
+  auto stack = make_stack<double>(mats, sizes, padded);
+
+  for (int max_iterations : {100, 6}) {
+    auto options = precise(RootMethod::newton);
+    options.max_iterations = max_iterations;
+    options.workspace_bytes = 3 * (7 * std::size_t(n) * n + 2 * n) * sizeof(double);
+    Stack<double> one("one", mats.size(), padded, padded), lockstep("lockstep", mats.size(), padded, padded);
+    Kokkos::deep_copy(one, 42.0);
+    Kokkos::deep_copy(lockstep, 42.0);
+    const auto reference = lather::linalg::inverse_pth_root(Exec(), stack, one, tasks, options);
+    const auto result = newton_lockstep(stack, lockstep, tasks, options);
+    std::set<int> steps_in_group;
+    std::set<RootStatus> statuses;
+    for (std::size_t t = 0; t < tasks.size(); ++t) {
+      const std::string where =
+          "max_iterations " + std::to_string(max_iterations) + ", matrix " + std::to_string(tasks[t].index);
+      EXPECT_EQ(result.status[t], reference.status[t]) << where;
+      EXPECT_EQ(result.iterations[t], reference.iterations[t]) << where;
+      EXPECT_EQ(result.power_iterations[t], reference.power_iterations[t]) << where;
+      if (reference.status[t] == RootStatus::non_finite) {
+        EXPECT_TRUE(std::isnan(result.lambda_max[t])) << where;
+        for (double x : leading_block(lockstep, tasks[t].index, padded)) ASSERT_EQ(x, 42.0) << where;
+        continue;
+      }
+      EXPECT_NEAR(result.error[t], reference.error[t], 1e-12) << where;
+      EXPECT_NEAR(result.lambda_max[t], reference.lambda_max[t], 1e-14 * reference.lambda_max[t]) << where;
+      EXPECT_NEAR(result.ridge[t], reference.ridge[t], 1e-14 * reference.ridge[t]) << where;
+      const auto got = leading_block(lockstep, tasks[t].index, padded);
+      const auto want = leading_block(one, tasks[t].index, padded);
+      EXPECT_LT(relative_frobenius_error(got, want), 1e-12) << where;
+      if (tasks[t].size == n) {
+        steps_in_group.insert(result.iterations[t]);
+        statuses.insert(result.status[t]);
+      }
+      // Which iterate each slot returns, independently of the bookkeeping both paths share: the
+      // H after k steps for a slot that stopped after k, the H after k - 1 for one that diverged at
+      // step k; that is the root the same matrix alone gets with max_iterations capped there.
+      auto capped = options;
+      capped.max_iterations = result.iterations[t] - (result.status[t] == RootStatus::diverged ? 1 : 0);
+      Stack<double> alone("alone", mats.size(), padded, padded);
+      lather::linalg::inverse_pth_root(Exec(), stack, alone, std::vector<RootTask>{tasks[t]}, capped);
+      EXPECT_LT(relative_frobenius_error(got, leading_block(alone, tasks[t].index, padded)), 1e-12) << where;
+    }
+    // The case exercises what it claims: slots of one chunk stop at several different steps (at
+    // least two under the cap), and with the cap some stop at it while others diverge.
+    EXPECT_GE(steps_in_group.size(), max_iterations == 6 ? 2u : 3u) << max_iterations;
+    EXPECT_TRUE(statuses.count(RootStatus::diverged)) << max_iterations;
+    if (max_iterations == 6) EXPECT_TRUE(statuses.count(RootStatus::max_iterations));
+    EXPECT_EQ(result.gemm_calls, reference.gemm_calls);
+  }
 }
 
 // An indefinite matrix is not a statistic: Newton must stop without NaN and flag a large error.

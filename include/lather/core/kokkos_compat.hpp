@@ -5,6 +5,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -69,6 +70,25 @@ inline constexpr bool host_accessible = Kokkos::SpaceAccessibility<Kokkos::HostS
 /// give each thread one element.
 template <class ExecutionSpace>
 inline constexpr bool runs_on_host = Kokkos::SpaceAccessibility<ExecutionSpace, Kokkos::HostSpace>::accessible;
+
+/// Vector lanes per team thread for kernels that walk a matrix's rows with TeamThreadRange and its
+/// columns with ThreadVectorRange: a warp on a device, so that consecutive lanes read a row's
+/// consecutive columns in one coalesced run (with one lane, a warp's threads would each read their
+/// own row, a row's length apart); one on the host, whose vector loops are the compiler's.
+/// (32, or a backend's smaller limit, such as a 16-wide SYCL sub-group.)
+template <class ExecutionSpace>
+int row_vector_length() {
+  if constexpr (runs_on_host<ExecutionSpace>) return 1;
+  return std::min(32, int(Kokkos::TeamPolicy<ExecutionSpace>::vector_length_max()));
+}
+
+/// One team per league entry with row_vector_length lanes per thread. Every lane runs a
+/// TeamThreadRange body: a write there outside a ThreadVectorRange must give the same value on
+/// every lane or sit in single(PerThread).
+template <class ExecutionSpace>
+Kokkos::TeamPolicy<ExecutionSpace> row_team_policy(const ExecutionSpace& space, int league) {
+  return Kokkos::TeamPolicy<ExecutionSpace>(space, league, Kokkos::AUTO, row_vector_length<ExecutionSpace>());
+}
 
 /// The two families of kernel bodies. A kernel with a body per family keeps one entry point that
 /// passes BodyFor<ExecutionSpace>{} to its overloads, as Kokkos Kernels keeps one public call per

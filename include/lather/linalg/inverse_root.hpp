@@ -94,6 +94,13 @@ struct InverseRootSolver {
                                                const MatrixStack<const Scalar, memory_space>& matrices,
                                                const MatrixStack<Scalar, memory_space>& roots,
                                                const std::vector<RootTask>& tasks, const InverseRootOptions& options);
+  /// Newton as a device takes it on any space: the matrices of one size in lockstep chunks of
+  /// options.workspace_bytes, the power iteration one team per matrix. Lets the host suite test
+  /// the device's bookkeeping (slots stopping at different steps) and kernels.
+  static InverseRootResult solve_newton_lockstep(const ExecutionSpace& space,
+                                                 const MatrixStack<const Scalar, memory_space>& matrices,
+                                                 const MatrixStack<Scalar, memory_space>& roots,
+                                                 const std::vector<RootTask>& tasks, const InverseRootOptions& options);
 };
 
 /// numpy.random.RandomState(1729).uniform(-1, 1, n): the reference's power-iteration start.

@@ -83,7 +83,8 @@ class SlotList {
 /// Rounds a byte count up to a multiple of 8, so that every packed section is aligned for T.
 KOKKOS_INLINE_FUNCTION constexpr std::size_t align8(std::size_t bytes) { return (bytes + 7) / 8 * 8; }
 
-/// Runs op(i, j, k) over the leading size[k] square of every listed matrix: one team per entry.
+/// Runs op(i, j, k) over the leading size[k] square of every listed matrix: one team per entry,
+/// a row's columns on the vector lanes (coalesced on a device), each (i, j) by one lane.
 /// A free function, so that its lambda is device-safe under nvcc.
 template <class ExecutionSpace, class MemorySpace, class Op>
 void for_each_listed(const ExecutionSpace& space, const char* label, const SlotList<MemorySpace>& list, Op op) {
@@ -91,8 +92,7 @@ void for_each_listed(const ExecutionSpace& space, const char* label, const SlotL
   if (list.count() == 0) return;
   const auto sizes = list.sizes();
   Kokkos::parallel_for(
-      label, Kokkos::TeamPolicy<ExecutionSpace>(space, list.count(), Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member_type& member) {
+      label, ::lather::Impl::row_team_policy(space, list.count()), KOKKOS_LAMBDA(const member_type& member) {
         const int k = member.league_rank(), n = sizes(k);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), [&](int i) {
           Kokkos::parallel_for(Kokkos::ThreadVectorRange(member, n), [&](int j) { op(i, j, k); });
