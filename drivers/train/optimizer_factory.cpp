@@ -30,6 +30,10 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& spac
                                                        [&](const ParameterSpec& p) { return p.name == name; });
                                  }),
                   adamw.end());
+      // With weight shards a matrix's slices meet whole at one shard for the iteration, as sharded
+      // parameters' bands do; every replica does the same.
+      if (mesh.weight_shards() > 1)
+        return std::make_unique<optim::ShardedMuon<Space, float>>(space, parameters, muon, mesh.shards());
       return std::make_unique<optim::Muon<Space, float>>(space, parameters, muon, mesh.data_parallel());
     }
     case OptimizerKind::sgd:
@@ -55,9 +59,10 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_sharded_optimizer(const Spa
   if (o.optimizer == OptimizerKind::soap)
     return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), comm::Group(),
                                                        mesh.data_parallel());
+  // Muon's pieces: bands of rows over the replicas, with weight shards of each shard's slices, so
+  // over the whole mesh.
   if (o.optimizer == OptimizerKind::muon)
-    return std::make_unique<optim::ShardedMuon<Space, float>>(space, parameters, o.muon_options(),
-                                                              mesh.data_parallel());
+    return std::make_unique<optim::ShardedMuon<Space, float>>(space, parameters, o.muon_options(), mesh.world());
   // Each rank's own units: no group shares them.
   return make_optimizer(space, o, parameters, comm::Mesh());
 }

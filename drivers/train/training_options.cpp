@@ -247,8 +247,8 @@ void TrainOptions::validate() const {
     LATHER_REQUIRE(pipeline_stages == 1, "--shard-parameters shards the parameters of whole layers over the ",
                    "replicas; with --pipeline-stages ", pipeline_stages, " the stages hold them already");
     // Shampoo's bands of a weight shard's column slice are pieces cut along two axes, whose int8
-    // momentum would scale columns over rows that other ranks hold (SOAP and Muon refuse weight
-    // shards anyway).
+    // momentum would scale columns over rows that other ranks hold (SOAP refuses weight shards
+    // anyway).
     LATHER_REQUIRE(optimizer != OptimizerKind::shampoo || weight_shards == 1 ||
                        !shampoo_options().best_effort_memory_usage_reduction,
                    "--shard-parameters with --optimizer shampoo and --weight-shards ", weight_shards,
@@ -321,9 +321,8 @@ void TrainOptions::validate() const {
     }
   }
   // The optimizer's own options, each validated, so that a bad value is refused before any set-up.
-  LATHER_REQUIRE(weight_shards == 1 || (optimizer != OptimizerKind::soap && optimizer != OptimizerKind::muon),
-                 "--optimizer ", to_string(optimizer), " does not support --weight-shards ", weight_shards,
-                 " (use shampoo or a first-order optimizer)");
+  LATHER_REQUIRE(weight_shards == 1 || optimizer != OptimizerKind::soap, "--optimizer ", to_string(optimizer),
+                 " does not support --weight-shards ", weight_shards, " (use shampoo, muon or a first-order optimizer)");
   switch (optimizer) {
     case OptimizerKind::shampoo:
       (void)shampoo_options();

@@ -73,10 +73,11 @@ std::vector<MuonParameterPlan> plan_muon(const std::vector<ParameterSpec>& param
   for (std::size_t p = 0; p < parameters.size(); ++p) {
     const auto& shape = parameters[p].shape;
     auto& entry = plan[p];
-    // A split parameter (tensor parallelism) would need its shards' matrices joined first. A
-    // splittable one held whole (one weight shard) is an ordinary parameter.
+    // A split parameter (tensor parallelism) needs its shards' pieces joined first, which
+    // ShardedMuon does. A splittable one held whole (one weight shard) is an ordinary parameter.
     LATHER_REQUIRE(!parameters[p].split() || parameters[p].shape == parameters[p].global(), "Muon: parameter '",
-                   parameters[p].name, "' is split across weight shards, which Muon does not support");
+                   parameters[p].name, "' is split across weight shards; ShardedMuon takes the pieces of split ",
+                   "parameters");
     const bool adamw = forced.erase(parameters[p].name) > 0;
     if (shape.size() < 2 || adamw) continue;
     entry.matrix = true;

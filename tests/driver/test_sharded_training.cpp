@@ -1,7 +1,7 @@
 // lather-train --shard-parameters under mpiexec -n 8, on a small MLP and a slice of Fashion-MNIST:
 // the sharded run's loss curve over 50 steps is the replicated run's on 1, 2, 3, 4 and 8 ranks
 // (sub-communicators) for AdamW, Shampoo, SOAP and Muon, with weight shards 2 on 2, 4 and 8 (AdamW,
-// Shampoo) and with SGD for the first-order path, with accumulation; checkpoints of each optimizer
+// Shampoo, Muon) and with SGD for the first-order path, with accumulation; checkpoints of each optimizer
 // cross between sharded and replicated runs and rank counts; a failure on one rank in a sharded step or
 // evaluation is an error on every rank (ctest's timeout catches a hang).
 #include "mlp_runs.hpp"
@@ -53,9 +53,11 @@ TEST(ShardedTraining, LossCurveIsTheReplicatedRunsOnEveryRankCount) {
   // The matrix optimizers: Shampoo's and SOAP's rows of blocks, Muon's rows gathered to their owner.
   for (const char* optimizer : {"shampoo", "soap", "muon"})
     for (int ranks : {1, 2, 3, 4, 8}) runs.push_back({ranks, 1, ranks == 2 ? 2 : 1, optimizer});
-  // Shampoo with weight shards: bands of each shard's slices (of its column slices: pieces cut
-  // along two axes), its norms summed over the whole mesh.
-  for (int ranks : {2, 4, 8}) runs.push_back({ranks, 2, ranks == 8 ? 2 : 1, "shampoo"});
+  // With weight shards: Shampoo on bands of each shard's slices (of its column slices: pieces cut
+  // along two axes), its norms summed over the whole mesh; Muon's pieces, cut alike, gathered to
+  // each matrix's owner over the whole mesh.
+  for (const char* optimizer : {"shampoo", "muon"})
+    for (int ranks : {2, 4, 8}) runs.push_back({ranks, 2, ranks == 8 ? 2 : 1, optimizer});
   if (const char* only = std::getenv("LATHER_TEST_SHARDED_OPTIMIZER"))  // a quicker run of one optimizer
     runs.erase(
         std::remove_if(runs.begin(), runs.end(), [&](const Layout& l) { return l.optimizer != std::string(only); }),
@@ -136,13 +138,13 @@ TEST_P(Checkpoints, CrossBetweenShardedAndReplicatedRunsAndRankCounts) {
   }
 }
 
-// Each optimizer's state crosses: bands of rows (AdamW, Muon), Shampoo's statistics by their
-// number in the whole model (with weight shards: of each shard's slices, cut along two axes),
-// SOAP's blocks of each band in rank order.
+// Each optimizer's state crosses: bands of rows (AdamW, Muon; with weight shards, Muon's pieces of
+// each shard's slices), Shampoo's statistics by their number in the whole model (with weight
+// shards: of each shard's slices, cut along two axes), SOAP's blocks of each band in rank order.
 INSTANTIATE_TEST_SUITE_P(Optimizers, Checkpoints,
                          ::testing::Values(Chain{"adamw", 1, 2, {4, 2, 3}}, Chain{"shampoo", 1, 2, {4, 2, 3}},
                                            Chain{"soap", 1, 2, {4, 2, 3}}, Chain{"muon", 1, 2, {4, 2, 3}},
-                                           Chain{"shampoo", 2, 2, {4, 2, 8}}));
+                                           Chain{"shampoo", 2, 2, {4, 2, 8}}, Chain{"muon", 2, 2, {4, 2, 8}}));
 
 void fail_on_the_last_rank(const char* point) {
   static int calls = 0;

@@ -36,7 +36,8 @@ TEST(ShardedTransformer, LossCurveIsTheReplicatedRuns) {
   };
   for (const Layout l : {Layout{2, 1, 2, OptimizerKind::adamw}, Layout{4, 2, 1, OptimizerKind::adamw},
                          Layout{3, 1, 1, OptimizerKind::shampoo}, Layout{4, 2, 1, OptimizerKind::shampoo},
-                         Layout{2, 1, 1, OptimizerKind::soap}, Layout{4, 1, 2, OptimizerKind::muon}}) {
+                         Layout{2, 1, 1, OptimizerKind::soap}, Layout{4, 1, 2, OptimizerKind::muon},
+                         Layout{4, 2, 1, OptimizerKind::muon}}) {
     auto o = small_run();
     o.optimizer = l.optimizer;
     o.weight_shards = l.shards;

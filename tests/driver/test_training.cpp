@@ -47,15 +47,20 @@ TEST_P(RankCounts, LossCurveDoesNotDependOnRankCount) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, RankCounts, ::testing::Values("shampoo", "adam", "soap", "muon"));
 
+// Shampoo's blocks of each slice and Muon's slices gathered whole to their owner give the curve of
+// whole parameters.
 TEST(Training, WeightShardsMatchReplicas) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size != 4) GTEST_SKIP() << "needs 4 ranks";
-  auto o = small_run("shampoo");
-  const auto replicas = losses(o, MPI_COMM_WORLD, "shards1");
-  o.weight_shards = 2;
-  const auto sharded = losses(o, MPI_COMM_WORLD, "shards2");
-  if (world_rank() == 0) expect_same_curve(sharded, replicas, 1e-4, "--weight-shards 2 vs 1");
+  for (const char* optimizer : {"shampoo", "muon"}) {
+    auto o = small_run(optimizer);
+    const auto replicas = losses(o, MPI_COMM_WORLD, "shards1");
+    o.weight_shards = 2;
+    const auto sharded = losses(o, MPI_COMM_WORLD, "shards2");
+    if (world_rank() == 0)
+      expect_same_curve(sharded, replicas, 1e-4, std::string(optimizer) + ": --weight-shards 2 vs 1");
+  }
 }
 
 TEST(Training, AccumulationEqualsOneBigBatch) {

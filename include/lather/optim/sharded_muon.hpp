@@ -1,23 +1,27 @@
 #pragma once
-// Muon on sharded parameters (comm::ParameterShards): each rank of a group holds a band of rows of
-// every parameter, its gradient, and the state of those rows only -- the momentum of a matrix's
-// rows, AdamW's moments of the other parameters' rows -- so that the state falls as 1/P like the
-// first-order optimizers'. The Newton-Schulz iteration needs a matrix whole: each matrix has an
-// owner (greedy longest-processing-time on its cost, as the distributed Muon assigns them), to
-// which the ranks send their rows of the momentum's estimate, and from which they receive their
-// rows of the orthogonalized matrix; the whole matrix exists only there, in the iteration's
-// scratch. The numbers are Muon's (muon.hpp) on the whole parameters, bit for bit: the momentum
-// and AdamW are elementwise, and the owner orthogonalizes exactly the matrix one rank would.
+// Muon on pieces of its parameters: sharded parameters (comm::ParameterShards), where each rank of
+// a group holds a band of rows of every parameter, its gradient, and the state of those rows only
+// -- the momentum of a matrix's rows, AdamW's moments of the other parameters' rows -- so that the
+// state falls as 1/P like the first-order optimizers'; and weight shards (tensor parallelism),
+// whose slices are runs of a matrix's columns (or bands of those). The Newton-Schulz iteration
+// needs a matrix whole: each matrix has an owner (greedy longest-processing-time on its cost, as
+// the distributed Muon assigns them), to which the ranks send their pieces of the momentum's
+// estimate, and from which they receive their pieces of the orthogonalized matrix; the whole
+// matrix exists only there, in the iteration's scratch. The numbers are Muon's (muon.hpp) on the
+// whole parameters, bit for bit: the momentum and AdamW are elementwise, and the owner
+// orthogonalizes exactly the matrix one rank would.
 //
 //   lather::optim::ShardedMuon<Kokkos::DefaultExecutionSpace, float> muon(space, shards.slices().specs(),
 //                                                                       options, shards.group());
 //   muon.step(space, shards.slices());   // after ParameterShards::finish_step
 //
-// Per matrix and step: one exchange of rows to the owner, one agreement (a failure in the owner's
-// iteration is an error on every rank, before any rank's rows change), one exchange of rows back.
-// A NaN or Inf in any rank's gradient rows is refused on every rank before any state moves.
-// Checkpoints: state_arrays() gives each parameter's state as this rank's rows of the arrays Muon
-// writes (named alike), which a sharded run's checkpoint assembles into Muon's by the bands.
+// Per matrix and step: one exchange of pieces to the owner, one agreement (a failure in the
+// owner's iteration is an error on every rank, before any rank's piece changes), one exchange of
+// pieces back.
+// A NaN or Inf in any rank's gradient piece is refused on every rank before any state moves.
+// Checkpoints: state_arrays() gives each parameter's state as this rank's piece of the arrays Muon
+// writes (named alike, shaped as the piece), which a checkpoint assembles into Muon's as it
+// assembles the parameters.
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
 #error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
@@ -45,11 +49,13 @@ class ShardedMuon final : public Optimizer<ExecutionSpace, Scalar> {
   using typename Optimizer<ExecutionSpace, Scalar>::Tensors;
   using typename Optimizer<ExecutionSpace, Scalar>::memory_space;
 
-  /// `bands`: this rank's rows of every parameter, in the model's order -- a slice along axis 0 of
-  /// the whole tensor (split_axis 0, global_shape the whole; possibly without rows), or the whole
-  /// tensor. The ranks of `group` hold each tensor's rows between them, in rank order, or each the
+  /// `bands`: this rank's piece of every parameter, in the model's order -- a slice along axis 0
+  /// of the whole tensor (split_axis 0, global_shape the whole; possibly without rows), a slice
+  /// along axis 1 (a weight shard's columns, possibly a band of its rows: row_offset), or the
+  /// whole tensor. Between them the ranks of `group` hold each matrix once (pieces that several
+  /// ranks hold alike, such as a weight shard's slice on every replica, count once), or each the
   /// whole of it. Collective over `group`: the ranks agree on the whole parameters, the options
-  /// and the bands (a gap or an overlap is an error on every rank).
+  /// and the pieces (a gap or an overlap is an error on every rank).
   ShardedMuon(const ExecutionSpace& space, std::vector<ParameterSpec> bands, MuonOptions options,
               const comm::Group& group);
   ~ShardedMuon() override;
@@ -71,9 +77,9 @@ class ShardedMuon final : public Optimizer<ExecutionSpace, Scalar> {
 
   /// Implementation step. Public only because nvcc rejects an extended __host__ __device__ lambda
   /// (KOKKOS_LAMBDA) in a private or protected member function.
-  /// Matrix p's update from this rank's rows of its momentum estimate (in the band buffer), which
-  /// receives this rank's rows of the orthogonalized matrix.
-  void orthogonalize_rows(const ExecutionSpace& space, std::size_t p, long t);
+  /// Matrix p's update from this rank's piece of its momentum estimate (in the band buffer), which
+  /// receives this rank's piece of the orthogonalized matrix.
+  void orthogonalize_pieces(const ExecutionSpace& space, std::size_t p, long t);
 
  protected:
   void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;

@@ -21,23 +21,41 @@
 
 namespace lather::optim::Impl {
 
-/// What one rank keeps: its rows of every matrix's momentum and of every other parameter's AdamW
-/// moments; the Newton-Schulz scratch of the matrices it orthogonalizes (whose rows it gathers
-/// into it); one band of rows in flight.
+/// A rectangle of a matrix's 2-D view [rows, columns] (Muon's reading: shape[0] by the product of
+/// the rest): what one rank holds of the matrix. A band of rows is [first, first + rows) x all
+/// columns; a weight shard's slice along axis 1 is all rows (or a band of them) x a run of columns.
+struct MatrixPiece {
+  std::int64_t row = 0, rows = 0, column = 0, columns = 0;
+  std::int64_t elements() const { return rows * columns; }
+  bool operator==(const MatrixPiece& o) const {
+    return row == o.row && rows == o.rows && column == o.column && columns == o.columns;
+  }
+  bool overlaps(const MatrixPiece& o) const {
+    return elements() > 0 && o.elements() > 0 && row < o.row + o.rows && o.row < row + rows &&
+           column < o.column + o.columns && o.column < column + columns;
+  }
+};
+
+/// What one rank keeps: its piece of every matrix's momentum and of every other parameter's AdamW
+/// moments; the Newton-Schulz scratch of the matrices it orthogonalizes (whose pieces it gathers
+/// into it); one piece in flight, and at an owner the pieces of a matrix on their way in and out.
 template <class ExecutionSpace, class Scalar>
 struct ShardedMuonState {
   using memory_space = typename ExecutionSpace::memory_space;
   using Flat = Kokkos::View<Scalar*, memory_space>;
-  std::vector<Flat> momentum;                     // [parameter]: matrices, this rank's rows
-  std::vector<Flat> adam_mu, adam_nu;             // [parameter]: AdamW parameters, this rank's rows
-  std::vector<std::vector<std::size_t>> rows_of;  // [parameter][rank]: matrices held in bands
-  std::vector<char> whole_everywhere;             // [parameter]: every rank holds the matrix whole
+  std::vector<Flat> momentum;                    // [parameter]: matrices, this rank's piece
+  std::vector<Flat> adam_mu, adam_nu;            // [parameter]: AdamW parameters, this rank's piece
+  std::vector<std::vector<MatrixPiece>> pieces;  // [parameter][rank]: each rank's piece of a matrix
+  std::vector<std::vector<std::size_t>> sent;    // [parameter][rank]: elements it sends the owner
+  std::vector<char> whole_everywhere;            // [parameter]: every rank holds the matrix whole
+  std::vector<char> row_bands;                   // [parameter]: whole rows, once, in rank order
   NewtonSchulzWorkspace<ExecutionSpace, Scalar> ws;
-  Flat band;  // this rank's rows of one matrix: its momentum estimate out, its orthogonalized rows in
+  Flat band;     // this rank's piece of one matrix: its momentum estimate out, its orthogonalized piece in
+  Flat staging;  // at an owner: the pieces of a matrix not held in row bands, in rank order
 };
 
-/// Rows of `row_elements` values from every rank to every rank (Group::alltoallv of the Views,
-/// rows in rank order on both sides).
+/// Runs of `unit` values from every rank to every rank (Group::alltoallv of the Views, in rank
+/// order on both sides): rows of a matrix (unit: a row's elements), or whole pieces (unit 1).
 template <class ExecutionSpace, class Scalar>
 void exchange_rows(const ExecutionSpace& space, const comm::Group& group, const Scalar* send,
                    const std::vector<std::size_t>& send_rows, Scalar* receive,
@@ -49,6 +67,34 @@ void exchange_rows(const ExecutionSpace& space, const comm::Group& group, const 
   const auto unit = std::size_t(row_elements);
   group.alltoallv(space, Kokkos::View<const Scalar*, memory_space>(send, out * unit), send_rows,
                   Kokkos::View<Scalar*, memory_space>(receive, in * unit), receive_rows, unit);
+}
+
+/// A piece (row-major, piece.rows x piece.columns) into the whole matrix [rows, columns] at
+/// `whole`, row-major, or transposed ([columns, rows]) as the iteration takes a tall matrix.
+template <class ExecutionSpace, class Scalar>
+void place_piece(const ExecutionSpace& space, const Scalar* piece_values, const MatrixPiece& piece, Scalar* whole,
+                 std::int64_t rows, std::int64_t columns, bool transposed) {
+  const std::int64_t first_row = piece.row, first_column = piece.column, width = piece.columns;
+  Kokkos::parallel_for(
+      "Lather::ShardedMuon::place_piece", Kokkos::RangePolicy<ExecutionSpace>(space, 0, piece.elements()),
+      KOKKOS_LAMBDA(std::int64_t k) {
+        const std::int64_t i = first_row + k / width, j = first_column + k % width;
+        whole[transposed ? j * rows + i : i * columns + j] = piece_values[k];
+      });
+}
+
+/// A piece of the orthogonalized matrix (`result`: [rows, columns], or [columns, rows] when
+/// `transposed`) to `piece_values`, row-major.
+template <class ExecutionSpace, class Scalar, class Result>
+void take_piece(const ExecutionSpace& space, const Result& result, const MatrixPiece& piece, Scalar* piece_values,
+                bool transposed) {
+  const std::int64_t first_row = piece.row, first_column = piece.column, width = piece.columns;
+  Kokkos::parallel_for(
+      "Lather::ShardedMuon::take_piece", Kokkos::RangePolicy<ExecutionSpace>(space, 0, piece.elements()),
+      KOKKOS_LAMBDA(std::int64_t k) {
+        const std::int64_t i = first_row + k / width, j = first_column + k % width;
+        piece_values[k] = transposed ? result(j, i) : result(i, j);
+      });
 }
 
 }  // namespace lather::optim::Impl
@@ -67,21 +113,35 @@ ShardedMuon<ExecutionSpace, Scalar>::ShardedMuon(const ExecutionSpace& space, st
   const std::size_t count = this->m_parameters.size();
   const int ranks = m_group.size(), rank = m_group.rank();
   std::vector<ParameterSpec> whole(count);
-  std::vector<std::int64_t> mine(2 * count, 0);  // per parameter: this rank's first row and row count
+  constexpr std::size_t fields = 4;  // a piece: first row, rows, first column, columns
+  std::vector<std::int64_t> mine(fields * count, 0);
   // The plan and the state's allocation may fail on one rank only: agreed, with the check that the
   // ranks hold the same whole parameters and options, before any collective of a step.
   const std::string local_error = ::lather::Impl::local_failure("muon.construct", [&] {
     this->validate_parameters();
     m_options.validate();
     for (std::size_t p = 0; p < count; ++p) {
-      const auto& band = this->m_parameters[p];
-      whole[p].name = band.name;
-      whole[p].shape = band.global();
-      const bool held_whole = band.shape == band.global();
-      LATHER_REQUIRE(held_whole || band.split_axis == 0, "Muon on sharded parameters: parameter '", band.name,
-                     "' is a slice along axis ", band.split_axis, "; a band must be rows (axis 0) of the whole");
-      mine[2 * p] = held_whole ? 0 : band.split_offset;
-      mine[2 * p + 1] = band.shape.empty() ? 1 : band.shape[0];
+      const auto& piece = this->m_parameters[p];
+      whole[p].name = piece.name;
+      whole[p].shape = piece.global();
+      const auto& g = piece.global();
+      const std::int64_t rows = g.empty() ? 1 : g[0];
+      const std::int64_t columns = g.empty() ? 1 : element_count(g) / std::max<std::int64_t>(rows, 1);
+      std::int64_t* at = &mine[fields * p];
+      if (piece.shape == g) {
+        at[0] = 0, at[1] = rows, at[2] = 0, at[3] = columns;
+      } else if (piece.split_axis == 0) {
+        at[0] = piece.split_offset, at[1] = piece.shape[0], at[2] = 0, at[3] = columns;
+      } else {
+        // A slice along axis 1 is a run of the 2-D view's columns: each of its indices spans the
+        // product of the later dimensions.
+        LATHER_REQUIRE(piece.split_axis == 1, "Muon on sharded parameters: parameter '", piece.name,
+                       "' is a slice along axis ", piece.split_axis,
+                       "; a piece must be rows (axis 0) or columns (axis 1) of the whole");
+        const std::int64_t inner = g.size() > 2 ? element_count(TensorShape(g.begin() + 2, g.end())) : 1;
+        at[0] = piece.row_offset, at[1] = piece.shape[0];
+        at[2] = piece.split_offset * inner, at[3] = piece.shape[1] * inner;
+      }
     }
     m_plan = plan_muon(whole, m_options, ranks);
     st.momentum.resize(count);
@@ -100,39 +160,65 @@ ShardedMuon<ExecutionSpace, Scalar>::ShardedMuon(const ExecutionSpace& space, st
   });
   Impl::agree_on_construction(m_group, "Muon", whole, describe(), local_error);
 
-  // Every rank's rows of every matrix: they tile it in rank order, or every rank holds it whole.
+  // Every rank's piece of every matrix. The distinct pieces must tile the matrix once; a piece
+  // several ranks hold (weight shards' slices held by every replica, or parameters every shard
+  // holds) is sent to the owner by the first of them, and returned to each.
   std::vector<std::int64_t> all(mine.size() * std::size_t(ranks));
   m_group.allgather(mine.data(), mine.size(), all.data());
-  st.rows_of.assign(count, std::vector<std::size_t>(std::size_t(ranks), 0));
+  st.pieces.assign(count, std::vector<Impl::MatrixPiece>(std::size_t(ranks)));
+  st.sent.assign(count, std::vector<std::size_t>(std::size_t(ranks), 0));
   st.whole_everywhere.assign(count, 0);
-  std::int64_t wide = 0, gram = 0, band = 0;
+  st.row_bands.assign(count, 0);
+  std::int64_t wide = 0, gram = 0, band = 0, staging = 0;
   for (std::size_t p = 0; p < count; ++p) {
     const auto& plan = m_plan[p];
     if (!plan.matrix) continue;
-    bool everywhere = true, tiled = true;
-    std::int64_t next = 0;
+    auto& pieces = st.pieces[p];
     for (int r = 0; r < ranks; ++r) {
-      const std::int64_t first = all[std::size_t(r) * mine.size() + 2 * p];
-      const std::int64_t rows = all[std::size_t(r) * mine.size() + 2 * p + 1];
-      everywhere = everywhere && first == 0 && rows == plan.rows;
-      tiled = tiled && first == next;
-      next += rows;
-      st.rows_of[p][std::size_t(r)] = std::size_t(rows);
+      const std::int64_t* at = &all[std::size_t(r) * mine.size() + fields * p];
+      pieces[std::size_t(r)] = Impl::MatrixPiece{at[0], at[1], at[2], at[3]};
     }
-    tiled = tiled && next == plan.rows;
-    LATHER_REQUIRE(everywhere || tiled, "Muon on sharded parameters: the ranks' rows of '", whole[p].name,
-                   "' do not cover its ", plan.rows, " rows once in rank order");
+    bool everywhere = true, in_rows = true, inside = true, disjoint = true;
+    std::int64_t next_row = 0, covered = 0, to_owner = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const auto& piece = pieces[std::size_t(r)];
+      everywhere = everywhere && piece == Impl::MatrixPiece{0, plan.rows, 0, plan.columns};
+      in_rows = in_rows && piece.row == next_row && piece.column == 0 && piece.columns == plan.columns;
+      next_row += piece.rows;
+      inside = inside && piece.row >= 0 && piece.rows >= 0 && piece.row + piece.rows <= plan.rows &&
+               piece.column >= 0 && piece.columns >= 0 && piece.column + piece.columns <= plan.columns;
+      bool first_holder = piece.elements() > 0;
+      for (int q = 0; q < r && first_holder; ++q) first_holder = !(pieces[std::size_t(q)] == piece);
+      if (!first_holder) continue;
+      for (int q = 0; q < r; ++q) disjoint = disjoint && !piece.overlaps(pieces[std::size_t(q)]);
+      st.sent[p][std::size_t(r)] = std::size_t(piece.elements());
+      covered += piece.elements();
+      to_owner += piece.elements();
+    }
+    in_rows = in_rows && next_row == plan.rows;
+    LATHER_REQUIRE(everywhere || (inside && disjoint && covered == plan.rows * plan.columns),
+                   "Muon on sharded parameters: the ranks' pieces of '", whole[p].name, "' do not cover its ",
+                   plan.rows, " x ", plan.columns, " once");
     st.whole_everywhere[p] = everywhere;
+    st.row_bands[p] = !everywhere && in_rows;
     if (everywhere || plan.owner == rank) {
       wide = std::max(wide, plan.rows * plan.columns);
       gram = std::max(gram, std::min(plan.rows, plan.columns) * std::min(plan.rows, plan.columns));
     }
-    if (!everywhere) band = std::max(band, mine[2 * p + 1] * plan.columns);
+    if (!everywhere) band = std::max(band, pieces[std::size_t(rank)].elements());
+    if (!everywhere && !in_rows && plan.owner == rank) {
+      std::int64_t returned = 0;  // every rank's piece, duplicates included
+      for (const auto& piece : pieces) returned += piece.elements();
+      staging = std::max({staging, to_owner, returned});
+    }
   }
   m_group.run_agreed("Muon", [&] {
     ::lather::Impl::fault_point("muon.construct");
     st.ws.reserve(space, wide, gram);
     st.band = Flat(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Muon::band"), std::size_t(band));
+    if (staging > 0)
+      st.staging =
+          Flat(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Muon::staging"), std::size_t(staging));
   });
 }
 
@@ -175,19 +261,20 @@ void ShardedMuon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, c
       m_group.agree_on_failure(what, error);
       continue;
     }
-    const std::int64_t rows = std::int64_t(st.rows_of[p][std::size_t(m_group.rank())]);
-    Impl::muon_momentum(space, grads[p].data(), st.momentum[p].data(), st.band.data(), rows, cols, beta, one_beta, c,
+    const auto& piece = st.pieces[p][std::size_t(m_group.rank())];
+    const std::int64_t rows = piece.rows, width = piece.columns;
+    Impl::muon_momentum(space, grads[p].data(), st.momentum[p].data(), st.band.data(), rows, width, beta, one_beta, c,
                         c_next, o.nesterov, false);
-    orthogonalize_rows(space, p, t);
+    orthogonalize_pieces(space, p, t);
     Impl::muon_update(space, values[p].data(), static_cast<Scalar*>(nullptr),
-                      Impl::MuonMatrix<Scalar, memory_space>(st.band.data(), std::size_t(rows), std::size_t(cols)),
-                      rows, cols, lr, Impl::muon_scale<Scalar>(plan.rows, cols), Scalar(o.weight_decay), false);
+                      Impl::MuonMatrix<Scalar, memory_space>(st.band.data(), std::size_t(rows), std::size_t(width)),
+                      rows, width, lr, Impl::muon_scale<Scalar>(plan.rows, cols), Scalar(o.weight_decay), false);
   }
   ++m_step;
 }
 
 template <class ExecutionSpace, class Scalar>
-void ShardedMuon<ExecutionSpace, Scalar>::orthogonalize_rows(const ExecutionSpace& space, std::size_t p, long t) {
+void ShardedMuon<ExecutionSpace, Scalar>::orthogonalize_pieces(const ExecutionSpace& space, std::size_t p, long t) {
   auto& st = *m_state;
   const auto& o = m_options;
   const auto& plan = m_plan[p];
@@ -195,21 +282,45 @@ void ShardedMuon<ExecutionSpace, Scalar>::orthogonalize_rows(const ExecutionSpac
   const bool owns = rank == owner;
   const std::int64_t rows = plan.rows, cols = plan.columns;
   const bool transposed = rows > cols;
+  const bool in_rows = st.row_bands[p] != 0;
+  const auto& pieces = st.pieces[p];
   const std::vector<std::size_t> none(std::size_t(ranks), 0);
+  // Row bands travel in rows and meet at the owner as the whole row-major matrix: in the iterate
+  // itself when the iteration takes it as it lies, else in the other buffer, from which it is
+  // transposed. Other pieces travel whole (in elements) to the staging buffer, from which each is
+  // placed in the iterate, transposed or not.
+  const auto counts = [&](bool only_senders) {
+    std::vector<std::size_t> c(std::size_t(ranks), 0);
+    for (int r = 0; r < ranks; ++r) {
+      const auto& piece = pieces[std::size_t(r)];
+      c[std::size_t(r)] = in_rows        ? std::size_t(piece.rows)
+                          : only_senders ? st.sent[p][std::size_t(r)]
+                                         : std::size_t(piece.elements());
+    }
+    return c;
+  };
+  const std::int64_t unit = in_rows ? cols : 1;
+  const auto into_owner = counts(true);
   std::vector<std::size_t> to_owner = none;
-  to_owner[std::size_t(owner)] = st.rows_of[p][std::size_t(rank)];
-
-  // The rows meet at the owner as the whole row-major matrix: in the iterate itself when the
-  // iteration takes it as it lies, else in the other buffer, from which it is transposed.
-  Scalar* whole = owns ? (transposed ? st.ws.y.data() : st.ws.x.data()) : nullptr;
-  Impl::exchange_rows(space, m_group, st.band.data(), to_owner, whole, owns ? st.rows_of[p] : none, cols);
-  const Scalar* result_rows = nullptr;
+  to_owner[std::size_t(owner)] = into_owner[std::size_t(rank)];
+  Scalar* arriving = !owns ? nullptr : !in_rows ? st.staging.data() : transposed ? st.ws.y.data() : st.ws.x.data();
+  Impl::exchange_rows(space, m_group, st.band.data(), to_owner, arriving, owns ? into_owner : none, unit);
+  const Scalar* leaving = nullptr;
+  const auto returned = counts(false);
   const std::string error =
       owns
           ? ::lather::Impl::local_failure(
                 "muon.distributed_step",
                 [&] {
-                  if (transposed) {
+                  if (!in_rows) {
+                    std::int64_t at = 0;
+                    for (int r = 0; r < ranks; ++r) {
+                      if (into_owner[std::size_t(r)] == 0) continue;
+                      Impl::place_piece(space, st.staging.data() + at, pieces[std::size_t(r)], st.ws.x.data(), rows,
+                                        cols, transposed);
+                      at += std::int64_t(into_owner[std::size_t(r)]);
+                    }
+                  } else if (transposed) {
                     const Scalar* from = st.ws.y.data();
                     Scalar* to = st.ws.x.data();
                     Kokkos::parallel_for(
@@ -218,22 +329,32 @@ void ShardedMuon<ExecutionSpace, Scalar>::orthogonalize_rows(const ExecutionSpac
                   }
                   const auto result = Impl::orthogonalize_wide(space, st.ws, std::min(rows, cols), std::max(rows, cols),
                                                                o.ns_coefficients, o.ns_steps, o.epsilon);
-                  result_rows = result.data();
+                  if (!in_rows) {
+                    // Every rank's piece, in rank order, duplicates included.
+                    std::int64_t at = 0;
+                    for (int r = 0; r < ranks; ++r) {
+                      Impl::take_piece(space, result, pieces[std::size_t(r)], st.staging.data() + at, transposed);
+                      at += pieces[std::size_t(r)].elements();
+                    }
+                    leaving = st.staging.data();
+                    return;
+                  }
+                  leaving = result.data();
                   if (!transposed) return;
                   // Back to rows, in the buffer the result is not in.
                   Scalar* to = result.data() == st.ws.x.data() ? st.ws.y.data() : st.ws.x.data();
                   Kokkos::parallel_for(
                       "Lather::ShardedMuon::transpose_out", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows * cols),
                       KOKKOS_LAMBDA(std::int64_t k) { to[k] = result(k % cols, k / cols); });
-                  result_rows = to;
+                  leaving = to;
                 })
           : std::string();
-  // A failure at the owner is an error on every rank before any rank's rows change.
+  // A failure at the owner is an error on every rank before any rank's piece changes.
   m_group.agree_on_failure("Muon::step " + std::to_string(t), error);
   std::vector<std::size_t> from_owner = none;
-  from_owner[std::size_t(owner)] = st.rows_of[p][std::size_t(rank)];
-  Impl::exchange_rows(space, m_group, owns ? result_rows : st.band.data(), owns ? st.rows_of[p] : none, st.band.data(),
-                      from_owner, cols);
+  from_owner[std::size_t(owner)] = returned[std::size_t(rank)];
+  Impl::exchange_rows(space, m_group, owns ? leaving : st.band.data(), owns ? returned : none, st.band.data(),
+                      from_owner, unit);
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -243,7 +364,7 @@ StateMemoryReport ShardedMuon<ExecutionSpace, Scalar>::memory_report() const {
   for (std::size_t p = 0; p < m_plan.size(); ++p)
     r.local_bytes +=
         std::int64_t((st.momentum[p].size() + st.adam_mu[p].size() + st.adam_nu[p].size()) * sizeof(Scalar));
-  r.workspace_bytes = st.ws.bytes() + std::int64_t(st.band.size() * sizeof(Scalar));
+  r.workspace_bytes = st.ws.bytes() + std::int64_t((st.band.size() + st.staging.size()) * sizeof(Scalar));
   return r;
 }
 
