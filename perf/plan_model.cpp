@@ -139,11 +139,20 @@ Prediction predict(const ModelCosts& c, const Network& net, const Layout& l, dou
     out.exposed = out.reduction;
   }
   // The optimizer on this rank's tensors; a distributed step splits it over the replicas and
-  // all-gathers the new values.
-  const double local_optimizer = c.optimizer_seconds / (double(S) * P);
-  out.optimizer = c.distributed_step && R > 1 ? local_optimizer * largest_share(c.optimizer_unit_costs, R) +
-                                                    allgather_seconds(net, R, gradient_bytes)
-                                              : local_optimizer;
+  // all-gathers the new values. Muon with weight shards (optim::ShardedMuon over each replica's
+  // shards) orthogonalizes each matrix whole on one shard: the shards split whole matrices, each
+  // matrix's slices travel to its owner and back, and every replica does the same.
+  const bool whole_matrices = S > 1 && c.sharded_matrix_exchanges > 0;
+  const double local_optimizer =
+      whole_matrices
+          ? c.optimizer_seconds / P * largest_share(c.optimizer_unit_costs, S) +
+                2.0 * (c.sharded_matrix_exchanges * net.alpha + double(S - 1) / S * c.sharded_matrix_bytes * net.beta) /
+                    P
+          : c.optimizer_seconds / (double(S) * P);
+  out.optimizer =
+      c.distributed_step && R > 1 && !whole_matrices
+          ? local_optimizer * largest_share(c.optimizer_unit_costs, R) + allgather_seconds(net, R, gradient_bytes)
+          : local_optimizer;
   // The reducer's agreement and the step's loss sums: two small all-reduces over the replicas.
   const double agreements = 2.0 * allreduce_seconds(net, R, 8.0);
   out.step = out.compute + out.tensor_parallel + out.pipeline + out.exposed + out.optimizer + agreements;

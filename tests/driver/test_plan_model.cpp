@@ -153,6 +153,29 @@ TEST(PlanModel, ShardedLayersGatherTheirTensorsAndShardedMuonExchangesItsMatrice
   EXPECT_DOUBLE_EQ(predict(c, net, l, 32).optimizer, 4e-3);
 }
 
+// Muon with weight shards: each matrix whole on one shard of the replica, so the shards split
+// whole matrices ({3, 1, 1, 1} over 2: half the work) and each matrix's slices go to its owner
+// and back; every replica does the same, so no distributed step over the replicas.
+TEST(PlanModel, MuonWithWeightShardsSplitsWholeMatricesOverTheShards) {
+  auto c = costs();
+  c.distributed_step = true;
+  c.optimizer_unit_costs = {3, 1, 1, 1};
+  c.sharded_matrix_exchanges = 4;
+  c.sharded_matrix_bytes = 3e6;
+  Layout l;
+  l.replicas = 2;
+  l.shards = 2;
+  EXPECT_NEAR(predict(c, net, l, 32).optimizer, 4e-3 * 0.5 + 2 * (4 * net.alpha + 0.5 * 3e6 * net.beta), 1e-15);
+  l.stages = 2;  // each stage's half of the matrices
+  EXPECT_NEAR(predict(c, net, l, 32).optimizer, (4e-3 / 2 * 0.5 + 2 * (4 * net.alpha + 0.5 * 3e6 * net.beta) / 2),
+              1e-15);
+  // Without weight shards Muon is a distributed step over the replicas, as before.
+  l.stages = 1;
+  l.shards = 1;
+  EXPECT_DOUBLE_EQ(predict(c, net, l, 32).optimizer,
+                   4e-3 * largest_share({3, 1, 1, 1}, 2) + allgather_seconds(net, 2, 4.0 * c.parameters));
+}
+
 TEST(PlanModel, TheOptimizerTakesTheMostLoadedRanksShareOfWholeUnits) {
   // Greedy longest-processing-time: {3, 1, 1, 1} on 2 ranks is 3 | 1 1 1, on 4 ranks 3 | 1 | 1 | 1.
   EXPECT_DOUBLE_EQ(largest_share({3, 1, 1, 1}, 2), 0.5);
