@@ -18,8 +18,11 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_optimizer(const Space& spac
     case OptimizerKind::shampoo:
       return std::make_unique<optim::Shampoo<Space, float>>(space, parameters, o.shampoo_options(), mesh);
     // SOAP splits its blocks, Muon its matrices, over the replicas of the data-parallel group.
+    // With weight shards SOAP keeps the blocks inside each shard's slices and sums its update
+    // norms over the shards.
     case OptimizerKind::soap:
-      return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), mesh.data_parallel());
+      return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), mesh.data_parallel(),
+                                                         mesh.weight_shards() > 1 ? mesh.shards() : comm::Group());
     case OptimizerKind::muon: {
       // A pipeline stage holds some of the model's tensors: its Muon names only those for AdamW.
       auto muon = o.muon_options();
@@ -58,7 +61,7 @@ std::unique_ptr<optim::Optimizer<Space, float>> make_sharded_optimizer(const Spa
                                                           mesh.world());
   if (o.optimizer == OptimizerKind::soap)
     return std::make_unique<optim::Soap<Space, float>>(space, parameters, o.soap_options(), comm::Group(),
-                                                       mesh.data_parallel());
+                                                       mesh.world());
   // Muon's pieces: bands of rows over the replicas, with weight shards of each shard's slices, so
   // over the whole mesh.
   if (o.optimizer == OptimizerKind::muon)

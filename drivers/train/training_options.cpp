@@ -247,8 +247,7 @@ void TrainOptions::validate() const {
     LATHER_REQUIRE(pipeline_stages == 1, "--shard-parameters shards the parameters of whole layers over the ",
                    "replicas; with --pipeline-stages ", pipeline_stages, " the stages hold them already");
     // Shampoo's bands of a weight shard's column slice are pieces cut along two axes, whose int8
-    // momentum would scale columns over rows that other ranks hold (SOAP refuses weight shards
-    // anyway).
+    // momentum would scale columns over rows that other ranks hold (SOAP quantizes whole blocks).
     LATHER_REQUIRE(optimizer != OptimizerKind::shampoo || weight_shards == 1 ||
                        !shampoo_options().best_effort_memory_usage_reduction,
                    "--shard-parameters with --optimizer shampoo and --weight-shards ", weight_shards,
@@ -321,8 +320,10 @@ void TrainOptions::validate() const {
     }
   }
   // The optimizer's own options, each validated, so that a bad value is refused before any set-up.
-  LATHER_REQUIRE(weight_shards == 1 || optimizer != OptimizerKind::soap, "--optimizer ", to_string(optimizer),
-                 " does not support --weight-shards ", weight_shards, " (use shampoo, muon or a first-order optimizer)");
+  LATHER_REQUIRE(optimizer != OptimizerKind::soap || weight_shards == 1 || (checkpoint_dir.empty() && !resume),
+                 "--optimizer soap with --weight-shards ", weight_shards,
+                 " cannot write or resume checkpoints yet (drop --checkpoint-dir and --resume, or train without "
+                 "--weight-shards)");
   switch (optimizer) {
     case OptimizerKind::shampoo:
       (void)shampoo_options();

@@ -24,6 +24,21 @@ TensorShape merge_small_dims(const TensorShape& shape, std::int64_t max_dim) {
   return merged;
 }
 
+std::pair<TensorShape, int> merge_small_dims_around(const TensorShape& shape, int split_axis, std::int64_t max_dim) {
+  LATHER_REQUIRE(split_axis >= 0 && split_axis < int(shape.size()), "merge_small_dims_around: split axis ", split_axis,
+                 " of a shape of rank ", shape.size());
+  const auto merge_part = [&](TensorShape part) {
+    if (std::all_of(part.begin(), part.end(), [](std::int64_t d) { return d == 1; })) return TensorShape{};
+    return merge_small_dims(part, max_dim);
+  };
+  TensorShape out = merge_part(TensorShape(shape.begin(), shape.begin() + split_axis));
+  const int split = int(out.size());
+  out.push_back(shape[std::size_t(split_axis)]);
+  const TensorShape after = merge_part(TensorShape(shape.begin() + split_axis + 1, shape.end()));
+  out.insert(out.end(), after.begin(), after.end());
+  return {out, split};
+}
+
 std::int64_t Block::elements() const {
   std::int64_t n = 1;
   for (auto s : size) n *= s;

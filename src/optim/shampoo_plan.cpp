@@ -9,26 +9,14 @@ namespace lather::optim::Impl {
 
 namespace {
 
-/// merge_small_dims of a part of a shape: a part of all ones merges to nothing.
-TensorShape merge_part(const TensorShape& part, std::int64_t max_dim) {
-  if (std::all_of(part.begin(), part.end(), [](std::int64_t d) { return d == 1; })) return {};
-  return merge_small_dims(part, max_dim);
-}
-
 /// The reference's shape interpretation, except that a split parameter keeps its split axis as a
-/// dimension of its own, merging the dimensions before and after it separately: the same rule for
-/// the whole tensor and for a slice makes their blocks line up. Returns the interpreted shape and
-/// where the split axis landed (-1: not split).
+/// dimension of its own (merge_small_dims_around). Returns the interpreted shape and where the
+/// split axis landed (-1: not split).
 std::pair<TensorShape, int> interpret(const TensorShape& shape, int split_axis, const ShampooOptions& options) {
   if (!options.best_effort_shape_interpretation) return {shape, split_axis};
   const auto max_dim = options.merge_small_dims_block_size;
   if (split_axis < 0) return {merge_small_dims(shape, max_dim), -1};
-  TensorShape out = merge_part(TensorShape(shape.begin(), shape.begin() + split_axis), max_dim);
-  const int split = int(out.size());
-  out.push_back(shape[split_axis]);
-  const TensorShape after = merge_part(TensorShape(shape.begin() + split_axis + 1, shape.end()), max_dim);
-  out.insert(out.end(), after.begin(), after.end());
-  return {out, split};
+  return merge_small_dims_around(shape, split_axis, max_dim);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <lather/core/error.hpp>
 #include <lather/optim/impl/shampoo_plan.hpp>
+#include <lather/optim/impl/soap_reading.hpp>
 #include <lather/optim/partition.hpp>
 
 #include <algorithm>
@@ -61,32 +62,33 @@ std::vector<comm::ShardLayout> soap_shard_layouts(const std::vector<ParameterSpe
                                                   const SoapOptions& options) {
   std::vector<comm::ShardLayout> layouts;
   for (const auto& spec : parameters) {
-    LATHER_REQUIRE(!spec.split() || spec.shape == spec.global(), "SOAP: parameter '", spec.name,
-                   "' is a weight shard's slice; sharded parameters take whole tensors");
+    LATHER_REQUIRE(!spec.row_band() && !spec.band_of_whole, "SOAP: parameter '", spec.name,
+                   "' is already a band of rows; sharded parameters cut whole tensors or weight shards' slices");
     comm::ShardLayout layout;
-    if (spec.shape.empty() || spec.shape.front() == 0) {  // a scalar: no rows to split
+    if (spec.shape.empty() || spec.shape.front() == 0) {  // a scalar, or a slice of no rows: nothing to split
       layout.replicated = spec.shape.empty();
       layout.unit_rows = 1;
       layouts.push_back(layout);
       continue;
     }
-    // SOAP's reading (Soap's constructor): merged, then blocked. Its first dimension holds the
-    // rows, merged with the small dimensions after them (`inner` elements per row); bands are cut
-    // where its blocks are.
-    const TensorShape merged = options.merge_small_dims_block_size > 0
-                                   ? merge_small_dims(spec.shape, options.merge_small_dims_block_size)
-                                   : spec.shape;
-    const BlockPartition partition(merged, options.block_size);
-    const std::int64_t inner = merged.front() / spec.shape.front();
+    // SOAP's reading (Soap's constructor, soap_reading.hpp): merged, then blocked; a weight
+    // shard's slice is read as the whole tensor with its split axis kept apart, and holds the
+    // blocks inside it. The reading's first dimension holds the rows, merged with the small
+    // dimensions after them (`inner` elements per row); bands are cut where its blocks are.
+    const Impl::SoapReading reading = Impl::soap_reading(spec, options.merge_small_dims_block_size, true);
+    const BlockPartition partition(reading.shape, options.block_size);
+    const std::int64_t inner = reading.shape.front() / spec.global().front();
     const std::int64_t extent = partition.split_sizes().front().front();
     layout.unit_rows = std::lcm(extent, inner) / inner;
     // The cost balanced is memory, in floats: a value, its gradient, the two moments and three
     // buffers of the step per element, and a factor and a basis (n x n) per factored dimension of
-    // each block of the first row of blocks.
+    // each block of the slice's first row of blocks.
+    const auto& merged = reading.shape;
     const bool rank_ok = merged.size() >= 2 || (merged.size() == 1 && options.precondition_1d);
-    const std::int64_t first_rows_end = layout.unit_rows * inner;
-    for (const auto& block : partition.blocks()) {
-      if (block.offset.front() >= first_rows_end) continue;
+    const std::int64_t first_rows_end = reading.held.front().first + layout.unit_rows * inner;
+    for (const auto& whole_block : partition.blocks()) {
+      Block block = whole_block;
+      if (whole_block.offset.front() >= first_rows_end || !reading.place(block, spec.name)) continue;
       layout.unit_cost += 7.0 * double(block.elements());
       for (std::size_t d = 0; d < block.size.size(); ++d)
         if (rank_ok && merged[d] <= options.max_precond_dim)

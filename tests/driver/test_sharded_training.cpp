@@ -1,7 +1,8 @@
 // lather-train --shard-parameters under mpiexec -n 8, on a small MLP and a slice of Fashion-MNIST:
 // the sharded run's loss curve over 50 steps is the replicated run's on 1, 2, 3, 4 and 8 ranks
-// (sub-communicators) for AdamW, Shampoo, SOAP and Muon, with weight shards 2 on 2, 4 and 8 (AdamW,
-// Shampoo, Muon) and with SGD for the first-order path, with accumulation; checkpoints of each optimizer
+// (sub-communicators) for AdamW, Shampoo, SOAP and Muon, also with weight shards 2 on 2, 4 and 8,
+// and with SGD for the first-order path, with accumulation; checkpoints of each optimizer (with weight
+// shards: AdamW, Shampoo and Muon; SOAP refuses them)
 // cross between sharded and replicated runs and rank counts; a failure on one rank in a sharded step or
 // evaluation is an error on every rank (ctest's timeout catches a hang).
 #include "mlp_runs.hpp"
@@ -53,10 +54,10 @@ TEST(ShardedTraining, LossCurveIsTheReplicatedRunsOnEveryRankCount) {
   // The matrix optimizers: Shampoo's and SOAP's rows of blocks, Muon's rows gathered to their owner.
   for (const char* optimizer : {"shampoo", "soap", "muon"})
     for (int ranks : {1, 2, 3, 4, 8}) runs.push_back({ranks, 1, ranks == 2 ? 2 : 1, optimizer});
-  // With weight shards: Shampoo on bands of each shard's slices (of its column slices: pieces cut
-  // along two axes), its norms summed over the whole mesh; Muon's pieces, cut alike, gathered to
-  // each matrix's owner over the whole mesh.
-  for (const char* optimizer : {"shampoo", "muon"})
+  // With weight shards: Shampoo and SOAP on bands of each shard's slices (of its column slices:
+  // pieces cut along two axes), their norms summed over the whole mesh; Muon's pieces, cut alike,
+  // gathered to each matrix's owner over the whole mesh.
+  for (const char* optimizer : {"shampoo", "soap", "muon"})
     for (int ranks : {2, 4, 8}) runs.push_back({ranks, 2, ranks == 8 ? 2 : 1, optimizer});
   if (const char* only = std::getenv("LATHER_TEST_SHARDED_OPTIMIZER"))  // a quicker run of one optimizer
     runs.erase(

@@ -37,13 +37,13 @@ TEST(ShardedTransformer, LossCurveIsTheReplicatedRuns) {
   for (const Layout l : {Layout{2, 1, 2, OptimizerKind::adamw}, Layout{4, 2, 1, OptimizerKind::adamw},
                          Layout{3, 1, 1, OptimizerKind::shampoo}, Layout{4, 2, 1, OptimizerKind::shampoo},
                          Layout{2, 1, 1, OptimizerKind::soap}, Layout{4, 1, 2, OptimizerKind::muon},
-                         Layout{4, 2, 1, OptimizerKind::muon}}) {
+                         Layout{4, 2, 1, OptimizerKind::soap}, Layout{4, 2, 1, OptimizerKind::muon}}) {
     auto o = small_run();
     o.optimizer = l.optimizer;
     o.weight_shards = l.shards;
     o.accumulate = l.accumulate;
     // Blocks inside the shards' slices, as lather-train chooses them.
-    if (l.optimizer == OptimizerKind::shampoo)
+    if (l.optimizer == OptimizerKind::shampoo || l.optimizer == OptimizerKind::soap)
       o.shampoo = {"block_size=" + std::to_string(lather::train::transformer_block_size(o.d_model, l.shards))};
     const std::string what = std::to_string(l.ranks) + " ranks, weight shards " + std::to_string(l.shards) +
                              ", accumulate " + std::to_string(l.accumulate) + ", " + to_string(l.optimizer);

@@ -11,17 +11,16 @@
 #include <lather/optim/muon.hpp>
 #include <lather/optim/sharded_muon.hpp>
 
+#include "common/pieces.hpp"
 #include "common/row_bands.hpp"
 #include "common/state_bytes.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
-#include <utility>
 
 namespace {
 
@@ -96,108 +95,36 @@ TEST(ShardedMuon, EqualsMuonOnTheWholeParametersAndRestores) {
   r.expect_rows_equal("after restoring and 5 more steps");
 }
 
-/// A rectangle of a parameter's 2-D view [shape[0], product of the rest] that this rank holds.
-struct Piece {
-  std::int64_t row = 0, rows = 0, column = 0, columns = 0;
-};
-
 /// The pieces weight shards and sharded parameters give Muon together: the ranks are replicas x
 /// shards (shard = rank % shards, two shards on an even group); a matrix's columns (axis 1) are
 /// cut over the shards and each slice's rows over the replicas (pieces cut along two axes, some
 /// without rows); "tall" is cut over the shards only, so every replica holds its shard's slice (a
 /// piece several ranks hold alike); "dense" is cut in rows over every rank; the scalar and
 /// `held_everywhere` are whole; the bias is cut over the shards.
-struct PieceProblem {
-  ParameterList<float, Mem> whole, mine;
-  std::vector<Piece> pieces;
-
-  static std::int64_t rows_of(const ParameterSpec& s) { return s.shape.empty() ? 1 : s.shape[0]; }
-  static std::int64_t columns_of(const ParameterSpec& s) {
-    return s.shape.empty() ? 1 : element_count(s.shape) / std::max<std::int64_t>(rows_of(s), 1);
+test::PieceProblem<Mem> muon_pieces(const comm::Group& group) {
+  const int shards = group.size() % 2 == 0 ? 2 : 1, replicas = group.size() / shards;
+  const int shard = group.rank() % shards, replica = group.rank() / shards;
+  std::vector<test::Cut> cuts;
+  for (const auto& spec : whole_specs()) {
+    if (spec.shape.empty() || spec.name == held_everywhere)
+      cuts.push_back(test::Cut::whole());
+    else if (spec.name == "dense")
+      cuts.push_back(test::Cut::band(group.rank(), group.size(), 1));
+    else if (spec.shape.size() == 1)
+      cuts.push_back(test::Cut::slice(0, shard, shards));
+    else if (spec.name == "tall")
+      cuts.push_back(test::Cut::slice(1, shard, shards));
+    else
+      cuts.push_back(test::Cut::slice(1, shard, shards).rows_of(replica, replicas, 1));
   }
-
-  static std::pair<std::vector<ParameterSpec>, std::vector<Piece>> cut(const comm::Group& group) {
-    const int shards = group.size() % 2 == 0 ? 2 : 1, replicas = group.size() / shards;
-    const int shard = group.rank() % shards, replica = group.rank() / shards;
-    const auto share = [](std::int64_t n, int part, int parts) {
-      return std::make_pair(n * part / parts, n * (part + 1) / parts - n * part / parts);
-    };
-    std::vector<ParameterSpec> specs;
-    std::vector<Piece> pieces;
-    for (auto spec : whole_specs()) {
-      Piece piece{0, rows_of(spec), 0, columns_of(spec)};
-      if (spec.shape.empty() || spec.name == held_everywhere) {
-        // whole
-      } else if (spec.name == "dense") {
-        const auto [first, rows] = share(spec.shape[0], group.rank(), group.size());
-        spec.global_shape = spec.shape;
-        spec.split_axis = 0;
-        spec.split_offset = first;
-        spec.band_of_whole = true;
-        spec.shape[0] = rows;
-        piece.row = first, piece.rows = rows;
-      } else if (spec.shape.size() == 1) {
-        const auto [first, count] = share(spec.shape[0], shard, shards);
-        spec.global_shape = spec.shape;
-        spec.split_axis = 0;
-        spec.split_offset = first;
-        spec.shape[0] = count;
-        piece.row = first, piece.rows = count;
-      } else {
-        const std::int64_t inner = columns_of(spec) / spec.shape[1];
-        const auto [first_column, width] = share(spec.shape[1], shard, shards);
-        const auto [first_row, rows] = spec.name == "tall" ? std::make_pair(std::int64_t(0), spec.shape[0])
-                                                           : share(spec.shape[0], replica, replicas);
-        spec.global_shape = spec.shape;
-        spec.split_axis = 1;
-        spec.split_offset = first_column;
-        spec.row_offset = first_row;
-        spec.shape[0] = rows;
-        spec.shape[1] = width;
-        piece = Piece{first_row, rows, first_column * inner, width * inner};
-      }
-      specs.push_back(spec);
-      pieces.push_back(piece);
-    }
-    return {specs, pieces};
-  }
-
-  explicit PieceProblem(const comm::Group& group)
-      : whole(Space(), whole_specs()), mine(Space(), cut(group).first), pieces(cut(group).second) {
-    for (std::size_t p = 0; p < whole.size(); ++p) {
-      std::vector<float> v(whole.value(p).extent(0));
-      for (std::size_t k = 0; k < v.size(); ++k) v[k] = float(std::cos(0.23 * double(k + 1) + 0.7 * double(p)));
-      whole.set_value(Space(), p, v);
-      mine.set_value(Space(), p, piece_of(v, p));
-    }
-  }
-  std::vector<float> piece_of(const std::vector<float>& values, std::size_t p) const {
-    const auto& piece = pieces[p];
-    const std::int64_t columns = columns_of(whole.spec(p));
-    std::vector<float> out;
-    for (std::int64_t i = piece.row; i < piece.row + piece.rows; ++i)
-      for (std::int64_t j = piece.column; j < piece.column + piece.columns; ++j)
-        out.push_back(values[std::size_t(i * columns + j)]);
-    return out;
-  }
-  void set_gradients(int t) const {
-    for (std::size_t p = 0; p < whole.size(); ++p) {
-      const auto x = whole.host_value(Space(), p);
-      std::vector<float> g(x.size());
-      for (std::size_t k = 0; k < g.size(); ++k)
-        g[k] = float(0.1 * double(x[k]) + std::sin(0.37 * double(k + 1) + 1.3 * double(t + 1) + 0.61 * double(p)));
-      Kokkos::deep_copy(whole.gradient(p), Kokkos::View<const float*, Kokkos::HostSpace>(g.data(), g.size()));
-      const auto part = piece_of(g, p);
-      Kokkos::deep_copy(mine.gradient(p), Kokkos::View<const float*, Kokkos::HostSpace>(part.data(), part.size()));
-    }
-  }
-};
+  return test::PieceProblem<Mem>(whole_specs(), cuts);
+}
 
 // On the pieces of weight shards and sharded parameters together, ShardedMuon steps as Muon does on
 // the whole parameters, bit for bit, and its state arrays are its pieces of Muon's.
 TEST(ShardedMuon, EqualsMuonOnPiecesCutAlongTwoAxes) {
   const comm::Group world(MPI_COMM_WORLD);
-  const PieceProblem r(world);
+  const auto r = muon_pieces(world);
   Muon<Space, float> alone(Space(), r.whole, options());
   ShardedMuon<Space, float> sharded(Space(), r.mine.specs(), options(), world);
   for (int t = 0; t < 7; ++t) {
@@ -205,8 +132,7 @@ TEST(ShardedMuon, EqualsMuonOnPiecesCutAlongTwoAxes) {
     alone.step(Space(), r.whole);
     sharded.step(Space(), r.mine);
   }
-  for (std::size_t p = 0; p < r.whole.size(); ++p)
-    EXPECT_EQ(r.mine.host_value(Space(), p), r.piece_of(r.whole.host_value(Space(), p), p)) << r.whole.spec(p).name;
+  r.expect_pieces_equal("after 7 steps");
   const auto want = alone.state_arrays(Space());
   const auto got = sharded.state_arrays(Space());
   ASSERT_EQ(got.size(), want.size());
@@ -216,7 +142,7 @@ TEST(ShardedMuon, EqualsMuonOnPiecesCutAlongTwoAxes) {
     const auto bytes = test::state_bytes(want[i]);
     std::vector<float> values(bytes.size() / sizeof(float));
     std::memcpy(values.data(), bytes.data(), bytes.size());
-    const auto piece = r.piece_of(values, std::size_t(want[i].parameter));
+    const auto piece = r.piece(values, std::size_t(want[i].parameter));
     std::vector<char> expected(piece.size() * sizeof(float));
     std::memcpy(expected.data(), piece.data(), expected.size());
     EXPECT_EQ(test::state_bytes(got[i]), expected) << got[i].name;

@@ -11,6 +11,7 @@
 #include <lather/core/tensor.hpp>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace lather::optim {
@@ -19,6 +20,13 @@ namespace lather::optim {
 /// product stays <= max_dim; dimensions of size 1 vanish; all-ones becomes [1].
 /// [1, 2, 512, 1, 2048, 1, 3, 4] with max_dim 1024 -> [1024, 2048, 12].
 TensorShape merge_small_dims(const TensorShape& shape, std::int64_t max_dim);
+
+/// merge_small_dims of a tensor split along `split_axis` (a weight shard's slice, or the whole
+/// tensor it is a slice of): the split axis stays a dimension of its own, and the dimensions
+/// before and after it merge separately (a run of ones merges to nothing), so the whole tensor and
+/// each slice are read alike and their blocks line up. Returns the merged shape and where the
+/// split axis landed in it. [4, 6, 32, 3, 3] split at 2 with max_dim 64 -> ([24, 32, 9], 1).
+std::pair<TensorShape, int> merge_small_dims_around(const TensorShape& shape, int split_axis, std::int64_t max_dim);
 
 /// One block of a partitioned tensor.
 struct Block {

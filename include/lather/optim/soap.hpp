@@ -53,6 +53,15 @@
 // flag too), block by block in the whole tensor's order, so the trajectory is the same bits as on
 // the whole parameters. A band that cuts a block is an error naming the parameter.
 //
+// Weight shards (tensor parallelism), with `shards` the ranks that hold a tensor's slices: a slice
+// along axis 0 is read as rows of the whole tensor, as a band is; a slice along a later axis (and
+// a band of rows of one) is read as the whole tensor with its split axis kept apart from the
+// dimensions around it (merge_small_dims_around, as Shampoo reads weight shards), and holds the
+// blocks inside it. Its update norm sums over the shards as a band's does. The state of weight
+// shards' slices cannot be checkpointed yet: state_arrays refuses a slice along a later axis, and
+// the arrays of slices along axis 0 are not the whole tensor's (lather-train refuses checkpoints
+// of SOAP with --weight-shards).
+//
 // Locally, a rank's blocks of one shape and factor layout (a "shape class") are consecutive in its
 // packed buffers, and their factors and bases of one dimension are consecutive matrices: the
 // factor updates and the rotations of a class are one strided-batched GEMM per dimension.
@@ -262,6 +271,9 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   /// Per parameter: whether this rank's block sums enter the sum over the shards (not for a
   /// parameter every shard holds whole, but on the first).
   std::vector<char> m_sums_counted;
+  /// The first parameter that is a weight shard's slice along a later axis than 0 (or a band of
+  /// one), whose blocks the state arrays cannot place in the whole tensor's: "" when none.
+  std::string m_slice_name;
   std::vector<BlockInfo> m_blocks;                                         // all parameters, in order
   std::vector<std::pair<std::size_t, std::size_t>> m_parameter_blocks;     // [first, end) per parameter
   std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_packed;   // [begin, end) per parameter

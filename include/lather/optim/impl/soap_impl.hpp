@@ -15,6 +15,7 @@
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/optim/impl/finite_gradients.hpp>
 #include <lather/optim/impl/group_agreement.hpp>
+#include <lather/optim/impl/soap_reading.hpp>
 #include <lather/optim/soap.hpp>
 
 #include <algorithm>
@@ -94,30 +95,18 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
     std::int64_t packed = 0, factors = 0;
     for (std::size_t p = 0; p < this->m_parameters.size(); ++p) {
       const auto& spec = this->m_parameters[p];
-      // A band of rows is read as the whole tensor: its reading, its blocks.
-      const bool band = m_shards.size() > 1 && spec.shape != spec.global();
+      // A piece (a band of rows, a weight shard's slice) is read as the whole tensor: its reading,
+      // its blocks, of which it keeps those inside it (soap_reading.hpp).
+      const Impl::SoapReading reading = Impl::soap_reading(spec, o.merge_small_dims_block_size, m_shards.size() > 1);
+      const bool band = reading.piece;
+      if (band && spec.split_axis > 0 && m_slice_name.empty()) m_slice_name = spec.name;
       const auto& shape = band ? spec.global() : spec.shape;
-      const TensorShape merged =
-          o.merge_small_dims_block_size > 0 ? merge_small_dims(shape, o.merge_small_dims_block_size) : shape;
+      const TensorShape& merged = reading.shape;
       LATHER_REQUIRE(merged.size() <= std::size_t(Impl::soap_max_rank), "Soap: parameter '", spec.name, "' has ",
                      merged.size(), " dimensions after merging; at most ", Impl::soap_max_rank, " are supported");
       m_partitions.emplace_back(merged, o.block_size);
       m_parameter_elements.push_back(element_count(shape));
-      // The band's first and last merged rows (the first merged dimension holds the rows, merged
-      // with the dimensions after them when they are small).
-      std::int64_t first_row = 0, end_row = merged.empty() ? 1 : merged[0];
-      if (band) {
-        LATHER_REQUIRE(spec.split_axis == 0 && !merged.empty() && shape[0] > 0, "Soap: parameter '", spec.name,
-                       "' is a slice along axis ", spec.split_axis, "; a band must be rows (axis 0) of the whole");
-        const std::int64_t inner = merged[0] / shape[0];
-        first_row = spec.split_offset * inner;
-        end_row = first_row + spec.shape[0] * inner;
-        TensorShape rows = merged;
-        rows[0] = end_row - first_row;
-        m_merged.push_back(rows);
-      } else {
-        m_merged.push_back(merged);
-      }
+      m_merged.push_back(reading.local());
       // The reference's rule: rank-1 parameters only with precondition_1d; a dimension above
       // max_precond_dim never (checked on the merged shape, before blocking, as Shampoo does).
       const bool rank_ok = shape.size() >= 2 || (shape.size() == 1 && o.precondition_1d);
@@ -127,14 +116,7 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
         if (whole_block.elements() == 0) continue;
         const std::int64_t number = m_global_blocks++;
         Block block = whole_block;
-        if (band) {
-          const std::int64_t b0 = block.offset[0], b1 = b0 + block.size[0];
-          if (b1 <= first_row || b0 >= end_row) continue;  // another band's block
-          LATHER_REQUIRE(b0 >= first_row && b1 <= end_row, "Soap: the band of merged rows [", first_row, ", ", end_row,
-                         ") of parameter '", spec.name, "' cuts its block [", b0, ", ", b1,
-                         "); sharded parameters must hold whole rows of blocks (optim::soap_shard_layouts)");
-          block.offset[0] -= first_row;
-        }
+        if (band && !reading.place(block, spec.name)) continue;  // another piece's block
         BlockInfo info;
         info.parameter = int(p);
         info.global = number;

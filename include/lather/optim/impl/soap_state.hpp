@@ -146,6 +146,10 @@ template <class ExecutionSpace, class Scalar>
 auto Soap<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> std::vector<StateArray<memory_space>> {
   using Piece = Impl::SoapStateKind::Piece;
   using Bytes = Kokkos::View<char*, memory_space>;
+  // Each rank's arrays hold the blocks of its pieces, block after block: a weight shard's blocks
+  // are not a range of the whole tensor's, so its arrays would overwrite the other shards'.
+  LATHER_REQUIRE(m_slice_name.empty(), "Soap::state_arrays: parameter '", m_slice_name,
+                 "' is a weight shard's slice; SOAP's state with weight shards cannot be checkpointed yet");
   const int rank = m_group.rank();
   const auto kinds = state_kinds();
   std::int64_t full = 0;
