@@ -7,6 +7,8 @@
 // the whole parameters.
 #include <lather/core/parameters.hpp>
 
+#include "common/row_bands.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -120,8 +122,7 @@ struct PieceProblem {
         whole(Kokkos::DefaultExecutionSpace(), specs),
         mine(Kokkos::DefaultExecutionSpace(), specs_of(cuts)) {
     for (std::size_t p = 0; p < whole.size(); ++p) {
-      std::vector<float> v(whole.value(p).extent(0));
-      for (std::size_t k = 0; k < v.size(); ++k) v[k] = float(std::cos(0.23 * double(k + 1) + 0.7 * double(p)));
+      const auto v = starting_values(whole.value(p).extent(0), p);
       whole.set_value(Kokkos::DefaultExecutionSpace(), p, v);
       mine.set_value(Kokkos::DefaultExecutionSpace(), p, piece(v, p));
     }
@@ -152,10 +153,7 @@ struct PieceProblem {
   /// The whole gradients of step t, and this rank's pieces of them.
   void set_gradients(int t) const {
     for (std::size_t p = 0; p < whole.size(); ++p) {
-      const auto x = whole.host_value(Kokkos::DefaultExecutionSpace(), p);
-      std::vector<float> g(x.size());
-      for (std::size_t k = 0; k < g.size(); ++k)
-        g[k] = float(0.1 * double(x[k]) + std::sin(0.37 * double(k + 1) + 1.3 * double(t + 1) + 0.61 * double(p)));
+      const auto g = step_gradient(whole.host_value(Kokkos::DefaultExecutionSpace(), p), t, p);
       Kokkos::deep_copy(whole.gradient(p), Kokkos::View<const float*, Kokkos::HostSpace>(g.data(), g.size()));
       const auto part = piece(g, p);
       Kokkos::deep_copy(mine.gradient(p), Kokkos::View<const float*, Kokkos::HostSpace>(part.data(), part.size()));

@@ -17,6 +17,21 @@
 
 namespace lather::test {
 
+/// The values the banded and pieced problems start from: parameter p's n values.
+inline std::vector<float> starting_values(std::size_t n, std::size_t p) {
+  std::vector<float> v(n);
+  for (std::size_t k = 0; k < v.size(); ++k) v[k] = float(std::cos(0.23 * double(k + 1) + 0.7 * double(p)));
+  return v;
+}
+
+/// The whole gradient of parameter p at step t, from its values x.
+inline std::vector<float> step_gradient(const std::vector<float>& x, int t, std::size_t p) {
+  std::vector<float> g(x.size());
+  for (std::size_t k = 0; k < g.size(); ++k)
+    g[k] = float(0.1 * double(x[k]) + std::sin(0.37 * double(k + 1) + 1.3 * double(t + 1) + 0.61 * double(p)));
+  return g;
+}
+
 struct RowBand {
   std::int64_t first = 0, rows = 0, row_elements = 1;
 };
@@ -74,8 +89,7 @@ struct BandedProblem {
         mine(Kokkos::DefaultExecutionSpace(), band_specs(specs, rows)),
         bands(std::move(rows)) {
     for (std::size_t p = 0; p < whole.size(); ++p) {
-      std::vector<float> v(whole.value(p).extent(0));
-      for (std::size_t k = 0; k < v.size(); ++k) v[k] = float(std::cos(0.23 * double(k + 1) + 0.7 * double(p)));
+      const auto v = starting_values(whole.value(p).extent(0), p);
       whole.set_value(Kokkos::DefaultExecutionSpace(), p, v);
       mine.set_value(Kokkos::DefaultExecutionSpace(), p, rows_of(v, bands[p]));
     }
@@ -83,10 +97,7 @@ struct BandedProblem {
   /// The whole gradients of step t, and this rank's rows of them.
   void set_gradients(int t) const {
     for (std::size_t p = 0; p < whole.size(); ++p) {
-      const auto x = whole.host_value(Kokkos::DefaultExecutionSpace(), p);
-      std::vector<float> g(x.size());
-      for (std::size_t k = 0; k < g.size(); ++k)
-        g[k] = float(0.1 * double(x[k]) + std::sin(0.37 * double(k + 1) + 1.3 * double(t + 1) + 0.61 * double(p)));
+      const auto g = step_gradient(whole.host_value(Kokkos::DefaultExecutionSpace(), p), t, p);
       Kokkos::deep_copy(whole.gradient(p), Kokkos::View<const float*, Kokkos::HostSpace>(g.data(), g.size()));
       const auto part = rows_of(g, bands[p]);
       Kokkos::deep_copy(mine.gradient(p), Kokkos::View<const float*, Kokkos::HostSpace>(part.data(), part.size()));
