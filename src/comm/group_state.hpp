@@ -12,11 +12,17 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 namespace lather::comm {
+
+namespace Impl {
+class NcclCommunicator;  // src/comm/nccl_communicator.hpp (NCCL builds)
+}
 
 // A group is a communicator we own (MPI builds) or one process on its own (`local`): then every
 // collective is a copy and MPI is never called, so a Group works before MPI_Init and without MPI.
@@ -29,11 +35,18 @@ struct Group::State {
   // Counted once per communicator (MPI_Comm_split_type and an allgather: up to a tenth of a second
   // where ranks outnumber cores), by the first to ask.
   mutable std::optional<NodeOccupancy> occupancy;
+  // NCCL builds (src/comm/group_nccl.cpp): the group's NCCL communicator, built by the first
+  // collective of CUDA memory that goes through NCCL, or why NCCL cannot serve the group (ranks
+  // sharing a device), found by that first one. A shared_ptr: its deleter is fixed where it is
+  // made, so this header needs no NCCL.
+  mutable std::shared_ptr<Impl::NcclCommunicator> nccl;
+  mutable std::string nccl_unusable;
 
   State() = default;
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   ~State() {
+    nccl.reset();  // before its MPI communicator, as it was made after it
 #if LATHER_ENABLE_MPI
     if (comm == MPI_COMM_NULL) return;
     int finalized = 0;

@@ -109,7 +109,7 @@ ParameterShards<ExecutionSpace, Scalar>::ParameterShards(const ExecutionSpace& s
   const int parts = group.size(), part = group.rank();
   // The layout is checked, and the memory allocated, inside one agreement: a rank whose layout
   // differs from rank 0's, or whose allocation fails, is an error on every rank.
-  Impl::Fnv1a layout;
+  ::lather::Impl::Fnv1a layout;
   for (const auto& spec : specs) {
     layout.add(spec.name);
     for (auto d : spec.shape) layout.add(std::uint64_t(d));

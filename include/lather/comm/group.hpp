@@ -12,16 +12,19 @@
 //
 // Pointers handed to the collectives must be memory MPI can read: host memory, or device memory
 // with a GPU-aware MPI (comm/device_mpi.hpp). The View overloads at the end stage device data
-// through host buffers where MPI cannot read it.
+// through host buffers where MPI cannot read it, and in a build with NCCL hand the all-reduces and
+// all-gathers of CUDA memory to NCCL (comm/device_collectives.hpp).
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
 #error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
 #endif
 
+#include <lather/comm/device_collectives.hpp>
 #include <lather/comm/device_mpi.hpp>
 #include <lather/core/config.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/fault_injection.hpp>
+#include <lather/core/hash.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/comm/node_occupancy.hpp>
 #include <lather/comm/request.hpp>
@@ -37,9 +40,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lather::comm {
+
+template <class ExecutionSpace, class T>
+class Transport;
 
 /// The element-wise operation of Group::allreduce.
 enum class Combine { sum, min, max };
@@ -163,12 +170,16 @@ class Group {
   // ---- Views -----------------------------------------------------------------------------------------
 
   /// allreduce of a 1-D View of the execution space's memory, in place: handed to MPI directly
-  /// where MPI can read that memory, else staged through a host copy made on `space`.
+  /// where MPI can read that memory, else staged through a host copy made on `space`. CUDA memory
+  /// goes through NCCL where comm/device_collectives.hpp says so (element types NCCL reduces),
+  /// after the ranks agree over MPI on the path, the operation and the count.
   template <class ExecutionSpace, class T>
   void allreduce(const ExecutionSpace& space, const Kokkos::View<T*, typename ExecutionSpace::memory_space>& data,
                  Combine op) const;
   /// allgatherv of 1-D Views of the execution space's memory: handed to MPI in place where MPI
-  /// can read that memory, else staged through host copies made on `space`.
+  /// can read that memory, else staged through host copies made on `space`. CUDA memory goes
+  /// through NCCL where comm/device_collectives.hpp says so, after the ranks agree over MPI on the
+  /// path and the counts (their arguments' faults too).
   template <class ExecutionSpace, class T>
   void allgatherv(const ExecutionSpace& space,
                   const Kokkos::View<const T*, typename ExecutionSpace::memory_space>& send,
@@ -187,6 +198,36 @@ class Group {
   struct State;
   explicit Group(std::shared_ptr<State> state);
   const State& state() const;
+
+  // ---- CUDA memory through NCCL (comm/device_collectives.hpp; src/comm/group_nccl.cpp) ----------
+  // For the View overloads above and Transport. `stream` is an execution space instance's
+  // cudaStream_t: the nccl_* transfers are enqueued on it and return at once (nccl_wait waits).
+  // In a build without NCCL nothing calls them (they throw).
+  template <class ExecutionSpace, class T>
+  friend class Transport;
+  /// Collective: whether this collective of CUDA memory goes through NCCL. Every rank passes its
+  /// choice, `fields` (values every rank must pass alike: an operation, counts) and `local_error`
+  /// (the fault of its own arguments); one Agreement over MPI makes a difference or a fault on any
+  /// rank (or a failed NCCL communicator) the same lather::Error on every rank. Where the ranks
+  /// want NCCL, the group's communicator is built by the first call (collective). False: take
+  /// the MPI path (the ranks chose MPI, or share a device and the mode is `auto`).
+  bool agree_on_nccl(const Impl::NcclChoice& choice, const std::string& context,
+                     const std::vector<std::pair<std::string, std::int64_t>>& fields,
+                     const std::string& local_error) const;
+  /// ncclAllReduce of `count` elements (in place where send == receive).
+  void nccl_allreduce(const void* send, void* receive, std::size_t count, Impl::NcclType type, Combine op,
+                      void* stream) const;
+  /// allgatherv's layout, moved as bytes: one ncclAllGather where the counts are equal, else one
+  /// ncclBroadcast per rank with something to send, in one NCCL group.
+  void nccl_allgatherv(const void* send, void* receive, const std::vector<std::size_t>& counts,
+                       std::size_t element_bytes, void* stream) const;
+  /// ncclSend of `out` and ncclRecv of `in`, with `partner`, in one NCCL group (exchange's meaning).
+  void nccl_exchange(const void* out, std::size_t out_bytes, void* in, std::size_t in_bytes, int partner,
+                     void* stream) const;
+  /// Waits for `stream`, watching the communicator for NCCL's asynchronous errors (thrown on this
+  /// rank, the communicator aborted).
+  void nccl_wait(void* stream, const std::string& context) const;
+
   std::shared_ptr<State> m_state;
 };
 
@@ -194,7 +235,23 @@ template <class ExecutionSpace, class T>
 void Group::allreduce(const ExecutionSpace& space, const Kokkos::View<T*, typename ExecutionSpace::memory_space>& data,
                       Combine op) const {
   using memory_space = typename ExecutionSpace::memory_space;
-  if (size() == 1 || data.extent(0) == 0) return;
+  // On every build, so that a bad LATHER_DEVICE_COLLECTIVES is an error wherever it is set.
+  [[maybe_unused]] const Impl::NcclChoice nccl = Impl::on_instance(Impl::nccl_choice<ExecutionSpace>(), space);
+  if (size() == 1) return;
+  if constexpr (Impl::nccl_reduces<ExecutionSpace, T>) {
+    // Agreed even where every rank chose MPI: a rank on NCCL would wait for ever for one on MPI.
+    const std::vector<std::pair<std::string, std::int64_t>> fields = {
+        {"element type", std::int64_t(Impl::nccl_type<T>())},
+        {"operation", std::int64_t(op)},
+        {"element count", std::int64_t(data.extent(0))}};
+    if (agree_on_nccl(nccl, "Group::allreduce", fields, std::string())) {
+      if (data.extent(0) == 0) return;
+      nccl_allreduce(data.data(), data.data(), data.extent(0), Impl::nccl_type<T>(), op, nccl.stream);
+      nccl_wait(nccl.stream, "Group::allreduce");
+      return;
+    }
+  }
+  if (data.extent(0) == 0) return;
   if (mpi_reads_in_place<memory_space>()) {
     ::lather::Impl::fence(space, "Lather::comm::Group::allreduce: data ready before sending");
     allreduce(data.data(), data.extent(0), op);
@@ -215,11 +272,26 @@ void Group::allgatherv(const ExecutionSpace& space,
                        const Kokkos::View<T*, typename ExecutionSpace::memory_space>& receive,
                        const std::vector<std::size_t>& counts) const {
   using memory_space = typename ExecutionSpace::memory_space;
+  [[maybe_unused]] const Impl::NcclChoice nccl = Impl::on_instance(Impl::nccl_choice<ExecutionSpace>(), space);
   std::size_t total = 0;
   for (auto c : counts) total += c;
-  LATHER_REQUIRE(
-      int(counts.size()) == size() && counts[std::size_t(rank())] == send.extent(0) && receive.extent(0) >= total,
-      "Group::allgatherv: counts do not match the group, this rank's View or the receiving View");
+  const bool fits =
+      int(counts.size()) == size() && counts[std::size_t(rank())] == send.extent(0) && receive.extent(0) >= total;
+  const char* misfit = "counts do not match the group, this rank's View or the receiving View";
+  if constexpr (Impl::nccl_moves<ExecutionSpace>) {
+    ::lather::Impl::Fnv1a layout;
+    for (auto c : counts) layout.add(std::uint64_t(c));
+    const std::vector<std::pair<std::string, std::int64_t>> fields = {
+        {"element size in bytes", std::int64_t(sizeof(T))},
+        {"element count in all", std::int64_t(total)},
+        {"hash of the counts", std::int64_t(layout.value())}};
+    if (agree_on_nccl(nccl, "Group::allgatherv", fields, fits ? std::string() : std::string(misfit))) {
+      nccl_allgatherv(send.data(), receive.data(), counts, sizeof(T), nccl.stream);
+      nccl_wait(nccl.stream, "Group::allgatherv");
+      return;
+    }
+  }
+  LATHER_REQUIRE(fits, "Group::allgatherv: ", misfit);
   if (mpi_reads_in_place<memory_space>()) {
     ::lather::Impl::fence(space, "Lather::comm::Group::allgatherv: data ready before sending");
     allgatherv(send.data(), receive.data(), counts);

@@ -6,11 +6,17 @@
 // memory in one piece: both sides of a point-to-point transfer use the same chunking (a function
 // of the memory space and the agreed options only, not of whether this rank stages), so messages
 // always match.
+//
+// In a build with NCCL, the all-reduces, all-gathers and exchanges of CUDA memory go through NCCL
+// where comm/device_collectives.hpp says so (decided with the group: through_nccl()), chunk for
+// chunk as through MPI, enqueued on the caller's instance and not waited for: what follows on
+// that instance sees the result, as it sees a staged copy's.
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_COMM)
 #error "lather/comm/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
 #endif
 
+#include <lather/comm/device_collectives.hpp>
 #include <lather/comm/device_mpi.hpp>
 #include <lather/core/kokkos_compat.hpp>
 
@@ -28,8 +34,9 @@ namespace lather::comm {
 
 /// Counters of what a collective object handed to MPI (for tests and benchmarks).
 struct TransportCounters {
-  long data_calls = 0;  ///< MPI calls carrying tensor data
+  long data_calls = 0;  ///< MPI (or NCCL) calls carrying tensor data
   double bytes = 0;     ///< bytes of tensor data this rank sent or contributed
+  long nccl_calls = 0;  ///< of data_calls, those made through NCCL
 };
 
 template <class ExecutionSpace, class T>
@@ -46,6 +53,7 @@ class Transport {
   Transport(Group group, std::size_t staging_elements, std::string label)
       : m_group(std::move(group)),
         m_direct(mpi_reads_in_place<memory_space>()),
+        m_nccl_choice(Impl::nccl_choice<ExecutionSpace>()),
         m_chunk(::lather::Impl::host_accessible<memory_space>
                     ? max_chunk
                     : std::max<std::size_t>(1, std::min(staging_elements, max_chunk))),
@@ -55,8 +63,38 @@ class Transport {
   TransportCounters& counters() { return m_counters; }
   const TransportCounters& counters() const { return m_counters; }
 
+  /// Whether this Transport's all-reduces, all-gathers and exchanges go through NCCL
+  /// (comm/device_collectives.hpp), decided once with the group by the first call that asks, which
+  /// is collective: the blocking all-reduces and all-gathers ask (every rank of the group makes
+  /// them at the same point), and GradientReducer asks before it moves data. The nonblocking forms
+  /// and the exchanges, which are not all the group's, take NCCL once it has been decided, MPI
+  /// before. False for memory that is not CUDA's, and in builds without NCCL.
+  bool through_nccl(const ExecutionSpace& space) {
+    if constexpr (Impl::nccl_moves<ExecutionSpace>) {
+      if (m_nccl < 0)
+        m_nccl = m_group.agree_on_nccl(Impl::on_instance(m_nccl_choice, space), m_label + " (NCCL or MPI)", {},
+                                       std::string())
+                     ? 1
+                     : 0;
+      return m_nccl == 1;
+    } else {
+      (void)space;
+      return false;
+    }
+  }
+
   /// data := `op` over the group of data (in place), one allreduce per chunk.
   void allreduce(const ExecutionSpace& space, const view& data, Combine op = Combine::sum) {
+    if constexpr (Impl::nccl_reduces<ExecutionSpace, T>) {
+      if (through_nccl(space)) {
+        for_chunks(data.extent(0), [&](std::size_t begin, std::size_t count) {
+          m_group.nccl_allreduce(data.data() + begin, data.data() + begin, count, Impl::nccl_type<T>(), op,
+                                 Impl::cuda_stream(space));
+          count_call(count, true);
+        });
+        return;
+      }
+    }
     for_chunks(data.extent(0), [&](std::size_t begin, std::size_t count) {
       T* buffer = stage_out(space, data, begin, count, m_send);
       m_group.allreduce(buffer, count, op);
@@ -67,6 +105,16 @@ class Transport {
 
   /// out := sum over the group of in (out of place; in and out must not overlap).
   void allreduce_sum(const ExecutionSpace& space, const view& in, const view& out) {
+    if constexpr (Impl::nccl_reduces<ExecutionSpace, T>) {
+      if (through_nccl(space)) {
+        for_chunks(in.extent(0), [&](std::size_t begin, std::size_t count) {
+          m_group.nccl_allreduce(in.data() + begin, out.data() + begin, count, Impl::nccl_type<T>(), Combine::sum,
+                                 Impl::cuda_stream(space));
+          count_call(count, true);
+        });
+        return;
+      }
+    }
     for_chunks(in.extent(0), [&](std::size_t begin, std::size_t count) {
       T* send_buffer = stage_out(space, in, begin, count, m_send);
       T* receive_buffer_ = receive_buffer(space, out, begin, count, m_receive);
@@ -111,6 +159,12 @@ class Transport {
       const std::size_t out_begin = std::min(n_out, k * m_chunk), in_begin = std::min(n_in, k * m_chunk);
       const std::size_t out_count = std::min(m_chunk, n_out - out_begin);
       const std::size_t in_count = std::min(m_chunk, n_in - in_begin);
+      if (nccl_decided()) {
+        m_group.nccl_exchange(outgoing.data() + out_begin, out_count * sizeof(T), incoming.data() + in_begin,
+                              in_count * sizeof(T), partner, Impl::cuda_stream(space));
+        count_call(out_count, true);
+        continue;
+      }
       T* send_buffer = stage_out(space, outgoing, out_begin, out_count, m_send);
       T* receive_buffer_ = receive_buffer(space, incoming, in_begin, in_count, m_receive);
       m_group.exchange(send_buffer, out_count, receive_buffer_, in_count, partner, tag);
@@ -132,6 +186,11 @@ class Transport {
   /// Allgatherv: rank r's `mine` lands at all[sum of counts before r, + counts[r]).
   void allgatherv(const ExecutionSpace& space, const view& mine, const view& all,
                   const std::vector<std::size_t>& counts) {
+    if (through_nccl(space)) {
+      m_group.nccl_allgatherv(mine.data(), all.data(), counts, sizeof(T), Impl::cuda_stream(space));
+      count_call(mine.extent(0), true);
+      return;
+    }
     T* send_buffer = stage_out(space, mine, 0, mine.extent(0), m_send);
     T* receive_buffer_ = receive_buffer(space, all, 0, all.extent(0), m_receive);
     m_group.allgatherv(send_buffer, receive_buffer_, counts);
@@ -150,18 +209,35 @@ class Transport {
   /// allreduce() of one chunk, in place.
   Request start_allreduce(const ExecutionSpace& space, const view& data, Combine op = Combine::sum) {
     require_chunk(data.extent(0), "start_allreduce");
+    m_in_flight_nccl = false;
+    if constexpr (Impl::nccl_reduces<ExecutionSpace, T>) {
+      if (nccl_decided()) {
+        m_group.nccl_allreduce(data.data(), data.data(), data.extent(0), Impl::nccl_type<T>(), op,
+                               Impl::cuda_stream(space));
+        count_call(data.extent(0), true);
+        m_in_flight_nccl = true;
+        return Request();  // nothing for MPI to complete: the instance's stream orders what follows
+      }
+    }
     T* buffer = stage_out(space, data, 0, data.extent(0), m_send);
     count_call(data.extent(0));
     return m_group.start_allreduce(buffer, data.extent(0), op);
   }
   void finish_allreduce(const ExecutionSpace& space, const view& data) {
-    stage_in(space, data, 0, data.extent(0), m_send);
+    if (!m_in_flight_nccl) stage_in(space, data, 0, data.extent(0), m_send);
   }
 
   /// exchange() of one chunk each way: the receive, then the send.
   std::vector<Request> start_exchange(const ExecutionSpace& space, const view& outgoing, const view& incoming,
                                       int partner, int tag) {
     require_chunk(std::max(outgoing.extent(0), incoming.extent(0)), "start_exchange");
+    m_in_flight_nccl = nccl_decided();
+    if (m_in_flight_nccl) {
+      m_group.nccl_exchange(outgoing.data(), outgoing.extent(0) * sizeof(T), incoming.data(),
+                            incoming.extent(0) * sizeof(T), partner, Impl::cuda_stream(space));
+      count_call(outgoing.extent(0), true);
+      return {};
+    }
     T* send_buffer = stage_out(space, outgoing, 0, outgoing.extent(0), m_send);
     T* receive_buffer_ = receive_buffer(space, incoming, 0, incoming.extent(0), m_receive);
     std::vector<Request> requests;
@@ -171,7 +247,7 @@ class Transport {
     return requests;
   }
   void finish_exchange(const ExecutionSpace& space, const view& incoming) {
-    stage_in(space, incoming, 0, incoming.extent(0), m_receive);
+    if (!m_in_flight_nccl) stage_in(space, incoming, 0, incoming.extent(0), m_receive);
   }
 
   /// alltoall() (per_rank elements to every rank).
@@ -189,13 +265,19 @@ class Transport {
   /// allgatherv().
   Request start_allgatherv(const ExecutionSpace& space, const view& mine, const view& all,
                            const std::vector<std::size_t>& counts) {
+    m_in_flight_nccl = nccl_decided();
+    if (m_in_flight_nccl) {
+      m_group.nccl_allgatherv(mine.data(), all.data(), counts, sizeof(T), Impl::cuda_stream(space));
+      count_call(mine.extent(0), true);
+      return Request();
+    }
     T* send_buffer = stage_out(space, mine, 0, mine.extent(0), m_send);
     T* receive_buffer_ = receive_buffer(space, all, 0, all.extent(0), m_receive);
     count_call(mine.extent(0));
     return m_group.start_allgatherv(send_buffer, receive_buffer_, counts);
   }
   void finish_allgatherv(const ExecutionSpace& space, const view& all) {
-    stage_in(space, all, 0, all.extent(0), m_receive);
+    if (!m_in_flight_nccl) stage_in(space, all, 0, all.extent(0), m_receive);
   }
 
  private:
@@ -208,10 +290,14 @@ class Transport {
     for (std::size_t begin = 0; begin < n; begin += m_chunk) body(begin, std::min(m_chunk, n - begin));
   }
 
-  void count_call(std::size_t elements) {
+  void count_call(std::size_t elements, bool nccl = false) {
     m_counters.data_calls += 1;
     m_counters.bytes += double(elements) * sizeof(T);
+    m_counters.nccl_calls += nccl ? 1 : 0;
   }
+
+  /// NCCL decided on for this Transport (by a collective through_nccl() before).
+  bool nccl_decided() const { return Impl::nccl_moves<ExecutionSpace> && m_nccl == 1; }
 
   static auto range(std::size_t begin, std::size_t count) { return std::make_pair(begin, begin + count); }
 
@@ -260,6 +346,12 @@ class Transport {
   /// that a start_* and its finish_* take the same path even if comm::set_device_mpi is called
   /// between them.
   bool m_direct = true;
+  /// This rank's choice of NCCL, taken at construction as m_direct is; m_nccl: the group's
+  /// decision (-1 until through_nccl() first asks, then 0 or 1, for good).
+  Impl::NcclChoice m_nccl_choice;
+  int m_nccl = -1;
+  /// The nonblocking transfer in flight went through NCCL: its finish_* has nothing to copy.
+  bool m_in_flight_nccl = false;
   std::size_t m_chunk = max_chunk;
   std::string m_label;
   host_view m_send, m_receive;

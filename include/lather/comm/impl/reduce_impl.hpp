@@ -79,6 +79,7 @@ double GradientReducer<ExecutionSpace, Scalar>::reduce(const ExecutionSpace& spa
   LATHER_REQUIRE(!st.overlap.active, context, ": an overlapped reduction is in flight (start() without finish())");
   const double global_weight =
       st.agree_before(space, gradients, op, local_weight, agreed, caller_error, context, false);
+  st.decide_nccl(space);
   const bool weighted = op == ReduceOp::weighted_mean;
   switch (op) {
     case ReduceOp::sum:
@@ -117,6 +118,7 @@ void GradientReducer<ExecutionSpace, Scalar>::start(const ExecutionSpace& space,
   Impl::ScopedRegion region("Lather::GradientReducer::start");
   LATHER_REQUIRE(!st.overlap.active, context, ": an overlapped reduction is in flight (start() without finish())");
   const double global_weight = st.agree_before(space, gradients, op, local_weight, agreed, caller_error, context, true);
+  st.decide_nccl(space);
   LATHER_REQUIRE(op != ReduceOp::adasum || st.options.wire_precision == WirePrecision::native, context,
                  ": exact Adasum sends the native type; ReduceOptions::wire_precision must be native, got ",
                  to_string(st.options.wire_precision));

@@ -155,6 +155,16 @@ struct GradientReducer<ExecutionSpace, Scalar>::State {
     return global_weight;
   }
 
+  /// Whether the transports move CUDA memory through NCCL (comm/device_collectives.hpp): decided
+  /// with the group the first time, after the agreement, where every rank is; so that the
+  /// nonblocking and pairwise transfers, which cannot decide it, take the path the blocking ones
+  /// take. Nothing to decide on one rank, which moves no data.
+  void decide_nccl(const ExecutionSpace& space) {
+    if (size == 1) return;
+    transport.through_nccl(space);
+    wire_transport.through_nccl(space);
+  }
+
   /// The buffers the overlapped steps capture, beyond prepare()'s: allocated before the first
   /// bucket starts, never reallocated while one is in flight.
   void prepare_overlap(const Impl::Layout& planned) {
