@@ -34,7 +34,8 @@ struct StepBenchOptions {
   std::vector<std::string> others = {"soap", "muon"};  // timed beside Adam and Shampoo
   std::string file;
   int windows = 2;
-  std::vector<std::string> shampoo;  // name=value overrides of the set's options
+  std::vector<std::string> shampoo;                 // name=value overrides of the set's options
+  std::string newton_schulz_precision = "float32";  // Muon's
 };
 
 /// Seconds per step of the slowest rank, averaged over `windows` windows of `window` steps after
@@ -84,6 +85,8 @@ void run_step(const StepBenchOptions& o) {
   // Every name checked before anything is timed, so a typo costs no minutes of measurement.
   for (const auto& set : o.sets) parameter_specs_of(doc, set, path);
   for (const auto& method : o.root_methods) linalg::parse_root_method(method);
+  const ProductPrecision newton_schulz_precision =
+      parse_product_precision(o.newton_schulz_precision, "--newton-schulz-precision");
   std::vector<std::string> others;
   for (const auto& other : o.others) {
     if (other == "none") continue;
@@ -160,6 +163,7 @@ void run_step(const StepBenchOptions& o) {
               {"root_method", method},
               {"ranks", mesh.world_size()},
               {"step_mode", optim::option_value(shampoo.options(), "step_mode")},
+              {"product_precision", optim::option_value(shampoo.options(), "product_precision")},
               {"seconds_per_step", seconds},
               {"state_bytes", largest_state},
               {"ratio_to_adam", seconds / adam_seconds},
@@ -182,16 +186,21 @@ void run_step(const StepBenchOptions& o) {
     // the same window), its blocks split over the ranks; Muon, its matrices split over the ranks.
     for (const auto& other : others) {
       std::unique_ptr<optim::Optimizer<Space, float>> optimizer;
+      std::string precision;  // of its products
       if (other == "soap") {
         optim::SoapOptions soap;
         soap.block_size = shampoo_options.block_size;
         soap.merge_small_dims_block_size = shampoo_options.merge_small_dims_block_size;
         soap.max_precond_dim = shampoo_options.skip_preconditioning_dim_size_gt;
         soap.precondition_frequency = window;
+        soap.product_precision = shampoo_options.product_precision;
+        precision = to_string(soap.product_precision);
         optimizer = std::make_unique<optim::Soap<Space, float>>(space, params, soap, mesh.world());
       } else {  // muon (the names were checked above)
         // Embeddings take AdamW, as Jordan et al. (and lather-train) do.
         optim::MuonOptions muon;
+        muon.newton_schulz_precision = newton_schulz_precision;
+        precision = to_string(muon.newton_schulz_precision);
         for (const auto& spec : specs)
           if (spec.name.rfind("embedding", 0) == 0) muon.adamw_parameters.push_back(spec.name);
         optimizer = std::make_unique<optim::Muon<Space, float>>(space, params, muon, mesh.world());
@@ -202,6 +211,7 @@ void run_step(const StepBenchOptions& o) {
         emit({{"bench", "step"},
               {"set", set},
               {"optimizer", other},
+              {other == "soap" ? "product_precision" : "newton_schulz_precision", precision},
               {"ranks", mesh.world_size()},
               {"step_mode", mesh.world_size() > 1 ? "distributed" : "replicated"},
               {"seconds_per_step", seconds},
@@ -231,7 +241,11 @@ void register_step(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_list_option(*sub, "--shampoo", options->shampoo,
-                  "Shampoo options over the set's, name=value (e.g. step_mode=replicated)");
+                  "Shampoo options over the set's, name=value (e.g. step_mode=replicated); SOAP takes its "
+                  "product_precision");
+  sub->add_option("--newton-schulz-precision", options->newton_schulz_precision,
+                  "Muon: the Newton-Schulz products' input precision (float32, tf32 or bfloat16)")
+      ->capture_default_str();
   sub->callback([options] { run_step(*options); });
 }
 

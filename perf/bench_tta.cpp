@@ -30,12 +30,15 @@ struct TtaOptions {
   double target_loss = 1.8;  ///< transformer: validation nats/char
   long max_steps = 0;        ///< transformer: give up after this many steps (0: lather-train's default)
   unsigned seed = 0;         ///< lather-train --seed: initial weights and data order
+  /// The products' inputs: Shampoo's and SOAP's product_precision, Muon's newton_schulz_precision.
+  std::string product_precision = "float32";
 };
 
 void run_tta(const TtaOptions& o) {
   const comm::Group world(MPI_COMM_WORLD);
   const int rank = world.rank(), ranks = world.size();
   double baseline_steps = 0, baseline_seconds = 0;
+  const ProductPrecision precision = parse_product_precision(o.product_precision, "--product-precision");
   for (const auto& name : o.optimizers) {
     const train::OptimizerKind optimizer = train::parse_optimizer(name);
     train::TrainOptions t;
@@ -61,6 +64,14 @@ void run_tta(const TtaOptions& o) {
     t.quiet = true;
     if (optimizer == train::OptimizerKind::shampoo)
       t.shampoo.insert(t.shampoo.end(), o.shampoo.begin(), o.shampoo.end());
+    std::string products = "float32";  // what this optimizer's products' inputs are rounded to
+    if (optimizer == train::OptimizerKind::shampoo || optimizer == train::OptimizerKind::soap) {
+      if (precision != ProductPrecision::float32) t.shampoo.push_back("product_precision=" + to_string(precision));
+      products = to_string(precision);
+    } else if (optimizer == train::OptimizerKind::muon) {
+      t.newton_schulz_precision = precision;
+      products = to_string(precision);
+    }
     for (const auto& pair : o.learning_rates) {
       const auto eq = pair.find('=');
       LATHER_REQUIRE(eq != std::string::npos, "--lr expects optimizer=value, got '", pair, "'");
@@ -97,6 +108,7 @@ void run_tta(const TtaOptions& o) {
             {"schedule", t.schedule},
             {"batch_size", t.batch_size},
             {"ranks", ranks},
+            {"product_precision", products},
             {"seed", o.seed},
             {"eval_every", o.eval_every},
             {"final_test_accuracy", result.test_accuracy},
@@ -142,6 +154,10 @@ void register_tta(CLI::App& app) {
       ->capture_default_str();
   add_list_option(*sub, "--shampoo", options->shampoo,
                   "Shampoo options over lather-train's defaults, name=value (e.g. preconditioning_compute_steps=50)");
+  sub->add_option("--product-precision", options->product_precision,
+                  "The optimizers' products' inputs: float32, tf32 or bfloat16 (Shampoo's and SOAP's "
+                  "product_precision, Muon's newton_schulz_precision; tensor cores on CUDA)")
+      ->capture_default_str();
   add_list_option(*sub, "--lr", options->learning_rates,
                   "Peak learning rates other than lather-train's defaults, optimizer=value (e.g. shampoo=0.005)");
   sub->callback([options] { run_tta(*options); });

@@ -57,6 +57,9 @@ void apply_model_defaults(const CLI::App& app, TrainOptions& o) {
   LATHER_REQUIRE(!given("--momentum") || o.optimizer == OptimizerKind::sgd,
                  "--momentum is an option of --optimizer sgd; it has no effect with --optimizer ",
                  to_string(o.optimizer));
+  LATHER_REQUIRE(!given("--muon-newton-schulz-precision") || o.optimizer == OptimizerKind::muon,
+                 "--muon-newton-schulz-precision is an option of --optimizer muon; it has no effect with --optimizer ",
+                 to_string(o.optimizer));
 }
 
 namespace {
@@ -283,6 +286,9 @@ void add_options(CLI::App& app, TrainOptions& o, std::optional<ModelKind> help_m
   app.add_option("--weight-decay", o.weight_decay, "Weight decay (adamw: decoupled, default 1e-4)")
       ->capture_default_str();
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  add_choice(app, "--muon-newton-schulz-precision", o.newton_schulz_precision, product_precision_names(),
+             "Muon: round the inputs of the Newton-Schulz products to float32 (as they are), tf32 or bfloat16, "
+             "accumulated in float32 (tensor cores on CUDA; emulated, slower, elsewhere)");
   app.add_option("--seed", o.seed, "Seed of the initial weights and of the data order (same on all replicas)")
       ->capture_default_str();
   app.add_option("--hidden", o.hidden, "Hidden layer sizes, comma separated")->delimiter(',')->capture_default_str();

@@ -38,6 +38,13 @@ const std::vector<std::pair<std::string, comm::WirePrecision>>& wire_precision_n
   return names;
 }
 
+const std::vector<std::pair<std::string, ProductPrecision>>& product_precision_names() {
+  static const std::vector<std::pair<std::string, ProductPrecision>> names = {{"float32", ProductPrecision::float32},
+                                                                              {"tf32", ProductPrecision::tf32},
+                                                                              {"bfloat16", ProductPrecision::bfloat16}};
+  return names;
+}
+
 namespace {
 template <class Enum>
 std::string name_of(const std::vector<std::pair<std::string, Enum>>& names, Enum value, const char* what) {
@@ -173,6 +180,7 @@ optim::SoapOptions TrainOptions::soap_options() const {
   // its best_effort_memory_usage_reduction: SOAP's quantized state.
   const auto shampoo = shampoo_options();
   s.best_effort_memory_usage_reduction = shampoo.best_effort_memory_usage_reduction;
+  s.product_precision = shampoo.product_precision;
   s.block_size = shampoo.block_size;
   s.merge_small_dims_block_size = shampoo.merge_small_dims_block_size;
   s.max_precond_dim = shampoo.skip_preconditioning_dim_size_gt;
@@ -190,6 +198,7 @@ optim::MuonOptions TrainOptions::muon_options() const {
   s.learning_rate = schedule_of(*this, planned_steps(*this));
   s.weight_decay = weight_decay;
   s.adam_weight_decay = weight_decay;
+  s.newton_schulz_precision = newton_schulz_precision;
   // Jordan et al.: embeddings and the output head are not hidden matrices; AdamW takes them.
   if (model == ModelKind::transformer) s.adamw_parameters = {"embedding/tokens", "embedding/positions", "head/kernel"};
   s.validate();
@@ -306,7 +315,7 @@ void TrainOptions::validate() const {
   if (optimizer != OptimizerKind::shampoo) {
     static const std::vector<std::string> soap_takes = {"block_size", "merge_small_dims_block_size",
                                                         "skip_preconditioning_dim_size_gt",
-                                                        "best_effort_memory_usage_reduction"};
+                                                        "best_effort_memory_usage_reduction", "product_precision"};
     for (const auto& pair : shampoo) {
       const std::string name = pair.substr(0, pair.find('='));
       if (optimizer == OptimizerKind::soap && std::find(soap_takes.begin(), soap_takes.end(), name) != soap_takes.end())
@@ -315,7 +324,7 @@ void TrainOptions::validate() const {
                   "has no effect with --optimizer ", to_string(optimizer),
                   optimizer == OptimizerKind::soap
                       ? "; soap takes block_size, merge_small_dims_block_size, "
-                        "skip_preconditioning_dim_size_gt and best_effort_memory_usage_reduction"
+                        "skip_preconditioning_dim_size_gt, best_effort_memory_usage_reduction and product_precision"
                       : "");
     }
   }

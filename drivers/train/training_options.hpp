@@ -35,6 +35,8 @@ const std::vector<std::pair<std::string, OptimizerKind>>& optimizer_names();
 const std::vector<std::pair<std::string, comm::ReduceOp>>& reduction_names();
 /// --wire-precision: native, bf16, fp16.
 const std::vector<std::pair<std::string, comm::WirePrecision>>& wire_precision_names();
+/// --muon-newton-schulz-precision: float32, tf32, bfloat16.
+const std::vector<std::pair<std::string, ProductPrecision>>& product_precision_names();
 /// The command-line name of a value (throws lather::Error for a value without one).
 std::string to_string(ModelKind model);
 std::string to_string(OptimizerKind optimizer);
@@ -84,7 +86,9 @@ struct TrainOptions {
   /// and its optimizer state; layers are all-gathered before their passes and their gradients
   /// reduce-scattered after their backward (comm::ParameterShards).
   bool shard_parameters = false;
-  double momentum = 0.9;             ///< SGD
+  double momentum = 0.9;  ///< SGD
+  /// Muon: what the Newton-Schulz products' inputs are rounded to (MuonOptions).
+  ProductPrecision newton_schulz_precision = ProductPrecision::float32;
   bool quiet = false;                ///< no progress lines (metrics file only)
   std::vector<std::string> shampoo;  ///< name=value pairs, the reference's option names
   /// Shampoo's (and SOAP's) block size was not given but chosen by apply_model_defaults: a

@@ -6,6 +6,7 @@
 #include <lather/core/error.hpp>
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/core/parameters.hpp>
+#include <lather/core/product_precision.hpp>
 #include <lather/core/tensor.hpp>
 #include <lather/linalg/inverse_root.hpp>
 #include <lather/optim/first_order.hpp>

@@ -59,7 +59,8 @@ std::vector<std::pair<std::string, std::string>> describe_muon(const MuonOptions
           {"adam_epsilon", text(o.adam_epsilon)},
           {"adam_epsilon_root", text(o.adam_epsilon_root)},
           {"adam_weight_decay", text(o.adam_weight_decay)},
-          {"adamw_parameters", adamw}};
+          {"adamw_parameters", adamw},
+          {"newton_schulz_precision", to_string(o.newton_schulz_precision)}};
 }
 
 double MuonParameterPlan::cost() const {

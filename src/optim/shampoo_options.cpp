@@ -151,6 +151,10 @@ void ShampooOptions::validate() const {
                  "eigendecompositions; Newton runs on the execution space), got root_method ",
                  linalg::to_string(root.method));
   root.validate();
+  LATHER_REQUIRE(product_precision == ProductPrecision::float32 || statistics_precision == linalg::Precision::float32,
+                 "ShampooOptions::product_precision ", to_string(product_precision),
+                 " rounds float products; with statistics_precision float64 the products are double (use "
+                 "product_precision float32 or statistics_precision float32)");
   LATHER_REQUIRE(product_host_threads >= 0 && product_host_threads <= 1024,
                  "ShampooOptions::product_host_threads must be in [0, 1024], got ", product_host_threads);
 }
@@ -251,6 +255,7 @@ const std::vector<std::string>& option_names() {
                                                  "retry_failed_roots_in_double",
                                                  "max_consecutive_root_failures",
                                                  "statistics_precision",
+                                                 "product_precision",
                                                  "balance_root_work",
                                                  "step_mode",
                                                  "async_roots",
@@ -316,6 +321,9 @@ std::string option_help(const std::string& name) {
       {"retry_failed_roots_in_double", "recompute a failed float32 root in float64 before rejecting it"},
       {"max_consecutive_root_failures", "error after this many failed roots in a row of one statistic (0: never)"},
       {"statistics_precision", "float32 or float64 statistics and preconditioners"},
+      {"product_precision",
+       "float32, tf32 or bfloat16: inputs of the statistics and preconditioning products rounded to it, "
+       "accumulated in float32 (tensor cores on CUDA; emulated elsewhere)"},
       {"balance_root_work", "replicated step: assign roots to ranks by n^3 cost (else even split by count)"},
       {"step_mode", "auto, replicated or distributed: how the ranks of a group share the step"},
       {"async_roots",
@@ -414,6 +422,8 @@ std::string option_value(const ShampooOptions& o, const std::string& name) {
     out << o.max_consecutive_root_failures;
   else if (name == "statistics_precision")
     out << linalg::to_string(o.statistics_precision);
+  else if (name == "product_precision")
+    out << to_string(o.product_precision);
   else if (name == "balance_root_work")
     out << o.balance_root_work;
   else if (name == "step_mode")
@@ -512,6 +522,8 @@ void set_option(ShampooOptions& o, const std::string& name, const std::string& v
     o.max_consecutive_root_failures = i();
   else if (name == "statistics_precision")
     o.statistics_precision = linalg::parse_precision(value);
+  else if (name == "product_precision")
+    o.product_precision = parse_product_precision(value, "Shampoo option product_precision");
   else if (name == "balance_root_work")
     o.balance_root_work = b();
   else if (name == "step_mode")

@@ -2,11 +2,15 @@
 // The GEMM calls of Lather: C = alpha op(A) op(B) + beta C through Kokkos Kernels (the BLAS TPL
 // on the host, cuBLAS on CUDA), on the caller's execution space instance where Kokkos Kernels
 // takes one (>= 4.1), and its strided-batched form for many products of one shape. Empty products
-// are handled here, so no BLAS sees a zero dimension.
+// are handled here, so no BLAS sees a zero dimension. Both forms also come with their inputs
+// rounded to a ProductPrecision (TF32 or bfloat16, accumulation in float32): tensor cores through
+// cuBLAS on CUDA, rounded copies of the inputs elsewhere.
 
+#include <lather/core/error.hpp>
 #include <lather/core/host_blas_threads.hpp>
 #include <lather/core/host_threads.hpp>
 #include <lather/core/kokkos_compat.hpp>
+#include <lather/core/product_precision.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
 #include <KokkosKernels_config.h>
@@ -55,11 +59,13 @@ void gemm(const ExecutionSpace& space, const char* trans_a, const char* trans_b,
 
 #if LATHER_BATCHED_GEMM_CUBLAS
 /// cuBLAS is column-major: the row-major product C = op(A) op(B) is the column-major product
-/// C^T = op(B)^T op(A)^T, so the operands swap and keep their transposition flags.
+/// C^T = op(B)^T op(A)^T, so the operands swap and keep their transposition flags. A float
+/// product at `precision` TF32 or bfloat16 is cublasGemmStridedBatchedEx with the tensor-core
+/// compute type of that format (float32 in and out: cuBLAS converts the inputs itself).
 template <class T>
 void cublas_strided_batched(const Kokkos::Cuda& space, char ta, char tb, int m, int n, int k, T alpha, const T* a,
                             std::int64_t stride_a, const T* b, std::int64_t stride_b, T beta, T* c,
-                            std::int64_t stride_c, int count) {
+                            std::int64_t stride_c, int count, ProductPrecision precision = ProductPrecision::float32) {
   auto& singleton = KokkosBlas::Impl::CudaBlasSingleton::singleton();
   if (cublasSetStream(singleton.handle, space.cuda_stream()) != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error("cublasSetStream failed");
@@ -67,15 +73,38 @@ void cublas_strided_batched(const Kokkos::Cuda& space, char ta, char tb, int m, 
   const int lda = (ta == 'N' || ta == 'n') ? k : m;  // row-major leading dimensions
   const int ldb = (tb == 'N' || tb == 'n') ? n : k;
   cublasStatus_t status;
-  if constexpr (std::is_same<T, float>::value)
-    status = cublasSgemmStridedBatched(singleton.handle, op(tb), op(ta), n, m, k, &alpha, b, ldb, stride_b, a, lda,
-                                       stride_a, &beta, c, n, stride_c, count);
-  else
+  if constexpr (std::is_same<T, float>::value) {
+    if (precision == ProductPrecision::float32) {
+      status = cublasSgemmStridedBatched(singleton.handle, op(tb), op(ta), n, m, k, &alpha, b, ldb, stride_b, a, lda,
+                                         stride_a, &beta, c, n, stride_c, count);
+    } else {
+      const cublasComputeType_t compute =
+          precision == ProductPrecision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_FAST_16BF;
+      status = cublasGemmStridedBatchedEx(singleton.handle, op(tb), op(ta), n, m, k, &alpha, b, CUDA_R_32F, ldb,
+                                          stride_b, a, CUDA_R_32F, lda, stride_a, &beta, c, CUDA_R_32F, n, stride_c,
+                                          count, compute, CUBLAS_GEMM_DEFAULT);
+    }
+  } else {
     status = cublasDgemmStridedBatched(singleton.handle, op(tb), op(ta), n, m, k, &alpha, b, ldb, stride_b, a, lda,
                                        stride_a, &beta, c, n, stride_c, count);
-  if (status != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublas<t>gemmStridedBatched failed");
+  }
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(precision == ProductPrecision::float32 ? "cublas<t>gemmStridedBatched failed"
+                                                                    : "cublasGemmStridedBatchedEx failed");
 }
 #endif
+
+/// True where a product of T at a reduced ProductPrecision goes to hardware that rounds the
+/// inputs itself (cuBLAS's tensor-core compute types, float data on CUDA); elsewhere the inputs
+/// are rounded into copies first, which needs scratch (gemm_strided_batched below).
+template <class ExecutionSpace, class T>
+constexpr bool rounds_inputs_itself() {
+#if LATHER_BATCHED_GEMM_CUBLAS
+  return std::is_same<ExecutionSpace, Kokkos::Cuda>::value && std::is_same<T, float>::value;
+#else
+  return false;
+#endif
+}
 
 /// The upper triangle (row-major) of C = alpha X X^T + beta C for X [n, k] row-major, or of
 /// C = alpha X^T X + beta C for X [k, n] (`transpose`), C n x n with rows ldc apart: BLAS syrk on
@@ -140,6 +169,94 @@ long gemm_strided_batched(const ExecutionSpace& space, char ta, char tb, int m, 
     gemm(space, op_a, op_b, alpha, ai, bi, beta, Mutable(c + i * stride_c, m, n));
   }
   return count;
+}
+
+/// copy[i size + e] = round_to(from[i stride + e], precision) for i < copies, e < size: the
+/// rounded inputs of a reduced-precision product, each matrix contiguous.
+template <class ExecutionSpace>
+void round_inputs(const ExecutionSpace& space, ProductPrecision precision, const float* from, std::int64_t stride,
+                  std::int64_t size, int copies, float* copy) {
+  const int kept = significand_bits(precision) - 1;
+  Kokkos::parallel_for(
+      "Lather::gemm::round_inputs", Kokkos::RangePolicy<ExecutionSpace>(space, 0, size * copies),
+      KOKKOS_LAMBDA(std::int64_t f) {
+        const std::int64_t i = f / size, e = f - i * size;
+        copy[f] = round_significand(from[i * stride + e], kept);
+      });
+}
+
+/// gemm_strided_batched with the inputs A_i and B_i rounded to `precision` and the products
+/// accumulated in float32; C and beta C stay float32. On CUDA with cuBLAS (float data) one
+/// cublasGemmStridedBatchedEx call on tensor cores, which convert the inputs themselves (cuBLAS
+/// does not document its conversion's rounding). Elsewhere the inputs are rounded to nearest
+/// even into `rounded` (grown as needed and kept for the next call; A's matrices once where B
+/// holds the same ones, as for Gram matrices), then multiplied by the float32 call above: the
+/// product of two rounded inputs is exact in float32, so this computes what a tensor core does
+/// up to the order of the additions, at the cost of a pass over the inputs. float32 is the call
+/// above, bit for bit, and needs no scratch. The reduced formats round float inputs: for double
+/// data, anything but float32 throws lather::Error.
+template <class ExecutionSpace, class T>
+long gemm_strided_batched(const ExecutionSpace& space, ProductPrecision precision,
+                          Kokkos::View<T*, typename ExecutionSpace::memory_space>& rounded, char ta, char tb, int m,
+                          int n, int k, T alpha, const T* a, std::int64_t stride_a, const T* b, std::int64_t stride_b,
+                          T beta, T* c, std::int64_t stride_c, int count, int host_threads = 1, bool by_work = true) {
+  const auto plain = [&](const T* pa, std::int64_t sa, const T* pb, std::int64_t sb) {
+    return gemm_strided_batched(space, ta, tb, m, n, k, alpha, pa, sa, pb, sb, beta, c, stride_c, count, host_threads,
+                                by_work);
+  };
+  if (precision == ProductPrecision::float32 || count <= 0 || m == 0 || n == 0 || k == 0)
+    return plain(a, stride_a, b, stride_b);
+  if constexpr (!std::is_same<T, float>::value) {
+    LATHER_FAIL("Lather::gemm: product precision ", to_string(precision),
+                " rounds float inputs; these products are of double (use float32)");
+  } else {
+#if LATHER_BATCHED_GEMM_CUBLAS
+    if constexpr (rounds_inputs_itself<ExecutionSpace, T>()) {
+      cublas_strided_batched(space, ta, tb, m, n, k, alpha, a, stride_a, b, stride_b, beta, c, stride_c, count,
+                             precision);
+      return 1;
+    }
+#endif
+    const std::int64_t size_a = std::int64_t(m) * k, size_b = std::int64_t(k) * n;
+    const int copies_a = stride_a == 0 ? 1 : count, copies_b = stride_b == 0 ? 1 : count;
+    const bool same = a == b && stride_a == stride_b && size_a == size_b;
+    const std::int64_t needed = copies_a * size_a + (same ? 0 : copies_b * size_b);
+    if (std::int64_t(rounded.extent(0)) < needed) {
+      // The old copies may still be read by a product in flight on `space`.
+      fence(space, "Lather::gemm: rounded inputs no longer read");
+      rounded = Kokkos::View<T*, typename ExecutionSpace::memory_space>(
+          Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::gemm::rounded_inputs"), std::size_t(needed));
+    }
+    T* rounded_a = rounded.data();
+    T* rounded_b = same ? rounded_a : rounded_a + copies_a * size_a;
+    round_inputs(space, precision, a, stride_a, size_a, copies_a, rounded_a);
+    if (!same) round_inputs(space, precision, b, stride_b, size_b, copies_b, rounded_b);
+    return plain(rounded_a, stride_a == 0 ? 0 : size_a, rounded_b, stride_b == 0 ? 0 : size_b);
+  }
+}
+
+/// gemm() with its inputs rounded to `precision` (gemm_strided_batched above, one product):
+/// contiguous row-major Views only.
+template <class ExecutionSpace, class AView, class BView, class CView>
+void gemm(const ExecutionSpace& space, ProductPrecision precision,
+          Kokkos::View<typename CView::non_const_value_type*, typename ExecutionSpace::memory_space>& rounded,
+          const char* trans_a, const char* trans_b, typename CView::non_const_value_type alpha, const AView& a,
+          const BView& b, typename CView::non_const_value_type beta, const CView& c) {
+  if (precision == ProductPrecision::float32) {
+    gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
+    return;
+  }
+  static_assert(std::is_same<typename AView::array_layout, Kokkos::LayoutRight>::value &&
+                    std::is_same<typename BView::array_layout, Kokkos::LayoutRight>::value &&
+                    std::is_same<typename CView::array_layout, Kokkos::LayoutRight>::value,
+                "Lather::gemm at a reduced precision takes row-major Views");
+  LATHER_REQUIRE(a.span_is_contiguous() && b.span_is_contiguous() && c.span_is_contiguous(),
+                 "Lather::gemm at a reduced precision takes contiguous Views");
+  const bool a_normal = trans_a[0] == 'N' || trans_a[0] == 'n';
+  const int k = int(a_normal ? a.extent(1) : a.extent(0));
+  gemm_strided_batched(space, precision, rounded, a_normal ? 'N' : 'T',
+                       (trans_b[0] == 'N' || trans_b[0] == 'n') ? 'N' : 'T', int(c.extent(0)), int(c.extent(1)), k,
+                       alpha, a.data(), 0, b.data(), 0, beta, c.data(), 0, 1);
 }
 
 }  // namespace lather::Impl

@@ -46,6 +46,7 @@
 #endif
 
 #include <lather/comm/group.hpp>
+#include <lather/core/product_precision.hpp>
 #include <lather/optim/distribution.hpp>
 #include <lather/optim/optimizer.hpp>
 #include <lather/optim/schedule.hpp>
@@ -65,7 +66,13 @@ struct MuonOptions {
   int ns_steps = 5;      ///< Newton-Schulz iterations
   /// (a, b, c) of X <- a X + b (X X^T) X + c (X X^T)^2 X: Jordan's quintic, maximal slope at 0.
   std::array<double, 3> ns_coefficients{3.4445, -4.7750, 2.0315};
-  double epsilon = 1e-8;      ///< X / (||X||_F + epsilon) before the iteration (optax's eps)
+  double epsilon = 1e-8;  ///< X / (||X||_F + epsilon) before the iteration (optax's eps)
+  /// Lather's: what the inputs of the Newton-Schulz products (X X^T, A A, B X) are rounded to,
+  /// accumulated in float32; the iterates stay float32 between products. bfloat16 is the
+  /// precision of Jordan's reference (which also keeps the iterates in bfloat16). tf32 or
+  /// bfloat16 run on tensor cores on CUDA (cuBLAS), elsewhere through rounded copies (for
+  /// testing: slower than float32). Muon<..., double> takes float32 only.
+  ProductPrecision newton_schulz_precision = ProductPrecision::float32;
   double weight_decay = 0.0;  ///< decoupled, times the learning rate: p -= lr wd p
   double adam_beta1 = 0.9, adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;  ///< optax's muon passes its `eps` to AdamW as well: keep equal to match it

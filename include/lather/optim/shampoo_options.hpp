@@ -6,6 +6,7 @@
 #error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
 #endif
 
+#include <lather/core/product_precision.hpp>
 #include <lather/linalg/inverse_root.hpp>
 #include <lather/optim/schedule.hpp>
 
@@ -133,6 +134,12 @@ struct ShampooOptions {
   int max_consecutive_root_failures = 0;
   /// Precision of the statistics and preconditioner stacks.
   linalg::Precision statistics_precision = linalg::Precision::float32;
+  /// What the inputs of the statistics products (the blocks' Gram matrices, KL-Shampoo's
+  /// contractions included) and of the preconditioning products (the blocks contracted with their
+  /// preconditioners) are rounded to, the products accumulated in float32: tf32 or bfloat16 run
+  /// on tensor cores on CUDA (cuBLAS), elsewhere through rounded copies (for testing: slower than
+  /// float32). The roots are not affected. Needs statistics_precision float32.
+  ProductPrecision product_precision = ProductPrecision::float32;
   /// Replicated step: assign statistics to the ranks of the data-parallel group by greedy
   /// longest-processing-time on their root cost (n^3) instead of the reference's even split by
   /// count. (The distributed step always balances its blocks by their whole cost.)
@@ -160,7 +167,8 @@ struct ShampooOptions {
 /// "learning_rate", "0.01"; "nesterov", "true"); Lather's own options are "root_method",
 /// "root_compute_precision", "root_max_iterations", "root_tolerance",
 /// "retry_failed_roots_in_double", "max_consecutive_root_failures", "statistics_precision",
-/// "balance_root_work". Throws lather::Error naming the key and the value it could not use.
+/// "product_precision", "balance_root_work". Throws lather::Error naming the key and the value it
+/// could not use.
 void set_option(ShampooOptions& options, const std::string& name, const std::string& value);
 /// The names set_option accepts, in documentation order.
 const std::vector<std::string>& option_names();

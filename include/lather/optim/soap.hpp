@@ -79,6 +79,7 @@
 #endif
 
 #include <lather/comm/group.hpp>
+#include <lather/core/product_precision.hpp>
 #include <lather/optim/distribution.hpp>
 #include <lather/optim/optimizer.hpp>
 #include <lather/optim/partition.hpp>
@@ -120,6 +121,12 @@ struct SoapOptions {
   /// Threads), else the CPUs this rank has to itself on its node, as Shampoo's root_host_threads;
   /// there the products take no more than one thread per 20 MFLOP. 0 to 1024.
   int host_threads = 0;
+  /// Lather's: what the inputs of the factor updates (the blocks' Gram matrices) and of the
+  /// rotations into and out of the eigenbases are rounded to, the products accumulated in
+  /// float32: tf32 or bfloat16 run on tensor cores on CUDA (cuBLAS), elsewhere through rounded
+  /// copies (for testing: slower than float32). The eigendecompositions and QR refreshes (double,
+  /// host) are not affected. Soap<..., double> takes float32 only.
+  ProductPrecision product_precision = ProductPrecision::float32;
   void validate() const;  ///< Throws lather::Error naming the first bad field and its value.
 };
 
@@ -290,7 +297,8 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   int m_host_threads = 1;  // host threads of the products and refreshes (SoapOptions::host_threads)
   // This rank's share, in its local layout.
   Buffer m_exp_avg, m_exp_avg_sq, m_factors, m_bases;
-  Buffer m_gradient, m_update, m_scratch_a;          // workspace
+  Buffer m_gradient, m_update, m_scratch_a;  // workspace
+  Buffer m_rounded;  // the products' rounded inputs (SoapOptions::product_precision), where needed
   Kokkos::View<double*, memory_space> m_block_sums;  // normalize_grads: sum of u^2 per block
   // best_effort_memory_usage_reduction: this rank's quantized state (m_exp_avg keeps the float
   // exp_avg of rank-1 blocks only), the workspace it is dequantized into, and index lists.

@@ -6,7 +6,10 @@
 // dense stores, the products of one block at a time go straight to the BLAS, in the stores' slots,
 // the blocks shared out among host threads that each run one BLAS thread: at Shampoo's sizes a
 // threaded BLAS keeps its threads busier with separate blocks than with one block split up
-// (n = 128, 2 CPUs: syrk 155-160 GFLOP/s against 75-80, GEMM 185-198 against 138-159).
+// (n = 128, 2 CPUs: syrk 155-160 GFLOP/s against 75-80, GEMM 185-198 against 138-159). At a
+// reduced ProductPrecision (ShampooOptions::product_precision) every product goes through the
+// rounding GEMM (lather/core/gemm.hpp): on the host that is the batched path with its rounded
+// copies, not the direct BLAS calls, which have no rounding.
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_IS_OPTIM)
 #error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
@@ -35,11 +38,14 @@ class BlockProducts {
   /// intermediate contractions. `host_threads`: the threads that share out the blocks on a host
   /// backend (ignored on a device); `by_work`: fewer where a phase has too little work for them
   /// (flops_per_host_thread each). `kl_statistics`: scratch for update_kl_statistics too.
+  /// `precision`: what the products' inputs are rounded to (float32: nothing).
   BlockProducts(const ExecutionSpace& space, const ShampooPlan& plan, const StepPlan& step, std::size_t workspace_bytes,
-                bool quantized, int host_threads, bool by_work, bool kl_statistics = false)
+                bool quantized, int host_threads, bool by_work, bool kl_statistics = false,
+                ProductPrecision precision = ProductPrecision::float32)
       : m_step(&step),
         m_threads(::lather::Impl::runs_on_host<ExecutionSpace> ? std::max(1, host_threads) : 1),
-        m_threads_by_work(by_work) {
+        m_threads_by_work(by_work),
+        m_precision(precision) {
     std::int64_t statistics = 0, matrices = 0, packed = 0;
     for (const auto& group : step.groups) {
       std::int64_t group_matrices = 0;
@@ -78,8 +84,9 @@ class BlockProducts {
   }
 
   std::int64_t workspace_bytes() const {
-    return std::int64_t(
-        (m_grams.span() + m_gram_scratch.span() + m_matrices.span() + m_work.span() + m_kl_work.span()) * sizeof(T));
+    return std::int64_t((m_grams.span() + m_gram_scratch.span() + m_matrices.span() + m_work.span() + m_kl_work.span() +
+                         m_rounded.span()) *
+                        sizeof(T));
   }
   /// GEMM launches since construction.
   long launches() const { return m_launches; }
@@ -94,7 +101,7 @@ class BlockProducts {
   /// j-th preconditioned dimension of each group alone (groups with fewer are left alone).
   void update_statistics(const ExecutionSpace& space, const T* packed, Store& statistics, T w1, T w2, int only = -1) {
     if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-      if (!statistics.quantized()) {
+      if (!statistics.quantized() && m_precision == ProductPrecision::float32) {
         update_dense_statistics_on_host(space, packed, statistics, w1, w2, only);
         return;
       }
@@ -215,17 +222,18 @@ class BlockProducts {
     m_flops += 2.0 * double(count) * double(n) * double(elements);
     const int threads = m_threads;
     const bool by_work = m_threads_by_work;
+    const ProductPrecision precision = m_precision;
     if (before == 1)
-      m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(after), alpha, x, elements, x, elements, beta, c,
-                                         stride_c, count, threads, by_work);
+      m_launches += gemm_strided_batched(space, precision, m_rounded, 'N', 'T', n, n, int(after), alpha, x, elements, x,
+                                         elements, beta, c, stride_c, count, threads, by_work);
     else if (after == 1)
-      m_launches += gemm_strided_batched(space, 'T', 'N', n, n, int(before), alpha, x, elements, x, elements, beta, c,
-                                         stride_c, count, threads, by_work);
+      m_launches += gemm_strided_batched(space, precision, m_rounded, 'T', 'N', n, n, int(before), alpha, x, elements,
+                                         x, elements, beta, c, stride_c, count, threads, by_work);
     else
       for (std::int64_t a = 0; a < before; ++a)
-        m_launches += gemm_strided_batched(space, 'N', 'T', n, n, int(after), alpha, x + a * n * after, elements,
-                                           x + a * n * after, elements, a == 0 ? beta : T(1), c, stride_c, count,
-                                           threads, by_work);
+        m_launches += gemm_strided_batched(space, precision, m_rounded, 'N', 'T', n, n, int(after), alpha,
+                                           x + a * n * after, elements, x + a * n * after, elements,
+                                           a == 0 ? beta : T(1), c, stride_c, count, threads, by_work);
   }
 
   /// Host, dense statistics: every Gram matrix blended into its slot in place by BLAS syrk,
@@ -297,7 +305,7 @@ class BlockProducts {
   /// the result lands in `direction`, both at the units' packed offsets.
   void precondition(const ExecutionSpace& space, const T* input, const Store& preconditioners, T* direction) {
     if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-      if (!preconditioners.quantized()) {
+      if (!preconditioners.quantized() && m_precision == ProductPrecision::float32) {
         precondition_dense_on_host(space, input, preconditioners, direction);
         return;
       }
@@ -310,7 +318,8 @@ class BlockProducts {
       std::vector<std::int64_t> stride_p;
       group_preconditioners(space, group, preconditioners, p, stride_p);
       if constexpr (::lather::Impl::runs_on_host<ExecutionSpace>) {
-        // Quantized preconditioners, copied out above: one block at a time through a block-sized
+        // Quantized preconditioners, copied out above, or products at a reduced precision (whose
+        // inputs are rounded into copies anyway): one block at a time through a block-sized
         // scratch that stays in cache (the host makes one GEMM per block either way), instead of
         // a pass over a work buffer the size of all.
         for (int k = 0; k < units; ++k) {
@@ -436,17 +445,18 @@ class BlockProducts {
     const std::int64_t n = group.size[std::size_t(d)];
     const std::int64_t before = product(group.size, 0, d), after = product(group.size, d + 1, -1);
     m_flops += 2.0 * double(count) * double(n) * double(elements);
+    const ProductPrecision precision = m_precision;
     if (before == 1)  // P^T X with X [n, after]
-      m_launches += gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p, x, elements,
-                                         T(0), y, elements, count, m_threads, m_threads_by_work);
+      m_launches += gemm_strided_batched(space, precision, m_rounded, 'T', 'N', int(n), int(after), int(n), T(1), p,
+                                         stride_p, x, elements, T(0), y, elements, count, m_threads, m_threads_by_work);
     else if (after == 1)  // X P with X [before, n]
-      m_launches += gemm_strided_batched(space, 'N', 'N', int(before), int(n), int(n), T(1), x, elements, p, stride_p,
-                                         T(0), y, elements, count, m_threads, m_threads_by_work);
+      m_launches += gemm_strided_batched(space, precision, m_rounded, 'N', 'N', int(before), int(n), int(n), T(1), x,
+                                         elements, p, stride_p, T(0), y, elements, count, m_threads, m_threads_by_work);
     else
       for (std::int64_t a = 0; a < before; ++a)
-        m_launches +=
-            gemm_strided_batched(space, 'T', 'N', int(n), int(after), int(n), T(1), p, stride_p, x + a * n * after,
-                                 elements, T(0), y + a * n * after, elements, count, m_threads, m_threads_by_work);
+        m_launches += gemm_strided_batched(space, precision, m_rounded, 'T', 'N', int(n), int(after), int(n), T(1), p,
+                                           stride_p, x + a * n * after, elements, T(0), y + a * n * after, elements,
+                                           count, m_threads, m_threads_by_work);
   }
 
   /// The product of size[begin, end) (end < 0: to the last).
@@ -465,6 +475,8 @@ class BlockProducts {
   std::vector<HostBlock> m_host_blocks;
   std::int64_t m_gram_capacity = 1;
   Flat m_grams, m_gram_scratch, m_matrices, m_work, m_kl_work;
+  ProductPrecision m_precision = ProductPrecision::float32;
+  Flat m_rounded;  // the products' rounded inputs, where the backend does not round them itself
   long m_launches = 0;
   double m_flops = 0;
   bool m_upper_only = false;

@@ -26,14 +26,17 @@ template <class Scalar, class MemorySpace>
 using MuonMatrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
 /// Scratch of the Newton-Schulz iteration for matrices up to r x c (r <= c): the iterate and
-/// the next one (r c each), the Gram matrix A = X X^T and the polynomial b A + c A A (r r each).
+/// the next one (r c each), the Gram matrix A = X X^T and the polynomial b A + c A A (r r each);
+/// at a reduced `precision`, where the backend does not round the products' inputs itself, their
+/// rounded copies (r r + r c: B and X of B X).
 template <class ExecutionSpace, class Scalar>
 struct NewtonSchulzWorkspace {
   using memory_space = typename ExecutionSpace::memory_space;
-  Kokkos::View<Scalar*, memory_space> x, y, a, b;
+  Kokkos::View<Scalar*, memory_space> x, y, a, b, rounded;
   Kokkos::View<double, memory_space> sum_of_squares;  // stays on the device: no host round trip
 
-  void reserve(const ExecutionSpace& space, std::int64_t wide_elements, std::int64_t gram_elements) {
+  void reserve(const ExecutionSpace& space, std::int64_t wide_elements, std::int64_t gram_elements,
+               ProductPrecision precision = ProductPrecision::float32) {
     const auto grow = [&](auto& view, std::int64_t n, const char* what) {
       if (std::int64_t(view.extent(0)) >= n) return;
       view = Kokkos::View<Scalar*, memory_space>(
@@ -44,20 +47,35 @@ struct NewtonSchulzWorkspace {
     grow(y, wide_elements, "next_iterate");
     grow(a, gram_elements, "gram");
     grow(b, gram_elements, "polynomial");
+    if (precision != ProductPrecision::float32 && !::lather::Impl::rounds_inputs_itself<ExecutionSpace, Scalar>())
+      grow(rounded, wide_elements + gram_elements, "rounded_inputs");
     if (!sum_of_squares.data())
       sum_of_squares = Kokkos::View<double, memory_space>(Kokkos::view_alloc(space, "Lather::Muon::sum_of_squares"));
   }
-  std::int64_t bytes() const { return std::int64_t((x.size() + y.size() + a.size() + b.size()) * sizeof(Scalar)); }
+  std::int64_t bytes() const {
+    return std::int64_t((x.size() + y.size() + a.size() + b.size() + rounded.size()) * sizeof(Scalar));
+  }
 };
+
+/// Throws lather::Error unless MuonOptions::newton_schulz_precision applies to Scalar (reduced
+/// precisions round float products).
+template <class Scalar>
+void require_newton_schulz_precision(const MuonOptions& options) {
+  LATHER_REQUIRE((std::is_same<Scalar, float>::value || options.newton_schulz_precision == ProductPrecision::float32),
+                 "MuonOptions::newton_schulz_precision ", to_string(options.newton_schulz_precision),
+                 " rounds float products; this Muon computes in double (use float32)");
+}
 
 /// Orthogonalizes the r x c matrix (r <= c) that the caller wrote to ws.x, as optax's
 /// orthogonalize_via_newton_schulz after its transposition: X /= ||X||_F + eps, then `steps`
-/// times X <- a X + (b A + c A A) X with A = X X^T, three GEMMs per step. Returns the View (in
-/// ws.x or ws.y) that holds the result.
+/// times X <- a X + (b A + c A A) X with A = X X^T, three GEMMs per step, their inputs rounded
+/// to `precision` (the terms b A and a X are added in float32). Returns the View (in ws.x or
+/// ws.y) that holds the result.
 template <class ExecutionSpace, class Scalar>
 MuonMatrix<Scalar, typename ExecutionSpace::memory_space> orthogonalize_wide(
     const ExecutionSpace& space, NewtonSchulzWorkspace<ExecutionSpace, Scalar>& ws, std::int64_t r, std::int64_t c,
-    const std::array<double, 3>& coefficients, int steps, double epsilon) {
+    const std::array<double, 3>& coefficients, int steps, double epsilon,
+    ProductPrecision precision = ProductPrecision::float32) {
   using memory_space = typename ExecutionSpace::memory_space;
   using Matrix = MuonMatrix<Scalar, memory_space>;
   LATHER_REQUIRE(r <= c && std::int64_t(ws.x.extent(0)) >= r * c && std::int64_t(ws.a.extent(0)) >= r * r,
@@ -87,11 +105,11 @@ MuonMatrix<Scalar, typename ExecutionSpace::memory_space> orthogonalize_wide(
   };
   for (int step = 0; step < steps; ++step) {
     const Matrix xm(x, r, c), ym(y, r, c);
-    ::lather::Impl::gemm(space, "N", "T", Scalar(1), xm, xm, Scalar(0), a);  // A = X X^T
+    ::lather::Impl::gemm(space, precision, ws.rounded, "N", "T", Scalar(1), xm, xm, Scalar(0), a);  // A = X X^T
     Kokkos::deep_copy(space, flat(b.data(), r * r), flat(a.data(), r * r));
-    ::lather::Impl::gemm(space, "N", "N", cc, a, a, cb, b);  // B = c A A + b A
+    ::lather::Impl::gemm(space, precision, ws.rounded, "N", "N", cc, a, a, cb, b);  // B = c A A + b A
     Kokkos::deep_copy(space, flat(y, n), flat(x, n));
-    ::lather::Impl::gemm(space, "N", "N", Scalar(1), b, xm, ca, ym);  // Y = B X + a X
+    ::lather::Impl::gemm(space, precision, ws.rounded, "N", "N", Scalar(1), b, xm, ca, ym);  // Y = B X + a X
     std::swap(x, y);
   }
   return Matrix(x, r, c);
@@ -99,19 +117,21 @@ MuonMatrix<Scalar, typename ExecutionSpace::memory_space> orthogonalize_wide(
 
 /// out := the Newton-Schulz orthogonalization of `in` (m x n, row-major, both in the execution
 /// space's memory; they may be the same View), transposed to m <= n for the iteration and back,
-/// as optax.contrib's orthogonalize_via_newton_schulz (Frobenius preconditioning).
+/// as optax.contrib's orthogonalize_via_newton_schulz (Frobenius preconditioning); the products'
+/// inputs rounded to `precision`.
 template <class ExecutionSpace, class Scalar>
 void newton_schulz(const ExecutionSpace& space,
                    const MuonMatrix<const Scalar, typename ExecutionSpace::memory_space>& in,
                    const MuonMatrix<Scalar, typename ExecutionSpace::memory_space>& out,
                    const std::array<double, 3>& coefficients, int steps, double epsilon,
-                   NewtonSchulzWorkspace<ExecutionSpace, Scalar>& ws) {
+                   NewtonSchulzWorkspace<ExecutionSpace, Scalar>& ws,
+                   ProductPrecision precision = ProductPrecision::float32) {
   const std::int64_t m = std::int64_t(in.extent(0)), n = std::int64_t(in.extent(1));
   LATHER_REQUIRE(std::int64_t(out.extent(0)) == m && std::int64_t(out.extent(1)) == n,
                  "Muon::newton_schulz: output is ", out.extent(0), " x ", out.extent(1), ", input ", m, " x ", n);
   const bool transposed = m > n;
   const std::int64_t r = std::min(m, n), c = std::max(m, n);
-  ws.reserve(space, r * c, r * r);
+  ws.reserve(space, r * c, r * r, precision);
   Scalar* x = ws.x.data();
   Kokkos::parallel_for(
       "Lather::Muon::newton_schulz_in", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m * n),
@@ -119,7 +139,7 @@ void newton_schulz(const ExecutionSpace& space,
         const std::int64_t i = k / n, j = k % n;
         x[transposed ? j * m + i : k] = in(i, j);
       });
-  const auto result = orthogonalize_wide(space, ws, r, c, coefficients, steps, epsilon);
+  const auto result = orthogonalize_wide(space, ws, r, c, coefficients, steps, epsilon, precision);
   Kokkos::parallel_for(
       "Lather::Muon::newton_schulz_out", Kokkos::RangePolicy<ExecutionSpace>(space, 0, m * n),
       KOKKOS_LAMBDA(std::int64_t k) {
@@ -232,7 +252,7 @@ void muon_matrix_step(const ExecutionSpace& space, const MuonOptions& o,
   muon_momentum(space, g, mu, ws.x.data(), rows, cols, Scalar(o.beta), Scalar(1 - o.beta),
                 bias_correction<Scalar>(o.beta, t + 1), bias_correction<Scalar>(o.beta, t + 2), o.nesterov, transposed);
   const auto result = orthogonalize_wide(space, ws, std::min(rows, cols), std::max(rows, cols), o.ns_coefficients,
-                                         o.ns_steps, o.epsilon);
+                                         o.ns_steps, o.epsilon, o.newton_schulz_precision);
   muon_update(space, x, copy, result, rows, cols, lr, muon_scale<Scalar>(rows, cols), Scalar(o.weight_decay),
               transposed);
 }
@@ -275,6 +295,7 @@ Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<Para
   const std::string local_error = ::lather::Impl::local_failure("muon.construct", [&] {
     this->validate_parameters();
     m_options.validate();
+    Impl::require_newton_schulz_precision<Scalar>(m_options);
     // The owners of the matrices: the distributor's assignment by Newton-Schulz cost.
     m_plan = plan_muon(this->m_parameters, m_options,
                        [this](const std::vector<double>& costs) { return m_distributor->assign(costs); });
@@ -303,7 +324,7 @@ Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<Para
       wide = std::max(wide, plan.rows * plan.columns);
       gram = std::max(gram, r * r);
     }
-    st.ws.reserve(space, wide, gram);
+    st.ws.reserve(space, wide, gram, m_options.newton_schulz_precision);
     m_distributor->lay_out(space, part_elements, "Lather::Muon::gathered");
     if (!distributed()) return;
     std::vector<std::int64_t> next;

@@ -148,7 +148,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
           m_options, async_root_threads<memory_space>(m_options, threads.roots));
     m_products = std::make_unique<BlockProducts<ExecutionSpace, T>>(
         space, m_plan, m_step_plan, m_options.root.workspace_bytes, quantized(), m_step_threads,
-        m_options.product_host_threads == 0, m_options.kl_shampoo);
+        m_options.product_host_threads == 0, m_options.kl_shampoo, m_options.product_precision);
   }
 
   // ---------------------------------------------------------------------------------------------

@@ -120,6 +120,7 @@ ShardedMuon<ExecutionSpace, Scalar>::ShardedMuon(const ExecutionSpace& space, st
   const std::string local_error = ::lather::Impl::local_failure("muon.construct", [&] {
     this->validate_parameters();
     m_options.validate();
+    Impl::require_newton_schulz_precision<Scalar>(m_options);
     for (std::size_t p = 0; p < count; ++p) {
       const auto& piece = this->m_parameters[p];
       whole[p].name = piece.name;
@@ -214,7 +215,7 @@ ShardedMuon<ExecutionSpace, Scalar>::ShardedMuon(const ExecutionSpace& space, st
   }
   m_group.run_agreed("Muon", [&] {
     ::lather::Impl::fault_point("muon.construct");
-    st.ws.reserve(space, wide, gram);
+    st.ws.reserve(space, wide, gram, m_options.newton_schulz_precision);
     st.band = Flat(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "Lather::Muon::band"), std::size_t(band));
     if (staging > 0)
       st.staging =
@@ -327,8 +328,9 @@ void ShardedMuon<ExecutionSpace, Scalar>::orthogonalize_pieces(const ExecutionSp
                         "Lather::ShardedMuon::transpose_in", Kokkos::RangePolicy<ExecutionSpace>(space, 0, rows * cols),
                         KOKKOS_LAMBDA(std::int64_t k) { to[(k % cols) * rows + k / cols] = from[k]; });
                   }
-                  const auto result = Impl::orthogonalize_wide(space, st.ws, std::min(rows, cols), std::max(rows, cols),
-                                                               o.ns_coefficients, o.ns_steps, o.epsilon);
+                  const auto result =
+                      Impl::orthogonalize_wide(space, st.ws, std::min(rows, cols), std::max(rows, cols),
+                                               o.ns_coefficients, o.ns_steps, o.epsilon, o.newton_schulz_precision);
                   if (!in_rows) {
                     // Every rank's piece, in rank order, duplicates included.
                     std::int64_t at = 0;

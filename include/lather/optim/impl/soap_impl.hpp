@@ -92,6 +92,9 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
     this->validate_parameters();
     m_options.validate();
     const auto& o = m_options;
+    LATHER_REQUIRE((std::is_same<Scalar, float>::value || o.product_precision == ProductPrecision::float32),
+                   "SoapOptions::product_precision ", to_string(o.product_precision),
+                   " rounds float products; this Soap computes in double (use float32)");
     std::int64_t packed = 0, factors = 0;
     for (std::size_t p = 0; p < this->m_parameters.size(); ++p) {
       const auto& spec = this->m_parameters[p];
@@ -489,7 +492,8 @@ std::vector<std::pair<std::string, std::string>> Soap<ExecutionSpace, Scalar>::d
           {"precondition_1d", flag(o.precondition_1d)},
           {"normalize_grads", flag(o.normalize_grads)},
           {"correct_bias", flag(o.correct_bias)},
-          {"best_effort_memory_usage_reduction", flag(o.best_effort_memory_usage_reduction)}};
+          {"best_effort_memory_usage_reduction", flag(o.best_effort_memory_usage_reduction)},
+          {"product_precision", to_string(o.product_precision)}};
 }
 
 }  // namespace lather::optim

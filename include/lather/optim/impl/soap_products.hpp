@@ -33,22 +33,24 @@ void Soap<ExecutionSpace, Scalar>::rotate(const ExecutionSpace& space, const Sha
     const std::int64_t outer = Impl::soap_product(size, 0, d), inner = Impl::soap_product(size, d + 1, size.size());
     const Scalar* q = basis_data() + c.factor[d];
     const char tq = forward ? 'T' : 'N';
+    const ProductPrecision precision = m_options.product_precision;
     if (inner == 1) {  // X is [outer, n]: X Q (forward) or X Q^T (backward)
-      m_launches += gemm_strided_batched(space, 'N', forward ? 'N' : 'T', int(outer), n, n, Scalar(1), in, elements, q,
-                                         nn, Scalar(0), out, elements, int(count), threads, by_work);
+      m_launches +=
+          gemm_strided_batched(space, precision, m_rounded, 'N', forward ? 'N' : 'T', int(outer), n, n, Scalar(1), in,
+                               elements, q, nn, Scalar(0), out, elements, int(count), threads, by_work);
     } else if (outer == 1) {
-      m_launches += gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q, nn, in, elements, Scalar(0),
-                                         out, elements, int(count), threads, by_work);
+      m_launches += gemm_strided_batched(space, precision, m_rounded, tq, 'N', n, int(inner), n, Scalar(1), q, nn, in,
+                                         elements, Scalar(0), out, elements, int(count), threads, by_work);
     } else if (count <= outer) {
       for (std::int64_t i = 0; i < count; ++i)
-        m_launches +=
-            gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q + i * nn, 0, in + i * elements,
-                                 n * inner, Scalar(0), out + i * elements, n * inner, int(outer), threads, by_work);
+        m_launches += gemm_strided_batched(space, precision, m_rounded, tq, 'N', n, int(inner), n, Scalar(1),
+                                           q + i * nn, 0, in + i * elements, n * inner, Scalar(0), out + i * elements,
+                                           n * inner, int(outer), threads, by_work);
     } else {
       for (std::int64_t a = 0; a < outer; ++a)
-        m_launches +=
-            gemm_strided_batched(space, tq, 'N', n, int(inner), n, Scalar(1), q, nn, in + a * n * inner, elements,
-                                 Scalar(0), out + a * n * inner, elements, int(count), threads, by_work);
+        m_launches += gemm_strided_batched(space, precision, m_rounded, tq, 'N', n, int(inner), n, Scalar(1), q, nn,
+                                           in + a * n * inner, elements, Scalar(0), out + a * n * inner, elements,
+                                           int(count), threads, by_work);
     }
     std::swap(in, out);
   }
@@ -76,15 +78,16 @@ void Soap<ExecutionSpace, Scalar>::accumulate_factors(const ExecutionSpace& spac
     const std::int64_t nn = std::int64_t(n) * n;
     const std::int64_t outer = Impl::soap_product(size, 0, d), inner = Impl::soap_product(size, d + 1, size.size());
     Scalar* factor = factor_data() + c.factor[d];
+    const ProductPrecision precision = m_options.product_precision;
     if (inner == 1) {
-      m_launches += gemm_strided_batched(space, 'T', 'N', n, n, int(outer), Scalar(1) - beta, g, elements, g, elements,
-                                         beta, factor, nn, int(count), threads, by_work);
+      m_launches += gemm_strided_batched(space, precision, m_rounded, 'T', 'N', n, n, int(outer), Scalar(1) - beta, g,
+                                         elements, g, elements, beta, factor, nn, int(count), threads, by_work);
     } else {
       for (std::int64_t a = 0; a < outer; ++a) {
         const Scalar* x = g + a * n * inner;
         m_launches +=
-            gemm_strided_batched(space, 'N', 'T', n, n, int(inner), Scalar(1) - beta, x, elements, x, elements,
-                                 a == 0 ? beta : Scalar(1), factor, nn, int(count), threads, by_work);
+            gemm_strided_batched(space, precision, m_rounded, 'N', 'T', n, n, int(inner), Scalar(1) - beta, x, elements,
+                                 x, elements, a == 0 ? beta : Scalar(1), factor, nn, int(count), threads, by_work);
       }
     }
   }

@@ -256,7 +256,7 @@ StateMemoryReport Soap<ExecutionSpace, Scalar>::quantized_memory_report() const 
                       bytes(m_factor_scales) + bytes(m_basis_codes) + bytes(m_basis_scales);
   r.workspace_bytes = bytes(m_gradient) + bytes(m_update) + bytes(m_scratch_a) + bytes(m_block_sums) +
                       bytes(m_distributor->buffer()) + bytes(m_avg_work) + bytes(m_matrix_work) + bytes(m_q_index) +
-                      bytes(m_state_full) + bytes(m_state_gathered);
+                      bytes(m_state_full) + bytes(m_state_gathered) + bytes(m_rounded);
   return r;
 }
 

@@ -42,7 +42,7 @@ StateMemoryReport Soap<ExecutionSpace, Scalar>::memory_report() const {
   r.local_bytes = bytes(m_exp_avg) + bytes(m_exp_avg_sq);
   r.stack_bytes = bytes(m_factors) + bytes(m_bases);
   r.workspace_bytes = bytes(m_gradient) + bytes(m_update) + bytes(m_scratch_a) + bytes(m_block_sums) +
-                      bytes(m_distributor->buffer()) + bytes(m_state_full) + bytes(m_state_gathered);
+                      bytes(m_distributor->buffer()) + bytes(m_state_full) + bytes(m_state_gathered) + bytes(m_rounded);
   return r;
 }
 
