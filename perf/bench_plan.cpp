@@ -88,7 +88,7 @@ struct MeasuredMemory {
 
 nn::TransformerConfig transformer_config(const PlanOptions& o) {
   nn::TransformerConfig c;
-  c.vocab_size = 65;
+  c.vocab_size = 128;  // Shakespeare's 65 characters, padded as lather-train pads them (to whole 128s)
   c.n_layer = o.n_layer, c.n_head = o.n_head, c.d_model = o.d_model, c.block_size = o.block_size;
   return c;
 }
@@ -100,7 +100,7 @@ std::vector<int> mlp_sizes(const PlanOptions& o) {
   return sizes;
 }
 
-train::TrainOptions optimizer_options(const PlanOptions& o);
+train::TrainOptions optimizer_options(const PlanOptions& o, int weight_shards = 1);
 
 Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_samples) {
   Runner r;
@@ -201,10 +201,17 @@ Runner make_runner(const PlanOptions& o, const comm::Mesh& mesh, int largest_sam
   return r;
 }
 
-train::TrainOptions optimizer_options(const PlanOptions& o) {
+/// lather-train's options for the model and optimizer on `weight_shards` shards: for the
+/// transformer, Shampoo's and SOAP's blocks are the largest power of two up to 128 that divides
+/// the shards' slices, as lather-train chooses them.
+train::TrainOptions optimizer_options(const PlanOptions& o, int weight_shards) {
   train::TrainOptions t =
       train::model_defaults(o.model == "mlp" ? train::ModelKind::mlp : train::ModelKind::transformer);
   t.optimizer = train::parse_optimizer(o.optimizer);
+  if (o.model == "transformer")
+    for (auto& option : t.shampoo)
+      if (option.rfind("block_size=", 0) == 0)
+        option = "block_size=" + std::to_string(train::transformer_block_size(o.d_model, weight_shards));
   return t;
 }
 
@@ -440,7 +447,7 @@ std::pair<double, MeasuredMemory> measure_step(const PlanOptions& o, const plan:
   comm::GradientReducer<Space, float> reducer(mesh, options);
   const auto storage = reducer.shared_gradient_storage(std::int64_t(parameters.gradient_buffer().extent(0)));
   if (storage.data() != nullptr) runner.place_gradients(storage);
-  const auto optimizer = train::make_optimizer(Space(), optimizer_options(o), parameters.specs(), mesh);
+  const auto optimizer = train::make_optimizer(Space(), optimizer_options(o, l.shards), parameters.specs(), mesh);
   const GradientsReady ready = [&](std::size_t first, std::size_t last) {
     if (first < last)
       reducer.ready(Space(), first, last);
