@@ -23,6 +23,7 @@
 #include <lather/optim/partition.hpp>
 
 #include <cstdint>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -66,23 +67,25 @@ inline SoapReading soap_reading(const ParameterSpec& spec, std::int64_t merge_sm
   SoapReading r;
   const auto& global = spec.global();
   r.piece = pieces && spec.shape != global;
+  const bool rows = r.piece && (spec.band_of_whole || spec.split_axis == 0);
+  int split = -1;  // a slice along a later axis: where its axis lands in the reading
   if (!r.piece) {
     r.shape = merge(spec.shape);
-  } else if (spec.band_of_whole || spec.split_axis == 0) {
+  } else if (rows) {
     r.shape = merge(global);
     LATHER_REQUIRE(spec.split_axis == 0 && !r.shape.empty() && global[0] > 0, "Soap: parameter '", spec.name,
                    "' is a band split along axis ", spec.split_axis, "; a band must be rows (axis 0) of the whole");
+  } else if (merge_small_dims_block_size > 0) {
+    std::tie(r.shape, split) = merge_small_dims_around(global, spec.split_axis, merge_small_dims_block_size);
   } else {
-    int split = spec.split_axis;
-    if (merge_small_dims_block_size > 0) {
-      auto around = merge_small_dims_around(global, spec.split_axis, merge_small_dims_block_size);
-      r.shape = std::move(around.first);
-      split = around.second;
-    } else {
-      r.shape = global;
-    }
-    r.held.assign(r.shape.size(), {0, 0});
-    for (std::size_t d = 0; d < r.shape.size(); ++d) r.held[d] = {0, r.shape[d]};
+    r.shape = global;
+    split = spec.split_axis;
+  }
+  for (auto d : r.shape) r.held.push_back({0, d});
+  if (rows) {
+    const std::int64_t inner = r.shape[0] / global[0];
+    r.held[0] = {spec.split_offset * inner, (spec.split_offset + spec.shape[0]) * inner};
+  } else if (r.piece) {
     r.held[std::size_t(split)] = {spec.split_offset, spec.split_offset + spec.shape[std::size_t(spec.split_axis)]};
     if (spec.row_band()) {
       // The rows are the first dimension of the reading, merged with the dimensions after them and
@@ -93,13 +96,6 @@ inline SoapReading soap_reading(const ParameterSpec& spec, std::int64_t merge_sm
       const std::int64_t row_inner = r.shape[0] / global[0];
       r.held[0] = {spec.row_offset * row_inner, (spec.row_offset + spec.shape[0]) * row_inner};
     }
-    return r;
-  }
-  r.held.assign(r.shape.size(), {0, 0});
-  for (std::size_t d = 0; d < r.shape.size(); ++d) r.held[d] = {0, r.shape[d]};
-  if (r.piece) {
-    const std::int64_t inner = r.shape[0] / global[0];
-    r.held[0] = {spec.split_offset * inner, (spec.split_offset + spec.shape[0]) * inner};
   }
   return r;
 }
