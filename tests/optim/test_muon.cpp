@@ -6,6 +6,7 @@
 #include <lather/optim/muon.hpp>
 
 #include "common/state_bytes.hpp"
+#include "optim/reference_options.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -154,28 +155,6 @@ std::vector<std::string> reference_files() {
   return files;
 }
 
-MuonOptions options_from(const nlohmann::json& o) {
-  MuonOptions options;
-  const auto& lr = o.at("learning_rate");
-  const std::string kind = lr.at("kind");
-  options.learning_rate = kind == "constant" ? LearningRateSchedule::constant(lr.at("peak"))
-                                             : LearningRateSchedule::cosine(lr.at("peak"), lr.at("warmup_steps"),
-                                                                            lr.at("decay_steps"), lr.at("end_value"));
-  options.beta = o.at("beta");
-  options.nesterov = o.at("nesterov");
-  options.ns_steps = o.at("ns_steps");
-  options.ns_coefficients = o.at("ns_coefficients").get<std::array<double, 3>>();
-  options.epsilon = o.at("epsilon");
-  options.adam_epsilon = o.at("epsilon");  // optax's muon hands its eps to its AdamW
-  options.weight_decay = o.at("weight_decay");
-  options.adam_beta1 = o.at("adam_beta1");
-  options.adam_beta2 = o.at("adam_beta2");
-  options.adam_epsilon_root = o.at("adam_epsilon_root");
-  options.adam_weight_decay = o.at("adam_weight_decay");
-  options.adamw_parameters = o.at("adamw_parameters").get<std::vector<std::string>>();
-  return options;
-}
-
 class ReferenceTrajectory : public ::testing::TestWithParam<std::string> {};
 
 // The reference runs in float32 as we do; what differs is the order of float32 operations (BLAS
@@ -189,7 +168,7 @@ class ReferenceTrajectory : public ::testing::TestWithParam<std::string> {};
 TEST_P(ReferenceTrajectory, ThirtyStepsMatchOptax) {
   std::ifstream in(GetParam());
   const auto doc = nlohmann::json::parse(in);
-  const auto options = options_from(doc.at("options"));
+  const auto options = lather::test::muon_reference_options(doc.at("options"));
   std::vector<ParameterSpec> specs;
   for (const auto& p : doc.at("parameters")) specs.push_back({p.at("name"), p.at("shape").get<lather::TensorShape>()});
   lather::ParameterList<float, Mem> params(Space(), specs);

@@ -16,6 +16,7 @@
 #include <lather/optim/sharded_muon.hpp>
 #include <lather/optim/soap.hpp>
 
+#include "optim/reference_options.hpp"
 #include "optim/reference_problem.hpp"
 
 #include <gtest/gtest.h>
@@ -299,24 +300,6 @@ TEST(ShampooProductPrecision, OptionsAreCheckedAndNamed) {
 
 // ---- SOAP --------------------------------------------------------------------------------------
 
-SoapOptions soap_options_from(const nlohmann::json& o) {
-  SoapOptions options;
-  options.learning_rate = LearningRateSchedule::constant(o.at("learning_rate"));
-  options.beta1 = o.at("beta1");
-  options.beta2 = o.at("beta2");
-  options.shampoo_beta = o.at("shampoo_beta");
-  options.epsilon = o.at("epsilon");
-  options.weight_decay = o.at("weight_decay");
-  options.precondition_frequency = o.at("precondition_frequency");
-  options.max_precond_dim = o.at("max_precond_dim");
-  options.block_size = o.at("block_size");
-  options.merge_small_dims_block_size = o.at("merge_small_dims_block_size");
-  options.precondition_1d = o.at("precondition_1d");
-  options.normalize_grads = o.at("normalize_grads");
-  options.correct_bias = o.at("correct_bias");
-  return options;
-}
-
 // SOAP has no per-step bound in u: its bases are eigenvectors of the factors, which a
 // perturbation E turns by |E| / gap within a pair of eigenvalues gap apart, and its update
 // divides every rotated coordinate by its own size (m / sqrt(v): a coordinate's step has the
@@ -333,7 +316,7 @@ TEST(SoapProductPrecision, FollowsFloat32OnThePytorchReferenceProblems) {
   ASSERT_GE(sets.size(), 3u);
   for (const auto& doc : sets) {
     const auto specs = specs_of(doc);
-    const SoapOptions base = soap_options_from(doc.at("options"));
+    const SoapOptions base = lather::test::soap_reference_options(doc.at("options"));
     const Make make = [&](ProductPrecision precision) {
       SoapOptions o = base;
       o.product_precision = precision;
@@ -369,28 +352,6 @@ TEST(SoapProductPrecision, DoubleSoapRefusesReducedProducts) {
 
 // ---- Muon --------------------------------------------------------------------------------------
 
-MuonOptions muon_options_from(const nlohmann::json& o) {
-  MuonOptions options;
-  const auto& lr = o.at("learning_rate");
-  const std::string kind = lr.at("kind");
-  options.learning_rate = kind == "constant" ? LearningRateSchedule::constant(lr.at("peak"))
-                                             : LearningRateSchedule::cosine(lr.at("peak"), lr.at("warmup_steps"),
-                                                                            lr.at("decay_steps"), lr.at("end_value"));
-  options.beta = o.at("beta");
-  options.nesterov = o.at("nesterov");
-  options.ns_steps = o.at("ns_steps");
-  options.ns_coefficients = o.at("ns_coefficients").get<std::array<double, 3>>();
-  options.epsilon = o.at("epsilon");
-  options.adam_epsilon = o.at("epsilon");
-  options.weight_decay = o.at("weight_decay");
-  options.adam_beta1 = o.at("adam_beta1");
-  options.adam_beta2 = o.at("adam_beta2");
-  options.adam_epsilon_root = o.at("adam_epsilon_root");
-  options.adam_weight_decay = o.at("adam_weight_decay");
-  options.adamw_parameters = o.at("adamw_parameters").get<std::vector<std::string>>();
-  return options;
-}
-
 // Muon's update of a matrix is lr scale NS(M), NS the Newton-Schulz iteration: 5 (or 4)
 // iterations of three products, X X^T, A A and B X, each rounding its two inputs, a relative
 // perturbation of at most 2u of its result. An error made in one iteration reaches the output
@@ -409,7 +370,7 @@ TEST(MuonProductPrecision, FollowsFloat32OnTheOptaxReferenceProblems) {
   ASSERT_GE(sets.size(), 2u);
   for (const auto& doc : sets) {
     const auto specs = specs_of(doc);
-    const MuonOptions base = muon_options_from(doc.at("options"));
+    const MuonOptions base = lather::test::muon_reference_options(doc.at("options"));
     const Make make = [&](ProductPrecision precision) {
       MuonOptions o = base;
       o.newton_schulz_precision = precision;

@@ -7,6 +7,7 @@
 #include <lather/optim/soap.hpp>
 
 #include "common/state_bytes.hpp"
+#include "optim/reference_options.hpp"
 #include "optim/reference_problem.hpp"
 
 #include <gtest/gtest.h>
@@ -33,24 +34,6 @@ std::vector<std::string> reference_files() {
   return lather::test::reference_files(fs::path(LATHER_TEST_DATA_DIR) / "soap_reference");
 }
 
-SoapOptions options_from(const nlohmann::json& o) {
-  SoapOptions options;
-  options.learning_rate = lather::optim::LearningRateSchedule::constant(o.at("learning_rate"));
-  options.beta1 = o.at("beta1");
-  options.beta2 = o.at("beta2");
-  options.shampoo_beta = o.at("shampoo_beta");
-  options.epsilon = o.at("epsilon");
-  options.weight_decay = o.at("weight_decay");
-  options.precondition_frequency = o.at("precondition_frequency");
-  options.max_precond_dim = o.at("max_precond_dim");
-  options.block_size = o.at("block_size");
-  options.merge_small_dims_block_size = o.at("merge_small_dims_block_size");
-  options.precondition_1d = o.at("precondition_1d");
-  options.normalize_grads = o.at("normalize_grads");
-  options.correct_bias = o.at("correct_bias");
-  return options;
-}
-
 class SoapReference : public ::testing::TestWithParam<std::string> {};
 
 // Tolerance: parameters and all state are float32 on both sides; the reference computes eigh/QR
@@ -67,7 +50,7 @@ class SoapReference : public ::testing::TestWithParam<std::string> {};
 TEST_P(SoapReference, ThirtyStepsMatchPytorchOptimizer) {
   std::ifstream in(GetParam());
   const auto doc = nlohmann::json::parse(in);
-  const SoapOptions options = options_from(doc.at("options"));
+  const SoapOptions options = lather::test::soap_reference_options(doc.at("options"));
   std::vector<lather::optim::ParameterSpec> specs;
   for (const auto& p : doc.at("parameters")) specs.push_back({p.at("name"), p.at("shape").get<lather::TensorShape>()});
   Problem problem(specs);
@@ -371,7 +354,8 @@ TEST(SoapQuantized, FollowsFloatSoapOnTheReferenceProblems) {
     std::vector<lather::optim::ParameterSpec> specs;
     for (const auto& p : doc.at("parameters"))
       specs.push_back({p.at("name"), p.at("shape").get<lather::TensorShape>()});
-    const auto [deviation, movement] = quantized_deviation(specs, options_from(doc.at("options")), doc.at("steps"));
+    const auto [deviation, movement] =
+        quantized_deviation(specs, lather::test::soap_reference_options(doc.at("options")), doc.at("steps"));
     std::printf("%s: quantized vs float %.3g, movement %.3g\n", doc.at("name").get<std::string>().c_str(), deviation,
                 movement);
     EXPECT_LE(deviation, 0.1 * movement) << doc.at("name");
