@@ -15,6 +15,16 @@
 //   hidden_fraction   1 - exposed_overlapped / exposed_blocking (what overlap hid)
 //   ratio             overlapped_seconds / blocking_seconds (the baseline)
 //   same_bits         the overlapped gradients equal the blocking ones bit for bit (every rank)
+//
+// With --step-gather OPTIMIZER (shampoo, soap, muon) it measures the distributed step's all-gather
+// of new values instead: a step is the passes, the blocking reduction and the optimizer's step,
+// in two modes run in turn (the same weights and data):
+//   blocking     the whole exchange inside step() (the baseline)
+//   overlapped   Optimizer::overlap_exchange: the next forward waits for each layer's values
+// One JSON object per model ("bench": "step_gather") with the slowest rank's medians of both
+// steps, their ratio, the seconds the overlapped forward waited for values (needed_wait_seconds:
+// the gather left exposed) and same_bits (the values after the last step, every rank). Shampoo
+// runs with shared_memory_gather off, so that its values travel through MPI as across nodes.
 #include "bench_common.hpp"
 
 #include <lather/comm/mesh.hpp>
@@ -24,6 +34,9 @@
 #include <lather/core/kokkos_compat.hpp>
 #include <lather/nn/mlp.hpp>
 #include <lather/nn/transformer.hpp>
+#include <lather/optim/muon.hpp>
+#include <lather/optim/shampoo.hpp>
+#include <lather/optim/soap.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
@@ -50,6 +63,7 @@ struct OverlapOptions {
   std::size_t bucket_bytes = std::size_t(1) << 20;
   int steps = 30;
   int warmup_steps = 5;
+  std::string step_gather;  ///< an optimizer: measure its step's all-gather instead of the reduction
 };
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -67,10 +81,11 @@ std::vector<double> spread(std::vector<double> values) {
   return {(values[values.size() * 3 / 4] - values[values.size() / 4]) / 2};
 }
 
-/// One model's step: its passes (with the hook, or none) and what it reduces.
+/// One model's step: its passes (with the hooks, or none) and what it reduces.
 struct Workload {
   std::string name;
-  std::function<void(const GradientsReady&)> passes;
+  std::function<void(const GradientsReady&, const ParametersNeeded&)> passes;
+  std::vector<std::pair<std::size_t, std::size_t>> layers;  ///< parameter ranges, in forward order
   const ParameterList<float, Space::memory_space>* parameters = nullptr;
   std::function<void(const FlatTensor<float, Space::memory_space>&)> place_gradients;
   double weight = 1;  ///< this rank's samples or tokens
@@ -100,7 +115,10 @@ Workload mlp_workload(const OverlapOptions& o, std::vector<std::shared_ptr<void>
   keep.push_back(model), keep.push_back(x), keep.push_back(y);
   Workload w;
   w.name = "mlp";
-  w.passes = [model, x, y](const GradientsReady& ready) { model->train_batch(Space(), *x, *y, false, ready); };
+  w.passes = [model, x, y](const GradientsReady& ready, const ParametersNeeded& needed) {
+    model->train_batch(Space(), *x, *y, false, ready, needed);
+  };
+  for (std::size_t l = 0; l < model->layers().size(); ++l) w.layers.emplace_back(2 * l, 2 * l + 2);
   w.parameters = &model->parameters();
   w.place_gradients = [model](const FlatTensor<float, Space::memory_space>& s) { model->place_gradients(Space(), s); };
   w.weight = o.mlp_batch;
@@ -129,24 +147,34 @@ Workload transformer_workload(const OverlapOptions& o, std::vector<std::shared_p
   Workload w;
   w.name = "transformer";
   const int batch = o.transformer_batch, time = o.block_size;
-  w.passes = [model, inputs, targets, batch, time](const GradientsReady& ready) {
-    model->train_batch(Space(), batch, time, *inputs, *targets, false, ready);
+  w.passes = [model, inputs, targets, batch, time](const GradientsReady& ready, const ParametersNeeded& needed) {
+    model->train_batch(Space(), batch, time, *inputs, *targets, false, ready, needed);
   };
+  w.layers = model->parameter_layers();
   w.parameters = &model->parameters();
   w.place_gradients = [model](const FlatTensor<float, Space::memory_space>& s) { model->place_gradients(Space(), s); };
   w.weight = double(rows);
   return w;
 }
 
+/// --model `name`'s workload (its memory kept alive by `keep`).
+Workload make_workload(const OverlapOptions& o, const std::string& name, std::vector<std::shared_ptr<void>>& keep) {
+  LATHER_REQUIRE(name == "mlp" || name == "transformer", "--model: '", name, "' is not mlp or transformer");
+  return name == "mlp" ? mlp_workload(o, keep) : transformer_workload(o, keep);
+}
+
+comm::ReduceOptions reduce_options(const OverlapOptions& o) {
+  comm::ReduceOptions options;
+  options.fusion_bytes = o.bucket_bytes;
+  return options;
+}
+
 void run_model(const OverlapOptions& o, const std::string& name, const comm::Group& world) {
   // Two copies of the model (the same weights and data): one per world reducer, each with its
   // gradients placed in its reducer's window, as lather-train places them.
   std::vector<std::shared_ptr<void>> keep;
-  const auto make = [&] { return name == "mlp" ? mlp_workload(o, keep) : transformer_workload(o, keep); };
-  LATHER_REQUIRE(name == "mlp" || name == "transformer", "--model: '", name, "' is not mlp or transformer");
-  Workload blocking_model = make(), overlapped_model = make();
-  comm::ReduceOptions options;
-  options.fusion_bytes = o.bucket_bytes;
+  Workload blocking_model = make_workload(o, name, keep), overlapped_model = make_workload(o, name, keep);
+  const comm::ReduceOptions options = reduce_options(o);
   Reducer blocking(world, options), overlapped(world, options);
   Reducer alone(world.split(world.rank(), 0), options);  // the no-op of the same shapes
   for (const auto& pair :
@@ -169,14 +197,14 @@ void run_model(const OverlapOptions& o, const std::string& name, const comm::Gro
     const bool measured = step >= o.warmup_steps;
     world.barrier();
     double t0 = now();
-    blocking_model.passes({});
+    blocking_model.passes({}, {});
     alone.weighted_mean(Space(), grads, weight);
     Kokkos::fence();
     if (measured) compute.push_back(now() - t0);
 
     world.barrier();
     t0 = now();
-    blocking_model.passes({});
+    blocking_model.passes({}, {});
     Kokkos::fence();
     const double t1 = now();
     blocking.weighted_mean(Space(), grads, weight);
@@ -187,7 +215,7 @@ void run_model(const OverlapOptions& o, const std::string& name, const comm::Gro
     world.barrier();
     t0 = now();
     overlapped.start(Space(), overlapped_model.parameters->gradients(), comm::ReduceOp::weighted_mean, weight);
-    overlapped_model.passes(ready);
+    overlapped_model.passes(ready, {});
     const double t3 = now();
     overlapped.finish(Space());
     Kokkos::fence();
@@ -239,11 +267,87 @@ void run_model(const OverlapOptions& o, const std::string& name, const comm::Gro
           {"same_bits", same_bits}});
 }
 
+/// The optimizer of --step-gather on `parameters`, its step distributed over `world`.
+std::unique_ptr<optim::Optimizer<Space, float>> step_optimizer(const std::string& kind,
+                                                               const std::vector<ParameterSpec>& parameters,
+                                                               const comm::Group& world) {
+  if (kind == "muon")
+    return std::make_unique<optim::Muon<Space, float>>(Space(), parameters, optim::MuonOptions(), world);
+  if (kind == "soap") {
+    optim::SoapOptions options;  // lather-train's blocking and refresh
+    options.block_size = 128;
+    options.precondition_frequency = 10;
+    return std::make_unique<optim::Soap<Space, float>>(Space(), parameters, options, world);
+  }
+  LATHER_REQUIRE(kind == "shampoo", "--step-gather: '", kind, "' is not shampoo, soap or muon");
+  optim::ShampooOptions options;
+  options.shared_memory_gather = false;  // through MPI, as across nodes
+  return std::make_unique<optim::Shampoo<Space, float>>(Space(), parameters, options, world);
+}
+
+void run_step_gather(const OverlapOptions& o, const std::string& name, const comm::Group& world) {
+  std::vector<std::shared_ptr<void>> keep;
+  Workload blocking_model = make_workload(o, name, keep), overlapped_model = make_workload(o, name, keep);
+  Reducer reducer(world, reduce_options(o));
+  const auto blocking = step_optimizer(o.step_gather, blocking_model.parameters->specs(), world);
+  const auto overlapped = step_optimizer(o.step_gather, overlapped_model.parameters->specs(), world);
+  const bool deferred = overlapped->overlap_exchange(Space(), overlapped_model.layers);
+  double waited = 0;
+  const ParametersNeeded needed = [&](std::size_t first, std::size_t last) {
+    const double t = now();
+    overlapped->values_needed(Space(), first, last);
+    waited += now() - t;
+  };
+  std::vector<double> blocking_step, overlapped_step, waits;
+  for (int step = 0; step < o.steps; ++step) {
+    const bool measured = step >= o.warmup_steps;
+    for (const bool overlap : {false, true}) {
+      Workload& w = overlap ? overlapped_model : blocking_model;
+      world.barrier();
+      waited = 0;
+      const double t0 = now();
+      w.passes({}, overlap ? needed : ParametersNeeded());
+      reducer.weighted_mean(Space(), w.parameters->gradients(), w.weight);
+      (overlap ? *overlapped : *blocking).step(Space(), *w.parameters);
+      Kokkos::fence();
+      if (measured) (overlap ? overlapped_step : blocking_step).push_back(now() - t0);
+      if (measured && overlap) waits.push_back(waited);
+    }
+  }
+  overlapped->values_needed(Space());
+  const auto a = comm::checksum<Space, float>(Space(), blocking_model.parameters->values());
+  const auto b = comm::checksum<Space, float>(Space(), overlapped_model.parameters->values());
+  const bool same_bits = world.allreduce(int(a == b), comm::Combine::min) == 1;
+  const auto slowest = [&](const std::vector<double>& v) { return world.allreduce(median(v), comm::Combine::max); };
+  const double bs = slowest(blocking_step), os = slowest(overlapped_step), wait = slowest(waits),
+               noise = slowest(spread(blocking_step));
+  if (world.rank() == 0)
+    emit({{"bench", "step_gather"},
+          {"model", name},
+          {"optimizer", o.step_gather},
+          {"ranks", world.size()},
+          {"parameters", blocking_model.parameters->gradient_buffer().extent(0)},
+          {"layers", overlapped_model.layers.size()},
+          {"deferred", deferred},
+          {"steps", int(blocking_step.size())},
+          {"blocking_seconds", bs},
+          {"overlapped_seconds", os},
+          {"needed_wait_seconds", wait},
+          {"blocking_spread_seconds", noise},
+          {"ratio", os / bs},
+          {"same_bits", same_bits}});
+}
+
 void run_overlap(const OverlapOptions& o) {
   LATHER_REQUIRE(o.steps > o.warmup_steps && o.warmup_steps >= 0, "--steps ", o.steps, " must exceed --warmup-steps ",
                  o.warmup_steps);
   const comm::Group world(MPI_COMM_WORLD);
-  for (const auto& model : o.models) run_model(o, model, world);
+  for (const auto& model : o.models) {
+    if (o.step_gather.empty())
+      run_model(o, model, world);
+    else
+      run_step_gather(o, model, world);
+  }
 }
 
 }  // namespace
@@ -265,6 +369,9 @@ void register_overlap(CLI::App& app) {
   sub->add_option("--bucket-bytes", options->bucket_bytes, "Bytes per gradient bucket")->capture_default_str();
   sub->add_option("--steps", options->steps, "Steps per mode, warm-up included")->capture_default_str();
   sub->add_option("--warmup-steps", options->warmup_steps, "Steps not measured")->capture_default_str();
+  sub->add_option("--step-gather", options->step_gather,
+                  "Measure this optimizer's (shampoo, soap, muon) distributed step all-gather, whole and overlapped "
+                  "with the next forward, instead of the reduction");
   sub->callback([options] { run_overlap(*options); });
 }
 

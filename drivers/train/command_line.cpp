@@ -309,6 +309,10 @@ void add_options(CLI::App& app, TrainOptions& o, std::optional<ModelKind> help_m
   app.add_option("--bucket-bytes", o.bucket_bytes,
                  "Bytes per gradient bucket, one reduction each (0: 64 MiB, or 1 MiB with --overlap-reduction)")
       ->capture_default_str();
+  app.add_flag("--overlap-step-gather", o.overlap_step_gather,
+               "Shampoo, SOAP and Muon's distributed step: gather the new values layer by layer while the next "
+               "forward runs, each layer waited for just before its forward (bit-identical results; not with "
+               "--shard-parameters or --pipeline-stages)");
   app.add_flag("--shard-parameters", o.shard_parameters,
                "Each replica stores its own units of every parameter, gradient and optimizer state (rows; whole "
                "rows of Shampoo's and SOAP's blocks); layers are gathered before their passes, gradients "

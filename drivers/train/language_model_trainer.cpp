@@ -237,6 +237,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
                                 : make_optimizer(space, o, parameters.specs(), mesh);
   const auto reducer = make_reducer(mesh, o, model.parameter_specs());
   if (!shards) place_gradients(space, *reducer, model);
+  overlap_step_gather(space, o, *optimizer, model.parameter_layers(), log);
   if (source) {
     if (shards)
       load_sharded_checkpoint(space, o, mesh, *source, *checkpointer, *optimizer, *shards, log);
@@ -278,6 +279,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   // rank taking as many rounds as the largest share needs.
   const auto evaluate = [&](long step) {
     const double began = log.seconds();
+    optimizer->values_needed(space);  // the last step's values, where the forward left any in flight
     const long windows_total = long(validation_offsets.size());
     // Not structured bindings: the round's lambda below captures them (C++17 forbids it; clang
     // refuses).
@@ -318,6 +320,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   };
   const auto save = [&]() {
     if (!checkpointer) return;
+    optimizer->values_needed(space);
     checkpoint::TrainingState state;
     state.rng = {o.seed};
     describe_run(o, state);
@@ -368,6 +371,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
       const GradientsReady ready =
           start_reduction(space, o, *reducer, parameters, double((mine_end - mine_begin) * block));
       const long last_piece = last_nonempty_share(mine_end - mine_begin, micro_steps);
+      const ParametersNeeded needed = step_gather_hook(space, o, *optimizer);
       run_passes(space, *reducer, [&] {
         for (int round = 0; round < o.accumulate; ++round) {
           std::vector<Model::MicroBatch> micro_batches;
@@ -386,7 +390,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
           // The hook in the round of the step's last micro-batch, whose backward is the last.
           const bool last_round = last_piece / o.micro_batches == round;
           const auto r = model.train_micro_batches(space, schedule, micro_batches, written, timing ? &times : nullptr,
-                                                   last_round ? ready : GradientsReady());
+                                                   last_round ? ready : GradientsReady(), needed);
           written = true;
           local.loss += r.loss, local.correct += r.correct, local.tokens += r.tokens;
           busy_seconds += times.busy, schedule_seconds += times.seconds;
@@ -540,6 +544,7 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
                 {"model_flop_utilization", achieved / gemm_rate}});
   }
 
+  optimizer->values_needed(space);  // the values the run ends with (sampling reads them)
   if (o.sample > 0 && !result.interrupted) {
     // Sharded, the model reads the whole parameters, gathered once, for sampling.
     std::optional<ParameterList<float, Memory>> whole;

@@ -107,6 +107,7 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
                                 : make_optimizer(space, o, parameters.specs(), mesh);
   const auto reducer = make_reducer(mesh, o, model.parameter_specs());
   if (!shards) place_gradients(space, *reducer, model);
+  overlap_step_gather(space, o, *optimizer, mlp_parameter_layers(model), log);
   Position start;
   if (source) {
     const auto state = shards
@@ -147,6 +148,7 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
   const long first_step = optimizer->step_count();
 
   const auto save = [&](const Position& next) {
+    optimizer->values_needed(space);  // the last step's values, where the forward left any in flight
     if (checkpointer)
       result.last_checkpoint =
           shards ? save_sharded_checkpoint(space, o, mesh, *checkpointer, *optimizer, *shards, position_state(o, next))
@@ -157,6 +159,7 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
   // rounds as the largest share needs).
   const auto evaluate = [&](long epoch, bool epoch_end) {
     const double began = log.seconds();
+    optimizer->values_needed(space);
     // Not structured bindings: the pass's lambda below captures them (C++17 forbids it).
     const auto mine = share(data.test.count, replicas, replica);
     const long begin = mine.first, end = mine.second;
@@ -246,6 +249,7 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
     }
   }
   result.steps = optimizer->step_count();
+  optimizer->values_needed(space);  // the values the run ends with
   // Stopped between epoch ends (--max-steps, a target reached by --eval-every): the final
   // numbers still come from the test set.
   if (!result.interrupted && result.steps > first_step && next.sample != 0 && !result.reached_target &&

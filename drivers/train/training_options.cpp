@@ -267,7 +267,12 @@ void TrainOptions::validate() const {
                    "ends: --overlap-reduction has nothing to add");
     LATHER_REQUIRE(wire_precision == comm::WirePrecision::native, "--shard-parameters moves gradients in float32; ",
                    "--wire-precision ", comm::to_string(wire_precision), " is not supported with it");
+    LATHER_REQUIRE(!overlap_step_gather, "--shard-parameters updates each rank's own rows and gathers every layer ",
+                   "before its passes already: --overlap-step-gather has no step gather to overlap");
   }
+  LATHER_REQUIRE(!overlap_step_gather || pipeline_stages == 1, "--overlap-step-gather waits for each layer's values ",
+                 "in its forward, which pipeline stages do not ask for; with --pipeline-stages ", pipeline_stages,
+                 " leave it out");
   LATHER_REQUIRE(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got ", checkpoint_every);
   LATHER_REQUIRE(checkpoint_every == 0 || !checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
   LATHER_REQUIRE(!resume || !checkpoint_dir.empty(), "--resume needs --checkpoint-dir");

@@ -82,6 +82,9 @@ struct TrainOptions {
   bool overlap_reduction = false;
   /// Bytes of a gradient bucket (ReduceOptions::fusion_bytes); 0: 64 MiB, or 1 MiB overlapped.
   long bucket_bytes = 0;
+  /// The distributed step's all-gather of new values, one per layer, left in flight for the next
+  /// forward, which waits for each layer's just before reading it (Optimizer::overlap_exchange).
+  bool overlap_step_gather = false;
   /// Each rank of the data-parallel group stores a band of rows of every parameter, its gradient
   /// and its optimizer state; layers are all-gathered before their passes and their gradients
   /// reduce-scattered after their backward (comm::ParameterShards).

@@ -42,7 +42,7 @@ std::unique_ptr<ParameterShards> make_shards(const Space& space, const TrainOpti
 std::unique_ptr<ParameterShards> shard_parameters(const Space& space, const TrainOptions& o, const comm::Mesh& mesh,
                                                   nn::Mlp<Space>& model) {
   std::vector<ParameterShards::Layer> layers;
-  for (std::size_t l = 0; l < model.layers().size(); ++l) layers.push_back({2 * l, 2 * l + 2});
+  for (const auto& [first, last] : mlp_parameter_layers(model)) layers.push_back({first, last});
   auto shards = make_shards(space, o, mesh, model.parameter_specs(), layers, model.parameters().values());
   model.adopt_parameters(shards->gathered());
   return shards;
@@ -74,6 +74,26 @@ const ParameterList<float, Memory>& sharded_parameters(const TrainOptions& o, co
   const bool matrices =
       o.optimizer == OptimizerKind::shampoo || o.optimizer == OptimizerKind::soap || o.optimizer == OptimizerKind::muon;
   return matrices ? shards.slices() : shards.owned();
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> mlp_parameter_layers(const nn::Mlp<Space>& model) {
+  std::vector<std::pair<std::size_t, std::size_t>> layers;
+  for (std::size_t l = 0; l < model.layers().size(); ++l) layers.emplace_back(2 * l, 2 * l + 2);
+  return layers;
+}
+
+void overlap_step_gather(const Space& space, const TrainOptions& o, optim::Optimizer<Space, float>& optimizer,
+                         std::vector<std::pair<std::size_t, std::size_t>> layers, const ProgressLog& log) {
+  if (!o.overlap_step_gather) return;
+  if (!optimizer.overlap_exchange(space, std::move(layers)))
+    log.say("--overlap-step-gather: " + optimizer.name() +
+            "'s step has no all-gather of new values here (one replica, a replicated step, or weight shards "
+            "without a distributed step): nothing to overlap");
+}
+
+ParametersNeeded step_gather_hook(const Space& space, const TrainOptions& o,
+                                  optim::Optimizer<Space, float>& optimizer) {
+  return o.overlap_step_gather ? optimizer.needed_hook(space) : ParametersNeeded();
 }
 
 long last_nonempty_share(long count, long parts) {
@@ -168,6 +188,7 @@ StepSums training_step(const Space& space, const TrainOptions& o, const data::La
   if (parts.shards) return sharded_mlp_step(space, o, train_set, order, begin, mine_begin, mine_end, parts);
   const GradientsReady ready = start_reduction(space, o, parts.reducer, parameters, double(mine_end - mine_begin));
   const long last = last_nonempty_share(mine_end - mine_begin, o.accumulate);
+  const ParametersNeeded needed = step_gather_hook(space, o, parts.optimizer);
   StepSums sums;
   run_passes(space, parts.reducer, [&] {
     for (int k = 0; k < o.accumulate; ++k) {
@@ -175,7 +196,8 @@ StepSums training_step(const Space& space, const TrainOptions& o, const data::La
       if (m1 == m0) continue;
       const auto [x, y] =
           parts.staging.load(space, train_set, order.data(), begin + mine_begin + m0, begin + mine_begin + m1);
-      const auto r = parts.model.train_batch(space, x, y, sums.samples > 0, k == last ? ready : GradientsReady());
+      const auto r =
+          parts.model.train_batch(space, x, y, sums.samples > 0, k == last ? ready : GradientsReady(), needed);
       sums.loss += r.loss_sum;
       sums.correct += double(r.correct);
       sums.samples += double(r.samples);

@@ -4,6 +4,7 @@
 // group (token-weighted mean, or Adasum of per-replica means), then the optimizer's update.
 
 #include "dataset.hpp"
+#include "progress.hpp"
 #include "training_options.hpp"
 
 #include <lather/comm/parameter_shards.hpp>
@@ -51,6 +52,19 @@ std::string describe_sharded_memory(const comm::Mesh& mesh, const ParameterShard
 /// What the optimizer of a --shard-parameters run is built on and updates: Shampoo and Muon, every
 /// parameter as this rank's slice (ParameterShards::slices); the others, the bands this rank holds.
 const ParameterList<float, Memory>& sharded_parameters(const TrainOptions& o, const ParameterShards& shards);
+
+/// The MLP's parameter ranges [first, last), one per dense layer (kernel and bias), in forward order.
+std::vector<std::pair<std::size_t, std::size_t>> mlp_parameter_layers(const nn::Mlp<Space>& model);
+
+/// With --overlap-step-gather: the optimizer's distributed step gathers its new values by `layers`
+/// (the model's parameter ranges, in forward order), and the next forward waits for each layer's
+/// through step_gather_hook(). Where the run has no step gather to overlap (one replica, a
+/// replicated step, an optimizer without one), the log says so. Local.
+void overlap_step_gather(const Space& space, const TrainOptions& o, optim::Optimizer<Space, float>& optimizer,
+                         std::vector<std::pair<std::size_t, std::size_t>> layers, const ProgressLog& log);
+/// The hook the model's forward asks for each layer's values with --overlap-step-gather (none
+/// without).
+ParametersNeeded step_gather_hook(const Space& space, const TrainOptions& o, optim::Optimizer<Space, float>& optimizer);
 
 /// The gradient reducer of a run (--wire-precision), over the mesh's data-parallel group; it
 /// refuses a NaN or Inf in any rank's gradients, naming the rank and the parameter.

@@ -90,41 +90,53 @@ Request Group::start_alltoall(const T* send, std::size_t per_rank, T* receive) c
 
 template <class T>
 Request Group::start_allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts) const {
+  std::vector<std::size_t> displacements(counts.size(), 0);
+  for (std::size_t r = 1; r < counts.size(); ++r) displacements[r] = displacements[r - 1] + counts[r - 1];
+  return start_allgatherv(send, receive, counts, displacements);
+}
+
+template <class T>
+Request Group::start_allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts,
+                                const std::vector<std::size_t>& displacements) const {
   const auto& st = state();
-  LATHER_REQUIRE(int(counts.size()) == st.size, "Group::start_allgatherv: ", counts.size(), " counts for a group of ",
-                 st.size);
+  LATHER_REQUIRE(int(counts.size()) == st.size && displacements.size() == counts.size(),
+                 "Group::start_allgatherv: ", counts.size(), " counts and ", displacements.size(),
+                 " displacements for a group of ", st.size);
   Request request;
   request.m_call = "MPI_Iallgatherv";
   if (st.local) {
-    if (counts[0] > 0 && send != receive) std::memmove(receive, send, counts[0] * sizeof(T));
+    if (counts[0] > 0 && send != receive + displacements[0])
+      std::memmove(receive + displacements[0], send, counts[0] * sizeof(T));
     return request;
   }
 #if LATHER_ENABLE_MPI
-  std::size_t total = 0;
-  for (auto c : counts) total += c;
-  LATHER_REQUIRE(total <= std::size_t(INT_MAX), "Group::start_allgatherv: ", total,
-                 " elements in all exceed MPI's int counts");
-  std::vector<int> count, displacement;
-  std::tie(count, displacement) = int_counts(counts, "Group::start_allgatherv");
   // MPI reads the counts and displacements until the transfer completes: the Request keeps them.
-  request.m_arguments = count;
-  request.m_arguments.insert(request.m_arguments.end(), displacement.begin(), displacement.end());
+  request.m_arguments.reserve(2 * counts.size());
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    LATHER_REQUIRE(counts[r] <= std::size_t(INT_MAX) && counts[r] + displacements[r] <= std::size_t(INT_MAX),
+                   "Group::start_allgatherv: ", counts[r], " elements at offset ", displacements[r],
+                   " exceed what MPI's int counts describe");
+    request.m_arguments.push_back(int(counts[r]));
+  }
+  for (std::size_t r = 0; r < counts.size(); ++r) request.m_arguments.push_back(int(displacements[r]));
   const int* counts_kept = request.m_arguments.data();
   const int* displacements_kept = counts_kept + st.size;
-  const void* from = send == receive + displacement[st.rank] ? MPI_IN_PLACE : send;
-  Impl::check_mpi(MPI_Iallgatherv(from, count[st.rank], datatype<T>(), receive, counts_kept, displacements_kept,
+  const void* from = send == receive + displacements[std::size_t(st.rank)] ? MPI_IN_PLACE : send;
+  Impl::check_mpi(MPI_Iallgatherv(from, counts_kept[st.rank], datatype<T>(), receive, counts_kept, displacements_kept,
                                   datatype<T>(), st.comm, &request.m_request),
                   "MPI_Iallgatherv");
 #endif
   return request;
 }
 
-#define LATHER_COMM_GROUP_REQUESTS_INSTANTIATE(T)                               \
-  template Request Group::start_send<T>(const T*, std::size_t, int, int) const; \
-  template Request Group::start_receive<T>(T*, std::size_t, int, int) const;    \
-  template Request Group::start_allreduce<T>(T*, std::size_t, Combine) const;   \
-  template Request Group::start_alltoall<T>(const T*, std::size_t, T*) const;   \
-  template Request Group::start_allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const;
+#define LATHER_COMM_GROUP_REQUESTS_INSTANTIATE(T)                                                   \
+  template Request Group::start_send<T>(const T*, std::size_t, int, int) const;                     \
+  template Request Group::start_receive<T>(T*, std::size_t, int, int) const;                        \
+  template Request Group::start_allreduce<T>(T*, std::size_t, Combine) const;                       \
+  template Request Group::start_alltoall<T>(const T*, std::size_t, T*) const;                       \
+  template Request Group::start_allgatherv<T>(const T*, T*, const std::vector<std::size_t>&) const; \
+  template Request Group::start_allgatherv<T>(const T*, T*, const std::vector<std::size_t>&,        \
+                                              const std::vector<std::size_t>&) const;
 
 LATHER_COMM_GROUP_REQUESTS_INSTANTIATE(char)
 LATHER_COMM_GROUP_REQUESTS_INSTANTIATE(std::int8_t)

@@ -253,37 +253,13 @@ Transformer<ExecutionSpace, Scalar>::Transformer(const ExecutionSpace& space, co
 template <class ExecutionSpace, class Scalar>
 Transformer<ExecutionSpace, Scalar>::~Transformer() = default;
 
-namespace {
-
-/// Sets the hook the passes ask for each layer's parameters, for the lifetime of this object (one
-/// call of train_batch() or evaluate()).
-template <class State>
-class NeededDuring {
- public:
-  NeededDuring(State& st, const ParametersNeeded& needed, const char* call) : m_st(st) {
-    if (!needed) return;
-    LATHER_REQUIRE(st.stages == 1, "Transformer::", call, ": sharded parameters (a ParametersNeeded hook) need a ",
-                   "model without pipeline stages");
-    m_st.parameters_needed = &needed;
-  }
-  ~NeededDuring() { m_st.parameters_needed = nullptr; }
-  NeededDuring(const NeededDuring&) = delete;
-  NeededDuring& operator=(const NeededDuring&) = delete;
-
- private:
-  State& m_st;
-};
-
-}  // namespace
-
 template <class ExecutionSpace, class Scalar>
 LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_batch(const ExecutionSpace& space, int batch, int time,
                                                                    const Tokens& inputs, const Tokens& targets,
                                                                    bool accumulate, const GradientsReady& ready,
                                                                    const ParametersNeeded& needed) {
-  const NeededDuring<State> asking(*m_state, needed, "train_batch");
   return train_micro_batches(space, PipelineSchedule::gpipe, {MicroBatch{batch, time, inputs, targets}}, accumulate,
-                             nullptr, ready);
+                             nullptr, ready, needed);
 }
 
 template <class ExecutionSpace, class Scalar>

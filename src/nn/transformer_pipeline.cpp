@@ -77,13 +77,12 @@ auto flat_rows(const Matrix& m, int rows) {
 }  // namespace
 
 template <class ExecutionSpace, class Scalar>
-LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_micro_batches(const ExecutionSpace& space,
-                                                                           PipelineSchedule schedule,
-                                                                           const std::vector<MicroBatch>& micro_batches,
-                                                                           bool accumulate, PipelineTimes* times,
-                                                                           const GradientsReady& ready) {
+LanguageModelSums Transformer<ExecutionSpace, Scalar>::train_micro_batches(
+    const ExecutionSpace& space, PipelineSchedule schedule, const std::vector<MicroBatch>& micro_batches,
+    bool accumulate, PipelineTimes* times, const GradientsReady& ready, const ParametersNeeded& needed) {
   ::lather::Impl::ScopedRegion region("Lather::Transformer::train_micro_batches");
   auto& st = *m_state;
+  const NeededDuring<State> asking(st, needed, "train_micro_batches");
   const int M = int(micro_batches.size());
   LATHER_REQUIRE(M >= 1, "Transformer::train_micro_batches: no micro-batch");
   for (const auto& mb : micro_batches)
@@ -239,7 +238,8 @@ LanguageModelSums Transformer<ExecutionSpace, Scalar>::forward_through_stages(co
 
 #define LATHER_NN_TRANSFORMER_PIPELINE(SPACE, SCALAR)                                                                  \
   template LanguageModelSums Transformer<SPACE, SCALAR>::train_micro_batches(                                          \
-      const SPACE&, PipelineSchedule, const std::vector<MicroBatch>&, bool, PipelineTimes*, const GradientsReady&);    \
+      const SPACE&, PipelineSchedule, const std::vector<MicroBatch>&, bool, PipelineTimes*, const GradientsReady&,     \
+      const ParametersNeeded&);                                                                                        \
   template LanguageModelSums Transformer<SPACE, SCALAR>::forward_through_stages(const SPACE&, int, int, const Tokens&, \
                                                                                 const Tokens*);
 

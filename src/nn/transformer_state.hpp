@@ -122,4 +122,23 @@ struct Transformer<ExecutionSpace, Scalar>::State {
   };
 };
 
+/// Sets the hook the passes ask for each layer's parameters, for the lifetime of this object (one
+/// call of train_micro_batches() or evaluate()); an empty hook leaves none.
+template <class State>
+class NeededDuring {
+ public:
+  NeededDuring(State& st, const ParametersNeeded& needed, const char* call) : m_st(st) {
+    if (!needed) return;
+    LATHER_REQUIRE(st.stages == 1, "Transformer::", call, ": a ParametersNeeded hook (sharded parameters, an ",
+                   "overlapped exchange) needs a model without pipeline stages");
+    m_st.parameters_needed = &needed;
+  }
+  ~NeededDuring() { m_st.parameters_needed = nullptr; }
+  NeededDuring(const NeededDuring&) = delete;
+  NeededDuring& operator=(const NeededDuring&) = delete;
+
+ private:
+  State& m_st;
+};
+
 }  // namespace lather::nn

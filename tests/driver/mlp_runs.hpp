@@ -49,9 +49,10 @@ inline TrainOptions small_run(const std::string& optimizer) {
   return o;
 }
 
-/// Runs train() on `comm` (ranks outside it skip) and returns the losses of its metrics lines.
+/// Runs train() on `comm` (ranks outside it skip) and returns the losses of its metrics lines (with
+/// `evaluations`, the test losses of its evaluation lines too, in the order written).
 /// Collective over the world: the ranks outside `comm` wait for the run in sleeping_barrier().
-inline std::vector<double> losses(TrainOptions o, MPI_Comm comm, const std::string& tag) {
+inline std::vector<double> losses(TrainOptions o, MPI_Comm comm, const std::string& tag, bool evaluations = false) {
   std::vector<double> out;
   if (comm == MPI_COMM_NULL) {
     sleeping_barrier();
@@ -74,6 +75,7 @@ inline std::vector<double> losses(TrainOptions o, MPI_Comm comm, const std::stri
     for (std::string line; std::getline(in, line);) {
       const auto record = nlohmann::json::parse(line);
       if (record.contains("train_accuracy")) out.push_back(record.at("loss"));
+      if (evaluations && record.contains("test_loss")) out.push_back(record.at("test_loss"));
     }
     fs::remove(o.metrics);
   }

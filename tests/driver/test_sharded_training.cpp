@@ -196,6 +196,14 @@ TEST(ShardedTraining, OptionsItCannotHonourAreRefused) {
   o.shard_parameters = true;
   o.overlap_reduction = true;
   EXPECT_THROW(o.validate(), lather::Error);
+  o.overlap_reduction = false;
+  o.overlap_step_gather = true;
+  try {
+    o.validate();
+    ADD_FAILURE() << "--shard-parameters with --overlap-step-gather accepted";
+  } catch (const lather::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--overlap-step-gather has no step gather"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

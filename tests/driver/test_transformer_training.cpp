@@ -59,6 +59,37 @@ TEST(TransformerTraining, OverlappedReductionGivesTheBlockingBits) {
   }
 }
 
+// --overlap-step-gather: each layer's new values waited for in the next forward; the same bits
+// as the whole exchange inside the step, with replicas, accumulation and weight shards.
+TEST(TransformerTraining, OverlappedStepGatherGivesTheBlockingBits) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  struct Layout {
+    const char* optimizer;
+    int ranks, shards, accumulate;
+  };
+  for (const Layout l :
+       {Layout{"shampoo", 3, 1, 2}, Layout{"shampoo", 4, 2, 1}, Layout{"soap", 4, 1, 1}, Layout{"muon", 4, 1, 1}}) {
+    auto o = small_run();
+    o.max_steps = 10;
+    o.optimizer = lather::train::parse_optimizer(l.optimizer);
+    if (o.optimizer == lather::train::OptimizerKind::shampoo)
+      o.shampoo = {"block_size=16", "shared_memory_gather=false"};
+    if (o.optimizer == lather::train::OptimizerKind::soap) o.shampoo = {"block_size=16"};
+    o.weight_shards = l.shards;
+    o.accumulate = l.accumulate;
+    const std::string name = std::string(l.optimizer) + ", " + std::to_string(l.ranks) + " ranks, " +
+                             std::to_string(l.shards) + " shards, accumulate " + std::to_string(l.accumulate);
+    const Curve blocking = run(o, l.ranks, "blocking");
+    o.overlap_step_gather = true;
+    const Curve overlapped = run(o, l.ranks, "overlapped");
+    if (world_rank() == 0) {
+      EXPECT_EQ(overlapped.losses.size(), 2u) << name;
+      EXPECT_EQ(overlapped.losses, blocking.losses) << name;
+      EXPECT_EQ(overlapped.validation, blocking.validation) << name;
+    }
+  }
+}
+
 TEST(TransformerTraining, KillAndResumeEqualsUninterrupted) {
   if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   install_termination_handler();
@@ -105,6 +136,10 @@ TEST(TransformerTraining, BadOptionsAreClearErrors) {
   o = small_run();
   o.n_head = 3;
   expect_error(o, "--d-model 32 must be a multiple of --n-head 3");
+  o = small_run();
+  o.pipeline_stages = 2;
+  o.overlap_step_gather = true;
+  expect_error(o, "--overlap-step-gather waits for each layer's values in its forward");
   o = small_run();
   o.prompt = "\x01";
   o.sample = 3;

@@ -151,6 +151,11 @@ class Group {
   Request start_alltoall(const T* send, std::size_t per_rank, T* receive) const;
   template <class T>
   Request start_allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts) const;
+  /// The same with rank r's values landing at receive + displacements[r] (any order, no overlap):
+  /// pieces of several segments gathered in place. `send` may be receive + displacements[rank].
+  template <class T>
+  Request start_allgatherv(const T* send, T* receive, const std::vector<std::size_t>& counts,
+                           const std::vector<std::size_t>& displacements) const;
   /// Sends `out` to `partner` and receives `in` from it (MPI_Sendrecv).
   template <class T>
   void exchange(const T* out, std::size_t out_count, T* in, std::size_t in_count, int partner, int tag) const;

@@ -166,10 +166,11 @@ class Transformer {
   /// lather::Error on every rank of the mesh. `times`, when given, receives this rank's timeline
   /// (at the cost of a fence after every pass). `ready`, when given, hears of each layer's
   /// gradients during the last micro-batch's backward, which writes them for the last time.
-  /// Without stages it runs the micro-batches one after the other.
+  /// Without stages it runs the micro-batches one after the other; `needed` as in train_batch().
   LanguageModelSums train_micro_batches(const ExecutionSpace& space, PipelineSchedule schedule,
                                         const std::vector<MicroBatch>& micro_batches, bool accumulate,
-                                        PipelineTimes* times = nullptr, const GradientsReady& ready = {});
+                                        PipelineTimes* times = nullptr, const GradientsReady& ready = {},
+                                        const ParametersNeeded& needed = {});
   /// Forward only. With pipeline stages the batch flows through every stage and the sums are the
   /// last stage's (zero on the others). `needed` as in train_batch().
   LanguageModelSums evaluate(const ExecutionSpace& space, int batch, int time, const Tokens& inputs,

@@ -17,6 +17,14 @@
 // DistributedStep (the blocks are split over the group by their cost, each rank keeps the state of
 // its own part only, and one all-gather exchanges the segments; the flags make a failure of any
 // rank's share the same error on every rank without another collective).
+//
+// The exchange by layers (set_layers): a part's values lie in parameter order, so each *layer*
+// (consecutive parameters one forward step reads together) is one range of every segment, and the
+// exchange runs as one nonblocking all-gather per layer, each landing its ranges in place.
+// start_exchange() agrees on the shares (one small collective) and starts them; complete() waits
+// for a layer's and hands its parameters to the optimizer to unpack, just before the next
+// forward reads them (PyTorch FSDP's forward prefetch, for a ZeRO-1 step). The values and the order
+// of every sum are those of exchange(): only the time the other parts' values arrive differs.
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
 #error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
@@ -95,9 +103,11 @@ class Distributor {
   // ---- the exchange ---------------------------------------------------------------------------
 
   /// Lays out the exchange buffer: part r's segment holds `part_elements[r]` values and its flag.
-  /// Replicated, nothing is allocated. Local.
+  /// `parameter_starts[r][p]`: where parameter p's values start in part r's (one more entry, its
+  /// end; non-decreasing), for the exchange by layers; empty where the optimizer exchanges whole
+  /// segments only. Replicated, nothing is allocated. Local.
   virtual void lay_out(const ExecutionSpace& space, const std::vector<std::int64_t>& part_elements,
-                       const std::string& label) = 0;
+                       const std::string& label, std::vector<std::vector<std::int64_t>> parameter_starts) = 0;
   /// Every segment, flags included (empty when replicated): part r's values start at offset(r).
   const Values& buffer() const { return m_buffer; }
   std::int64_t offset(int part) const { return m_offsets.empty() ? 0 : m_offsets[std::size_t(part)]; }
@@ -112,11 +122,40 @@ class Distributor {
   virtual void exchange(const ExecutionSpace& space, const std::string& local_error, const std::string& context,
                         const Values& other) = 0;
 
+  // ---- the exchange by layers ----------------------------------------------------------------
+
+  /// Parameters [first, last) that one layer's forward reads together.
+  using Layer = std::pair<std::size_t, std::size_t>;
+  /// The layers of the next exchanges: consecutive ranges covering parameters [0, count) in order
+  /// (lay_out's parameter_starts then required); empty: whole segments. Returns whether the
+  /// exchange now runs by layers (never when replicated: nothing is exchanged). Local.
+  bool set_layers(std::vector<Layer> layers, std::size_t count);
+  bool by_layers() const { return !m_layers.empty(); }
+  /// Collective when distributed (by_layers()): every rank's verdict on its share agreed first
+  /// (throws as exchange() does), then each layer's all-gather started. Returns whether they are
+  /// in flight; false where this strategy completes the exchange here (replicated; a node-shared
+  /// window, whose segments other ranks may rewrite once a later collective lets them; memory MPI
+  /// cannot read in place), and then the caller completes every layer now.
+  virtual bool start_exchange(const ExecutionSpace& space, const std::string& local_error,
+                              const std::string& context) = 0;
+  /// For each layer holding a parameter of [first, last) whose values have not been handed out
+  /// since start_exchange(), in order: waits for its all-gather, then `unpack(layer.first,
+  /// layer.last)` copies its values out of buffer(). Local; nothing pending, nothing to do.
+  void complete(std::size_t first, std::size_t last, const std::function<void(std::size_t, std::size_t)>& unpack);
+  /// Whether any layer's values wait for complete().
+  bool pending() const;
+
  protected:
   explicit Distributor(comm::Group group) : m_group(std::move(group)) {}
+  /// Waits for layer k's all-gather (nothing where none is in flight), then lets MPI progress the
+  /// later ones.
+  virtual void wait_layer(std::size_t layer) = 0;
   comm::Group m_group;
   Values m_buffer;
-  std::vector<std::int64_t> m_offsets;  ///< per part: where its values start in m_buffer
+  std::vector<std::int64_t> m_offsets;                        ///< per part: where its values start in m_buffer
+  std::vector<std::vector<std::int64_t>> m_parameter_starts;  ///< per part, per parameter (lay_out)
+  std::vector<Layer> m_layers;
+  std::vector<char> m_unpacked;  ///< per layer: its values handed out since the last start_exchange
 };
 
 /// The strategy for `placement` over `group`: distributed over a group of one rank is replicated.

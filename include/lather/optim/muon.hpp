@@ -139,11 +139,17 @@ class Muon final : public Optimizer<ExecutionSpace, Scalar> {
   const MuonOptions& options() const { return m_options; }
   const std::vector<MuonParameterPlan>& plan() const { return m_plan; }
   bool distributed() const { return m_distributor->distributed(); }
+  bool overlap_exchange(const ExecutionSpace& space, std::vector<std::pair<std::size_t, std::size_t>> layers) override;
+  void values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) override;
+  using Optimizer<ExecutionSpace, Scalar>::values_needed;
 
  protected:
   void do_step(const ExecutionSpace& space, const Tensors& values, const Tensors& gradients) override;
 
  private:
+  /// The other ranks' new matrices among parameters [first, last), from the exchange into `values`.
+  void unpack_matrices(const ExecutionSpace& space, const Tensors& values, std::size_t first, std::size_t last);
+
   /// Matrix p's momentum in the buffer state_arrays() gathers (distributed).
   Kokkos::View<Scalar*, memory_space> state_view(std::size_t p) const;
 
@@ -155,6 +161,7 @@ class Muon final : public Optimizer<ExecutionSpace, Scalar> {
   std::unique_ptr<Impl::MuonState<ExecutionSpace, Scalar>> m_state;
   long m_step = 0;
   std::int64_t m_step_host = 0;
+  Tensors m_exchanged;  ///< the values of the step whose exchange by layers is pending
 };
 
 // Compiled into liblather (src/optim/muon.cpp); other spaces: <lather/optim/impl/muon_impl.hpp>.

@@ -88,6 +88,31 @@ class Optimizer {
   /// The options as (name, value) pairs for logs and checkpoint attributes.
   virtual std::vector<std::pair<std::string, std::string>> describe() const = 0;
 
+  // ---- the distributed step's exchange, overlapped with the next forward ----------------------
+
+  /// From the next step on, the distributed step's exchange of new values runs as one nonblocking
+  /// all-gather per layer (`layers`: consecutive ranges [first, last) of parameters covering the
+  /// list, in the order the forward reads them), and step() returns with them in flight: the other
+  /// ranks' blocks of a layer hold their old values until values_needed() covers it. Returns false
+  /// where there is nothing to overlap (a replicated step, an optimizer without an exchange).
+  /// Local (what it allocates, on `space`); empty `layers`: back to the whole exchange in step().
+  virtual bool overlap_exchange(const ExecutionSpace& space, std::vector<std::pair<std::size_t, std::size_t>> layers) {
+    (void)space, (void)layers;
+    return false;
+  }
+  /// The new values of parameters [first, last) in place: waits for their layers' all-gathers
+  /// and unpacks them. Call it before anything reads or writes those values (the forward through
+  /// needed_hook(); an evaluation, a checkpoint, a copy of the values: values_needed(space)).
+  /// step() completes every layer first itself. Local.
+  virtual void values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) {
+    (void)space, (void)first, (void)last;
+  }
+  void values_needed(const ExecutionSpace& space) { values_needed(space, 0, m_parameters.size()); }
+  /// values_needed() as the hook a model calls before each layer's forward (Mlp::train_batch).
+  ParametersNeeded needed_hook(const ExecutionSpace& space) {
+    return [this, space](std::size_t first, std::size_t last) { values_needed(space, first, last); };
+  }
+
   const std::vector<ParameterSpec>& parameters() const { return m_parameters; }
 
  protected:

@@ -92,6 +92,9 @@ class Shampoo final : public Optimizer<ExecutionSpace, Scalar> {
   const ShampooOptions& options() const;
   /// True when the ranks of the group split the step (StepMode::distributed in effect).
   bool distributed() const;
+  bool overlap_exchange(const ExecutionSpace& space, std::vector<std::pair<std::size_t, std::size_t>> layers) override;
+  void values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) override;
+  using Optimizer<ExecutionSpace, Scalar>::values_needed;
   int num_statistics() const;
   bool is_preconditioned(int parameter) const;
   const BlockPartition& partition(int parameter) const;

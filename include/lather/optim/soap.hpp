@@ -186,6 +186,9 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   /// Sizes of the factors of parameter p, block by block (0: that dimension has none).
   std::vector<std::vector<int>> factor_sizes(std::size_t parameter) const;
   bool distributed() const { return m_distributor->distributed(); }
+  bool overlap_exchange(const ExecutionSpace& space, std::vector<std::pair<std::size_t, std::size_t>> layers) override;
+  void values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) override;
+  using Optimizer<ExecutionSpace, Scalar>::values_needed;
   /// The group rank that owns each block (blocks of all parameters, in order).
   std::vector<int> block_owners() const;
   /// The cost (soap_block_cost) of each block, in the same order.
@@ -206,7 +209,8 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
     std::vector<std::int64_t> factor;        ///< per dimension: start in the checkpoint layout, or -1
     int owner = 0;                           ///< the group rank that computes it
     int shape_class = 0;                     ///< index in m_classes
-    std::int64_t local = 0;                  ///< start in the owner's packed buffers (= its gather segment)
+    std::int64_t local = 0;                  ///< start in the owner's packed buffers
+    std::int64_t exchange = 0;               ///< start in the owner's exchange segment (block order)
     std::vector<std::int64_t> local_factor;  ///< per dimension: start in the owner's factors, or -1
     double cost = 0;
     // best_effort_memory_usage_reduction: where the block's quantized state lies.
@@ -241,6 +245,8 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   /// parameters; throws the same lather::Error on every rank if any rank's `error` is not empty.
   void gather_values(const ExecutionSpace& space, const Tensors& values, const std::string& error,
                      const std::string& context);
+  /// The other ranks' blocks of parameters [first, last), from the exchange into `values`.
+  void unpack_blocks(const ExecutionSpace& space, const Tensors& values, std::size_t first, std::size_t last);
   // best_effort_memory_usage_reduction (soap_quantized.hpp).
   bool quantized() const { return m_options.best_effort_memory_usage_reduction; }
   /// The layout of the quantized state, after the float layout is planned.
@@ -292,8 +298,9 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   comm::Group m_group;
   comm::Group m_shards;  ///< the holders of the bands (one rank: the parameters are whole)
   /// Where each block is updated and how the new values reach every rank: its exchange buffer
-  /// holds, per rank, the new values of its blocks in its local layout.
+  /// holds, per rank, the new values of its blocks in block order (so in parameter order).
   std::unique_ptr<Distributor<ExecutionSpace, Scalar>> m_distributor;
+  Tensors m_exchanged;     ///< the values of the step whose exchange by layers is pending
   int m_host_threads = 1;  // host threads of the products and refreshes (SoapOptions::host_threads)
   // This rank's share, in its local layout.
   Buffer m_exp_avg, m_exp_avg_sq, m_factors, m_bases;

@@ -7,10 +7,13 @@
 #error "lather/optim/impl/ headers are optim's own; other areas and programs use its public headers"
 #endif
 
+#include <lather/comm/device_mpi.hpp>
+#include <lather/comm/request.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/fault_injection.hpp>
 #include <lather/optim/distribution.hpp>
 
+#include <algorithm>
 #include <type_traits>
 #include <utility>
 
@@ -23,6 +26,44 @@ template <class ExecutionSpace, class Scalar>
 auto Distributor<ExecutionSpace, Scalar>::make_buffer(const ExecutionSpace& space, const std::string& label) const
     -> Values {
   return Values(Kokkos::view_alloc(space, Kokkos::WithoutInitializing, label), m_buffer.extent(0));
+}
+
+template <class ExecutionSpace, class Scalar>
+bool Distributor<ExecutionSpace, Scalar>::set_layers(std::vector<Layer> layers, std::size_t count) {
+  std::size_t next = 0;
+  for (const auto& [first, last] : layers) {
+    LATHER_REQUIRE(first == next && last > first, "Distributor::set_layers: layer [", first, ", ", last,
+                   ") does not follow parameter ", next, " (layers are consecutive, non-empty ranges)");
+    next = last;
+  }
+  LATHER_REQUIRE(layers.empty() || next == count, "Distributor::set_layers: the layers end at parameter ", next, " of ",
+                 count);
+  if (placement() == Placement::replicated) return false;
+  if (!layers.empty())
+    LATHER_REQUIRE(m_parameter_starts.size() == std::size_t(parts()) &&
+                       std::all_of(m_parameter_starts.begin(), m_parameter_starts.end(),
+                                   [&](const auto& starts) { return starts.size() == count + 1; }),
+                   "Distributor::set_layers: the exchange was laid out without each parameter's place in the parts");
+  LATHER_REQUIRE(!pending(), "Distributor::set_layers: an exchange by layers is still pending");
+  m_layers = std::move(layers);
+  m_unpacked.assign(m_layers.size(), 1);
+  return by_layers();
+}
+
+template <class ExecutionSpace, class Scalar>
+void Distributor<ExecutionSpace, Scalar>::complete(std::size_t first, std::size_t last,
+                                                   const std::function<void(std::size_t, std::size_t)>& unpack) {
+  for (std::size_t k = 0; k < m_layers.size(); ++k) {
+    if (m_unpacked[k] || m_layers[k].second <= first || m_layers[k].first >= last) continue;
+    wait_layer(k);
+    m_unpacked[k] = 1;  // before unpack: a failed copy is not retried over half-written values
+    unpack(m_layers[k].first, m_layers[k].second);
+  }
+}
+
+template <class ExecutionSpace, class Scalar>
+bool Distributor<ExecutionSpace, Scalar>::pending() const {
+  return std::any_of(m_unpacked.begin(), m_unpacked.end(), [](char done) { return !done; });
 }
 
 namespace Impl {
@@ -58,7 +99,8 @@ class ReplicatedStep final : public Distributor<ExecutionSpace, Scalar> {
   }
   void combine(std::vector<double>&, comm::Combine) const override {}
   void combine(const ExecutionSpace&, const Values&, comm::Combine) const override {}
-  void lay_out(const ExecutionSpace&, const std::vector<std::int64_t>&, const std::string&) override {}
+  void lay_out(const ExecutionSpace&, const std::vector<std::int64_t>&, const std::string&,
+               std::vector<std::vector<std::int64_t>>) override {}
   Values segment() const override { return {}; }
   void exchange(const ExecutionSpace&, const std::string& local_error, const std::string& context) override {
     agree(context, local_error);
@@ -67,6 +109,13 @@ class ReplicatedStep final : public Distributor<ExecutionSpace, Scalar> {
                 const Values&) override {
     agree(context, local_error);
   }
+  bool start_exchange(const ExecutionSpace&, const std::string& local_error, const std::string& context) override {
+    agree(context, local_error);
+    return false;  // every rank holds every value: nothing was exchanged, nothing to unpack
+  }
+
+ protected:
+  void wait_layer(std::size_t) override {}
 };
 
 /// The blocks split over the group's ranks by cost; one all-gather (or, on one node and with
@@ -97,11 +146,22 @@ class DistributedStep final : public Distributor<ExecutionSpace, Scalar> {
     this->m_group.allreduce(space, values, op);
   }
 
-  void lay_out(const ExecutionSpace& space, const std::vector<std::int64_t>& part_elements,
-               const std::string& label) override {
+  void lay_out(const ExecutionSpace& space, const std::vector<std::int64_t>& part_elements, const std::string& label,
+               std::vector<std::vector<std::int64_t>> parameter_starts) override {
     const std::size_t ranks = std::size_t(parts());
     LATHER_REQUIRE(part_elements.size() == ranks, "Distributor::lay_out: ", part_elements.size(),
                    " part sizes for a group of ", ranks);
+    LATHER_REQUIRE(!this->pending(), "Distributor::lay_out: an exchange by layers is still pending");
+    LATHER_REQUIRE(parameter_starts.empty() || parameter_starts.size() == ranks,
+                   "Distributor::lay_out: ", parameter_starts.size(), " parts' parameter starts for a group of ",
+                   ranks);
+    for (std::size_t r = 0; r < parameter_starts.size(); ++r)
+      LATHER_REQUIRE(!parameter_starts[r].empty() && parameter_starts[r].front() == 0 &&
+                         parameter_starts[r].back() == part_elements[r] &&
+                         std::is_sorted(parameter_starts[r].begin(), parameter_starts[r].end()),
+                     "Distributor::lay_out: part ", r, "'s parameter starts do not run from 0 to its ",
+                     part_elements[r], " values");
+    this->m_parameter_starts = std::move(parameter_starts);
     m_counts.clear();
     m_segment_start.assign(1, 0);
     this->m_offsets.clear();
@@ -134,6 +194,47 @@ class DistributedStep final : public Distributor<ExecutionSpace, Scalar> {
   void exchange(const ExecutionSpace& space, const std::string& local_error, const std::string& context,
                 const Values& other) override {
     gather(space, local_error, context, other, false);
+  }
+
+  bool start_exchange(const ExecutionSpace& space, const std::string& local_error,
+                      const std::string& context) override {
+    LATHER_REQUIRE(this->by_layers(), "Distributor::start_exchange: no layers set");
+    LATHER_REQUIRE(!this->pending(), "Distributor::start_exchange: the last exchange's values were not all unpacked");
+    if (m_window_state == WindowState::undecided) place_in_window(space);
+    const bool in_flight =
+        m_window_state == WindowState::messages && comm::mpi_reads_in_place<memory_space>() && this->parts() > 1;
+    if (!in_flight) {
+      // The whole exchange now, its flags agreeing on the shares.
+      gather(space, local_error, context, this->m_buffer, m_window_state == WindowState::window);
+    } else {
+      // The shares agreed before any value moves: a failure is the same error on every rank here,
+      // in the step, and no gather is ever left without its ranks.
+      this->m_group.agree_on_failure(context, local_error);
+      ::lather::Impl::fence(space, "Lather::Distributor: own segment written before its layers move");
+      const auto ranks = std::size_t(parts());
+      const auto rank = std::size_t(part());
+      std::vector<std::size_t> counts(ranks), displacements(ranks);
+      m_requests.clear();
+      for (const auto& [first, last] : this->m_layers) {
+        for (std::size_t r = 0; r < ranks; ++r) {
+          const auto& starts = this->m_parameter_starts[r];
+          counts[r] = std::size_t(starts[last] - starts[first]);
+          displacements[r] = m_segment_start[r] + std::size_t(starts[first]);
+        }
+        Scalar* at = this->m_buffer.data();
+        m_requests.push_back(this->m_group.start_allgatherv(at + displacements[rank], at, counts, displacements));
+      }
+    }
+    std::fill(this->m_unpacked.begin(), this->m_unpacked.end(), char(0));
+    return in_flight;
+  }
+
+ protected:
+  void wait_layer(std::size_t layer) override {
+    if (layer >= m_requests.size()) return;
+    m_requests[layer].wait();
+    for (std::size_t k = layer + 1; k < m_requests.size(); ++k)
+      if (m_requests[k].active()) m_requests[k].test();
   }
 
  private:
@@ -191,6 +292,9 @@ class DistributedStep final : public Distributor<ExecutionSpace, Scalar> {
   typename Values::HostMirror m_flags_host;
   comm::NodeWindow m_window;
   WindowState m_window_state = WindowState::messages;
+  /// Per layer: its all-gather in flight (the exchange by layers). Destroyed first: a Request
+  /// destroyed while active waits, before the buffer it writes is freed.
+  std::vector<comm::Request> m_requests;
 };
 
 }  // namespace Impl

@@ -325,7 +325,14 @@ Muon<ExecutionSpace, Scalar>::Muon(const ExecutionSpace& space, std::vector<Para
       gram = std::max(gram, r * r);
     }
     st.ws.reserve(space, wide, gram, m_options.newton_schulz_precision);
-    m_distributor->lay_out(space, part_elements, "Lather::Muon::gathered");
+    // Each part's matrices lie in parameter order (the exchange by layers takes ranges of them).
+    std::vector<std::vector<std::int64_t>> starts(std::size_t(ranks), std::vector<std::int64_t>(1, 0));
+    for (std::size_t p = 0; p < count; ++p)
+      for (int r = 0; r < ranks; ++r)
+        starts[std::size_t(r)].push_back(starts[std::size_t(r)].back() + (m_plan[p].matrix && m_plan[p].owner == r
+                                                                              ? m_plan[p].rows * m_plan[p].columns
+                                                                              : 0));
+    m_distributor->lay_out(space, part_elements, "Lather::Muon::gathered", std::move(starts));
     if (!distributed()) return;
     std::vector<std::int64_t> next;
     for (int r = 0; r < ranks; ++r) next.push_back(m_distributor->offset(r));
@@ -352,6 +359,7 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   const auto& o = m_options;
   const long t = m_step;  // updates done so far; this is update t + 1
   const Scalar lr = Scalar(o.learning_rate(t));
+  values_needed(space);  // the last step's exchange by layers, where the forward left any
 
   // A NaN or Inf in any rank's gradient, before AdamW's moments or the momentum move: a rank's
   // share reads only its own matrices, so every rank scans its whole gradient and the group agrees
@@ -388,15 +396,41 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
     return;
   }
   const std::string local_error = m_distributor->run_share(nullptr, own_share);
-  m_distributor->exchange(space, local_error, "Muon::step " + std::to_string(t));
-  // Every other rank's new matrices into the parameters.
-  for (std::size_t p = 0; p < values.size(); ++p) {
-    if (!m_plan[p].matrix || m_plan[p].owner == rank) continue;
-    const auto first = std::size_t(st.offset[p]);
-    Kokkos::deep_copy(space, values[p],
-                      Kokkos::subview(m_distributor->buffer(), std::make_pair(first, first + values[p].extent(0))));
+  const std::string context = "Muon::step " + std::to_string(t);
+  if (m_distributor->by_layers()) {
+    m_exchanged = values;
+    const bool in_flight = m_distributor->start_exchange(space, local_error, context);
+    ++m_step;
+    if (!in_flight) values_needed(space);
+    return;
   }
+  m_distributor->exchange(space, local_error, context);
+  unpack_matrices(space, values, 0, values.size());
   ++m_step;
+}
+
+template <class ExecutionSpace, class Scalar>
+void Muon<ExecutionSpace, Scalar>::unpack_matrices(const ExecutionSpace& space, const Tensors& values,
+                                                   std::size_t first, std::size_t last) {
+  const auto& st = *m_state;
+  for (std::size_t p = first; p < last; ++p) {
+    if (!m_plan[p].matrix || m_plan[p].owner == m_group.rank()) continue;
+    const auto at = std::size_t(st.offset[p]);
+    Kokkos::deep_copy(space, values[p],
+                      Kokkos::subview(m_distributor->buffer(), std::make_pair(at, at + values[p].extent(0))));
+  }
+}
+
+template <class ExecutionSpace, class Scalar>
+bool Muon<ExecutionSpace, Scalar>::overlap_exchange(const ExecutionSpace&,
+                                                    std::vector<std::pair<std::size_t, std::size_t>> layers) {
+  return m_distributor->set_layers(std::move(layers), this->m_parameters.size());
+}
+
+template <class ExecutionSpace, class Scalar>
+void Muon<ExecutionSpace, Scalar>::values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) {
+  m_distributor->complete(first, last,
+                          [&](std::size_t begin, std::size_t end) { unpack_matrices(space, m_exchanged, begin, end); });
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -415,6 +449,7 @@ template <class ExecutionSpace, class Scalar>
 auto Muon<ExecutionSpace, Scalar>::state_arrays(const ExecutionSpace& space) -> std::vector<StateArray<memory_space>> {
   auto& st = *m_state;
   const int rank = m_group.rank();
+  values_needed(space);  // the step buffer is free again
   if (distributed()) {
     // Every matrix's momentum to every rank: each rank packs its own into its segment of a buffer
     // laid out as the step's exchange, then one exchange (with the failure flag).

@@ -37,6 +37,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,9 @@ class ShampooEngineBase {
   /// Which parameters' pieces this rank counts in the per-tensor sums over the shards
   /// (Impl::counted_pieces); until set, all of them.
   virtual void set_counted_pieces(std::vector<char> counted) = 0;
+  virtual bool overlap_exchange(const ExecutionSpace& space,
+                                std::vector<std::pair<std::size_t, std::size_t>> layers) = 0;
+  virtual void values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) = 0;
 };
 
 template <class ExecutionSpace, class Scalar, class T>
@@ -155,6 +159,7 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   void step(const ExecutionSpace& space, const Tensors& params, const Tensors& grads) override {
     ::lather::Impl::ScopedRegion region("Lather::Shampoo::step");
     const long t = m_step;
+    values_needed(space, 0, m_plan.parameters.size());  // the last exchange by layers, before the new pointers
     m_values.update(space, params);
     m_gradients.update(space, grads);
     Phases phases(*this, space);
@@ -276,15 +281,26 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
         space, m_mine_table, m_values.device(), m_parameter_scalars, element, m_distributor->segment(), m_mine_threads);
     std::swap(m_scales[0], m_scales[1]);  // the new scales are the current ones from here on
     phases.end("update");
+    if (m_step_plan.distributed && m_distributor->by_layers()) {
+      // The layers' all-gathers left in flight for the next forward (values_needed).
+      const bool in_flight = m_distributor->start_exchange(space, "", context);
+      ++m_step;
+      phases.end("communication");
+      if (!in_flight) values_needed(space, 0, m_plan.parameters.size());
+      phases.end("update");
+      return;
+    }
     if (m_step_plan.distributed) {
       m_distributor->exchange(space, "", context);
       phases.end("communication");
-      scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, m_others_table, m_values.device(),
-                                                            m_distributor->buffer(), m_others_threads);
+      unpack_others(space, 0);
       phases.end("update");
     }
     ++m_step;
   }
+
+  bool overlap_exchange(const ExecutionSpace& space, std::vector<std::pair<std::size_t, std::size_t>> layers) override;
+  void values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) override;
 
   long step_count() const override { return m_step; }
   const ShampooOptions& options() const override { return m_options; }
@@ -350,6 +366,16 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   }
   void allocate_stores(const ExecutionSpace& space);
   void allocate_state(const ExecutionSpace& space);
+  /// The other parts' units among parameters [first, last), read from the exchange buffer.
+  struct OthersTable {
+    std::size_t first = 0;
+    UnitTable<memory_space> table;
+    int threads = 1;
+  };
+  OthersTable others_table(const ExecutionSpace& space, std::size_t first, std::size_t last);
+  /// The other parts' units of the layer (or the whole list) that starts at parameter `first` into
+  /// the parameters of the last step.
+  void unpack_others(const ExecutionSpace& space, std::size_t first);
   StepScalars<Scalar> step_scalars(long t) const;
   UpdateElement<Scalar, T, memory_space> update_element(const StepScalars<Scalar>& c) const;
   void compute_preconditioners(const ExecutionSpace& space, Phases& phases);
@@ -410,11 +436,15 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
   RootExchange<ExecutionSpace, T> m_exchange;
   std::vector<StatisticMetrics> m_metrics;
 
-  // The units this rank updates (packed order) and, distributed, the others' in gather order.
-  UnitTable<memory_space> m_mine_table, m_others_table;
+  // The units this rank updates (packed order) and, distributed, the others' (m_others, each at
+  // m_others_at in the exchange buffer), in one table per layer of the exchange (or one in all).
+  UnitTable<memory_space> m_mine_table;
+  std::vector<int> m_others;
+  std::vector<std::int64_t> m_others_at;
+  std::vector<OthersTable> m_others_layers;
   // Host threads: the step's products' (see the constructor) and, out of those, the element-wise
   // passes' over each table's units (run_units).
-  int m_step_threads = 1, m_mine_threads = 1, m_others_threads = 1;
+  int m_step_threads = 1, m_mine_threads = 1;
   PointerTable<Scalar, memory_space> m_values, m_gradients;
   std::vector<ParameterScalars<Scalar>> m_parameter_scalars_host;
   V1<ParameterScalars<Scalar>> m_parameter_scalars;

@@ -62,7 +62,30 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
     kind += unit.elements;
     if (unit.block >= 0) preconditioned = std::max(preconditioned, step.packed_offset[u] + unit.elements);
   }
-  m_mine_table = make_unit_table(space, m_plan, step, step.mine(), packed, state);
+  // Each part's units lie in parameter order in its exchange segment (the units are numbered in
+  // parameter order), so that a layer's parameters are one range of every segment.
+  std::vector<int> part_of(step.units.size(), -1);
+  for (int part = 0; part < step.parts; ++part)
+    for (int u : step.order[part]) part_of[std::size_t(u)] = part;
+  const std::size_t count = m_plan.parameters.size();
+  std::vector<std::vector<std::int64_t>> starts(std::size_t(step.parts), std::vector<std::int64_t>(count + 1, 0));
+  for (std::size_t u = 0; u < step.units.size(); ++u)
+    if (part_of[u] >= 0)
+      starts[std::size_t(part_of[u])][std::size_t(step.units[u].parameter) + 1] += step.units[u].elements;
+  for (auto& part : starts) std::partial_sum(part.begin(), part.end(), part.begin());
+  std::vector<std::int64_t> exchange_offset(step.units.size(), 0);
+  {
+    auto next = starts;
+    for (std::size_t u = 0; u < step.units.size(); ++u)
+      if (part_of[u] >= 0) {
+        auto& at = next[std::size_t(part_of[u])][std::size_t(step.units[u].parameter)];
+        exchange_offset[u] = at;
+        at += step.units[u].elements;
+      }
+  }
+  std::vector<std::int64_t> mine_exchange;
+  for (int u : step.mine()) mine_exchange.push_back(exchange_offset[std::size_t(u)]);
+  m_mine_table = make_unit_table(space, m_plan, step, step.mine(), packed, state, mine_exchange);
   const auto pass_threads = [&](std::size_t units, std::int64_t values) {
     return ::lather::Impl::host_threads_for_work(m_step_threads, m_options.product_host_threads == 0, units,
                                                  double(values), ::lather::Impl::values_per_host_thread);
@@ -91,25 +114,73 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
   alloc(m_momentum_codes, "momentum_codes", codes);
   alloc(m_diagonal_momentum_codes, "diagonal_momentum_codes", codes);
 
-  // Distributed: the units of the other parts in the order of the exchange buffer (part by part;
-  // this rank's own part lands there too, but its parameters are already updated).
-  m_distributor->lay_out(space, step.part_elements, "Lather::Shampoo::gathered_parameters");
+  // Distributed: the units of the other parts, each read from its place in the exchange buffer
+  // (this rank's own part lands there too, but its parameters are already updated).
+  m_distributor->lay_out(space, step.part_elements, "Lather::Shampoo::gathered_parameters", std::move(starts));
   if (step.distributed) {
-    std::vector<int> others;
-    std::vector<std::int64_t> at;
+    m_others.clear();
+    m_others_at.clear();
     for (int part = 0; part < step.parts; ++part)
       for (int u : step.order[part])
         if (part != step.part) {
-          others.push_back(u);
-          at.push_back(m_distributor->offset(part) + step.packed_offset[u]);
+          m_others.push_back(u);
+          m_others_at.push_back(m_distributor->offset(part) + exchange_offset[std::size_t(u)]);
         }
-    m_others_table = make_unit_table(space, m_plan, step, others, at, std::vector<std::int64_t>(others.size(), 0));
-    std::int64_t other_elements = 0;
-    for (int part = 0; part < step.parts; ++part)
-      if (part != step.part) other_elements += step.part_elements[part];
-    m_others_threads = pass_threads(others.size(), other_elements);
+    m_others_layers.clear();
+    m_others_layers.push_back(others_table(space, 0, count));
   }
   upload_parameter_scalars(space);
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+auto ShampooEngine<ExecutionSpace, Scalar, T>::others_table(const ExecutionSpace& space, std::size_t first,
+                                                            std::size_t last) -> OthersTable {
+  std::vector<int> units;
+  std::vector<std::int64_t> at;
+  std::int64_t elements = 0;
+  for (std::size_t k = 0; k < m_others.size(); ++k) {
+    const auto& unit = m_step_plan.units[std::size_t(m_others[k])];
+    if (std::size_t(unit.parameter) < first || std::size_t(unit.parameter) >= last) continue;
+    units.push_back(m_others[k]);
+    at.push_back(m_others_at[k]);
+    elements += unit.elements;
+  }
+  OthersTable t;
+  t.first = first;
+  t.table = make_unit_table(space, m_plan, m_step_plan, units, at, std::vector<std::int64_t>(units.size(), 0));
+  t.threads = ::lather::Impl::host_threads_for_work(m_step_threads, m_options.product_host_threads == 0, units.size(),
+                                                    double(elements), ::lather::Impl::values_per_host_thread);
+  return t;
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+bool ShampooEngine<ExecutionSpace, Scalar, T>::overlap_exchange(
+    const ExecutionSpace& space, std::vector<std::pair<std::size_t, std::size_t>> layers) {
+  if (!m_step_plan.distributed) return false;
+  // Built before the layers are set: a failed allocation leaves the whole exchange in place.
+  std::vector<OthersTable> tables;
+  if (layers.empty())
+    tables.push_back(others_table(space, 0, m_plan.parameters.size()));
+  else
+    for (const auto& [first, last] : layers) tables.push_back(others_table(space, first, last));
+  const bool on = m_distributor->set_layers(std::move(layers), m_plan.parameters.size());
+  m_others_layers = std::move(tables);
+  return on;
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::values_needed(const ExecutionSpace& space, std::size_t first,
+                                                             std::size_t last) {
+  m_distributor->complete(first, last, [&](std::size_t begin, std::size_t) { unpack_others(space, begin); });
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+void ShampooEngine<ExecutionSpace, Scalar, T>::unpack_others(const ExecutionSpace& space, std::size_t first) {
+  for (const auto& t : m_others_layers)
+    if (t.first == first)
+      return scatter<ExecutionSpace, Scalar, Scalar, memory_space>(space, t.table, m_values.device(),
+                                                                   m_distributor->buffer(), t.threads);
+  LATHER_FAIL("Shampoo: no layer of the exchange starts at parameter ", first);
 }
 
 template <class ExecutionSpace, class Scalar, class T>

@@ -59,6 +59,16 @@ void Shampoo<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const
 }
 
 template <class ExecutionSpace, class Scalar>
+bool Shampoo<ExecutionSpace, Scalar>::overlap_exchange(const ExecutionSpace& space,
+                                                       std::vector<std::pair<std::size_t, std::size_t>> layers) {
+  return m_engine->overlap_exchange(space, std::move(layers));
+}
+template <class ExecutionSpace, class Scalar>
+void Shampoo<ExecutionSpace, Scalar>::values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) {
+  m_engine->values_needed(space, first, last);
+}
+
+template <class ExecutionSpace, class Scalar>
 long Shampoo<ExecutionSpace, Scalar>::step_count() const {
   return m_engine->step_count();
 }

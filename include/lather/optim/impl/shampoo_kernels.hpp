@@ -64,11 +64,22 @@ namespace lather::optim::Impl {
 
 /// A list of units on the device. Row k: the parameter, where the unit starts in the packed
 /// buffer the kernel works on, the rank of its box (0: a range [begin, begin + elements) of the
-/// flat tensor), begin, elements, where its per-element state starts (its kind's buffer), then
-/// the box's offsets and sizes in the parameter's interpreted local shape.
+/// flat tensor), begin, elements, where its per-element state starts (its kind's buffer), where
+/// its new values go in the exchange segment, then the box's offsets and sizes in the
+/// parameter's interpreted local shape.
 template <class MemorySpace>
 struct UnitTable {
-  enum Column : int { parameter, packed, rank, begin, elements, state, offsets, sizes = offsets + max_block_rank };
+  enum Column : int {
+    parameter,
+    packed,
+    rank,
+    begin,
+    elements,
+    state,
+    exchange,
+    offsets,
+    sizes = offsets + max_block_rank
+  };
   static constexpr int columns = sizes + max_block_rank;
   Kokkos::View<std::int64_t**, Kokkos::LayoutRight, MemorySpace> units;
   /// Per parameter: the strides of its interpreted local shape.
@@ -77,11 +88,13 @@ struct UnitTable {
 };
 
 /// The table of `units` (indices into step.units, in this order) with unit u starting at packed
-/// offset `packed[k]` and its state at `state[k]`; uploaded on `space`.
+/// offset `packed[k]`, its state at `state[k]` and its place in the exchange segment at
+/// `exchange[k]` (empty: the packed offsets); uploaded on `space`.
 template <class ExecutionSpace, class MemorySpace = typename ExecutionSpace::memory_space>
 UnitTable<MemorySpace> make_unit_table(const ExecutionSpace& space, const ShampooPlan& plan, const StepPlan& step,
                                        const std::vector<int>& units, const std::vector<std::int64_t>& packed,
-                                       const std::vector<std::int64_t>& state) {
+                                       const std::vector<std::int64_t>& state,
+                                       const std::vector<std::int64_t>& exchange = {}) {
   using Table = UnitTable<MemorySpace>;
   Table t;
   t.count = int(units.size());
@@ -108,6 +121,7 @@ UnitTable<MemorySpace> make_unit_table(const ExecutionSpace& space, const Shampo
     units_host(k, Table::parameter) = unit.parameter;
     units_host(k, Table::packed) = packed[k];
     units_host(k, Table::state) = state[k];
+    units_host(k, Table::exchange) = exchange.empty() ? packed[k] : exchange[k];
     units_host(k, Table::elements) = unit.elements;
     if (unit.block < 0) {
       units_host(k, Table::rank) = 0;

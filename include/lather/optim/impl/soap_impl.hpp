@@ -212,7 +212,18 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
     if (o.normalize_grads)
       m_block_sums =
           Kokkos::View<double*, memory_space>(Kokkos::view_alloc(space, "Lather::soap::block_sums"), m_blocks.size());
-    m_distributor->lay_out(space, m_local_packed, "Lather::soap::gathered");
+    // The exchange segments hold each owner's blocks in block order, so each parameter's blocks
+    // (and a layer's) are one range of every segment.
+    std::vector<std::vector<std::int64_t>> starts(std::size_t(ranks), std::vector<std::int64_t>(1, 0));
+    for (std::size_t p = 0; p < m_parameter_blocks.size(); ++p) {
+      for (auto& part : starts) part.push_back(part.back());
+      for (std::size_t k = m_parameter_blocks[p].first; k < m_parameter_blocks[p].second; ++k) {
+        auto& owner_end = starts[std::size_t(m_blocks[k].owner)].back();
+        m_blocks[k].exchange = owner_end;
+        owner_end += m_blocks[k].block.elements();
+      }
+    }
+    m_distributor->lay_out(space, m_local_packed, "Lather::soap::gathered", std::move(starts));
   };
   if (ranks == 1 && m_shards.size() == 1) {
     setup();
@@ -276,7 +287,7 @@ void Soap<ExecutionSpace, Scalar>::apply_update(const ExecutionSpace& space, std
   const Scalar* u = m_update.data() + b.local;
   Scalar* values = x.data();
   // Distributed, the new values also go to this rank's segment of the exchange.
-  Scalar* copy = distributed() ? m_distributor->segment().data() + b.local : nullptr;
+  Scalar* copy = distributed() ? m_distributor->segment().data() + b.exchange : nullptr;
   // Two roundings as the reference: p += -step_size u, then p *= 1 - lr weight_decay.
   Kokkos::parallel_for(
       "Lather::soap::apply_update", Kokkos::RangePolicy<ExecutionSpace>(space, 0, b.block.elements()),
@@ -340,6 +351,7 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
   const std::string context = "Soap::step " + std::to_string(t);
   const Scalar shampoo_beta = Scalar(o.shampoo_beta < 0 ? o.beta2 : o.shampoo_beta);
   m_launches = 0;
+  values_needed(space);  // the last step's exchange by layers, where the forward left any
   // A NaN or Inf in any rank's gradient, before the moments and factors move: a rank's share reads
   // only its own blocks, so every rank scans its whole gradient and the group agrees (distributed:
   // one agreement, a collective of its own, since the share changes state before any other).
@@ -452,25 +464,51 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
       if (t % o.precondition_frequency == 0) refresh_bases(space, false);
     });
   gather_values(space, values, error, context);
-  ++m_step;
 }
 
 template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::gather_values(const ExecutionSpace& space, const Tensors& values,
                                                  const std::string& error, const std::string& context) {
-  m_distributor->exchange(space, error, context);
-  if (!distributed()) return;
-  const auto rank = std::size_t(m_distributor->part());
-  // Every other rank's blocks into the parameters.
-  for (const auto& b : m_blocks) {
-    if (std::size_t(b.owner) == rank) continue;
-    const Impl::SoapBlockMap map = Impl::soap_block_map(b, m_merged[std::size_t(b.parameter)]);
-    const Scalar* in = m_distributor->buffer().data() + m_distributor->offset(b.owner) + b.local;
-    Scalar* out = values[std::size_t(b.parameter)].data();
-    Kokkos::parallel_for(
-        "Lather::soap::unpack_values", Kokkos::RangePolicy<ExecutionSpace>(space, 0, b.block.elements()),
-        KOKKOS_LAMBDA(std::int64_t e) { out[map.flat(e)] = in[e]; });
+  if (m_distributor->by_layers()) {
+    m_exchanged = values;
+    const bool in_flight = m_distributor->start_exchange(space, error, context);
+    ++m_step;
+    if (!in_flight) values_needed(space);
+    return;
   }
+  m_distributor->exchange(space, error, context);
+  ++m_step;
+  if (distributed()) unpack_blocks(space, values, 0, values.size());
+}
+
+template <class ExecutionSpace, class Scalar>
+void Soap<ExecutionSpace, Scalar>::unpack_blocks(const ExecutionSpace& space, const Tensors& values, std::size_t first,
+                                                 std::size_t last) {
+  const auto rank = std::size_t(m_distributor->part());
+  for (std::size_t p = first; p < last; ++p) {
+    Scalar* out = values[p].data();
+    for (std::size_t k = m_parameter_blocks[p].first; k < m_parameter_blocks[p].second; ++k) {
+      const BlockInfo& b = m_blocks[k];
+      if (std::size_t(b.owner) == rank) continue;
+      const Impl::SoapBlockMap map = Impl::soap_block_map(b, m_merged[p]);
+      const Scalar* in = m_distributor->buffer().data() + m_distributor->offset(b.owner) + b.exchange;
+      Kokkos::parallel_for(
+          "Lather::soap::unpack_values", Kokkos::RangePolicy<ExecutionSpace>(space, 0, b.block.elements()),
+          KOKKOS_LAMBDA(std::int64_t e) { out[map.flat(e)] = in[e]; });
+    }
+  }
+}
+
+template <class ExecutionSpace, class Scalar>
+bool Soap<ExecutionSpace, Scalar>::overlap_exchange(const ExecutionSpace&,
+                                                    std::vector<std::pair<std::size_t, std::size_t>> layers) {
+  return m_distributor->set_layers(std::move(layers), this->m_parameters.size());
+}
+
+template <class ExecutionSpace, class Scalar>
+void Soap<ExecutionSpace, Scalar>::values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) {
+  m_distributor->complete(first, last,
+                          [&](std::size_t begin, std::size_t end) { unpack_blocks(space, m_exchanged, begin, end); });
 }
 
 template <class ExecutionSpace, class Scalar>

@@ -343,7 +343,8 @@ void column_maxima(const ExecutionSpace& space, const UnitTable<MemorySpace>& ta
 }
 
 /// The update of every element of the table's units: new momentum stored, the parameters updated
-/// in place and, when `out` is not empty, the new values also written to out(packed index).
+/// in place and, when `out` is not empty, the new values also written to `out` at the unit's
+/// place in the exchange segment.
 template <class ExecutionSpace, class Scalar, class T, class MemorySpace>
 struct UpdatePass : TensorUnits<Scalar, MemorySpace> {
   using Table = UnitTable<MemorySpace>;
@@ -359,8 +360,9 @@ struct UpdatePass : TensorUnits<Scalar, MemorySpace> {
     const auto& pp = per_parameter(p);
     Scalar* x = tensor<Scalar>(values(p));
     const std::int64_t state = table.units(k, Table::state) - table.units(k, Table::packed);
+    const std::int64_t exchange = table.units(k, Table::exchange) - table.units(k, Table::packed);
     for_unit_runs<ExecutionSpace>(member, table, k, [&](std::int64_t i, std::int64_t flat, std::int64_t n) {
-      Scalar* target = copy_out ? out.data() + i : nullptr;
+      Scalar* target = copy_out ? out.data() + exchange + i : nullptr;
       if (!pp.quantized) {
         element.update_float(pp, i, state + i, n, x + flat, target);
         return;
