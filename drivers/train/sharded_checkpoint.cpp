@@ -99,56 +99,15 @@ std::vector<char> pick_rows(const std::vector<std::int64_t>& held, const char* b
   return out;
 }
 
-/// Where the ranks' parts of an array that is neither shaped like a parameter nor stacked lie in
-/// the whole: all of it on the lowest rank holding all of it (the column scales of a band of int8
-/// momentum: the same on every rank), else the ranks' parts one after the other in rank order
-/// (SOAP's state of a parameter, block after block: each rank's are the blocks of its band).
-struct Parts {
-  int whole_on = -1;               ///< the lowest rank holding all of it, or -1
-  std::vector<std::size_t> bytes;  ///< per rank
-  std::size_t offset(int rank) const {
-    std::size_t at = 0;
-    for (int r = 0; r < rank; ++r) at += bytes[std::size_t(r)];
-    return at;
-  }
-};
-
-/// Every rank's bytes of each array (one all-gather), and where they lie; "" in `error` when each
-/// such array is either held whole by some rank or cut into the ranks' parts, else what is not.
-std::vector<Parts> parts_of(const comm::Group& group, const Arrays& whole,
-                            const std::vector<const StateArray<Memory>*>& mine, std::string& error) {
-  std::vector<std::int64_t> held(whole.size(), 0);
-  for (std::size_t k = 0; k < whole.size(); ++k)
-    if (mine[k]) held[k] = mine[k]->local_elements() * std::int64_t(size_of(mine[k]->dtype));
-  std::vector<std::int64_t> all(held.size() * std::size_t(group.size()));
-  group.allgather(held.data(), held.size(), all.data());
-  std::vector<Parts> parts(whole.size());
-  for (std::size_t k = 0; k < whole.size(); ++k) {
-    if (whole[k].parameter >= 0 || whole[k].stacked || whole[k].name == "step") continue;
-    const auto size = std::size_t(whole[k].local_elements()) * size_of(whole[k].dtype);
-    std::size_t total = 0;
-    for (int r = 0; r < group.size(); ++r) {
-      const auto bytes = std::size_t(all[std::size_t(r) * held.size() + k]);
-      parts[k].bytes.push_back(bytes);
-      total += bytes;
-      if (parts[k].whole_on < 0 && bytes == size) parts[k].whole_on = r;
-    }
-    if (parts[k].whole_on < 0 && total != size && error.empty())
-      error = ::lather::Impl::concat("state array '", whole[k].name, "' of ", size, " bytes is neither held whole ",
-                                     "by a rank nor cut into the ranks' parts (", total, " bytes in all)");
-  }
-  return parts;
-}
-
 /// How one array of the replicated optimizer is assembled from the sharded ones' (their sizes
-/// agreed on beforehand, check_arrays and parts_of; what may still fail here fails alike on every
-/// rank):
+/// agreed on beforehand, check_arrays; what may still fail here fails alike on every rank):
 ///  * shaped like a parameter: the ranks' bands, in rank order (a replicated parameter: its own);
-///  * stacked (Shampoo's statistics, numbered alike by both: the sharded one sees every parameter
-///    as a slice of the whole): every rank's rows, placed by index;
-///  * anything else: as `parts` says.
+///  * anything else by row index, every rank's rows placed where the whole lists them: Shampoo's
+///    statistics (stacked, numbered alike by both: the sharded one sees every parameter as a slice
+///    of the whole), SOAP's rows of the whole tensor's blocks (each band lists those it holds), an
+///    array that every rank holds whole (all its rows).
 void gather_array(const Space& space, const ParameterShards& shards, const StateArray<Memory>& whole,
-                  const StateArray<Memory>* mine, const Parts& parts) {
+                  const StateArray<Memory>* mine) {
   const comm::Group& group = shards.group();
   const std::vector<char> send = mine ? host_bytes_of(space, *mine) : std::vector<char>();
   std::vector<char> all(std::size_t(whole.local_elements()) * size_of(whole.dtype));
@@ -157,36 +116,30 @@ void gather_array(const Space& space, const ParameterShards& shards, const State
       all = send;
     else
       group.allgatherv(send.data(), all.data(), band_bytes(shards, whole));
-  } else if (whole.stacked) {
+  } else {
     const std::size_t bytes_per_row = row_bytes(whole);
     const std::vector<std::int64_t> rows = mine ? rows_of(*mine) : std::vector<std::int64_t>();
     const GatheredRows every = gather_rows(group, rows, send, bytes_per_row);
     all = pick_rows(every.rows, every.bytes.data(), rows_of(whole), bytes_per_row, whole.name, "no rank");
-  } else if (parts.whole_on >= 0) {
-    if (group.rank() == parts.whole_on) all = send;
-    group.broadcast(all.data(), all.size(), parts.whole_on);
-  } else {
-    group.allgatherv(send.data(), all.data(), parts.bytes);
   }
   set_bytes(space, whole, all.data());
 }
 
 /// This rank's part of one array of the sharded optimizer, from the replicated one's (local).
 void scatter_array(const Space& space, const ParameterShards& shards, const StateArray<Memory>& whole,
-                   const StateArray<Memory>& mine, const Parts& parts) {
+                   const StateArray<Memory>& mine) {
   const std::vector<char> all = host_bytes_of(space, whole);
   if (whole.parameter >= 0 && !shards.replicated(std::size_t(whole.parameter))) {
     const auto counts = band_bytes(shards, whole);
     std::size_t offset = 0;
     for (int r = 0; r < shards.group().rank(); ++r) offset += counts[std::size_t(r)];
     set_bytes(space, mine, all.data() + offset);
-  } else if (whole.stacked) {
+  } else if (whole.parameter >= 0) {
+    set_bytes(space, mine, all.data());
+  } else {
     const auto out =
         pick_rows(rows_of(whole), all.data(), rows_of(mine), row_bytes(whole), whole.name, "the replicated state");
     set_bytes(space, mine, out.data());
-  } else {
-    const bool whole_here = std::size_t(mine.local_elements()) * size_of(mine.dtype) == all.size();
-    set_bytes(space, mine, all.data() + (whole_here ? 0 : parts.offset(shards.group().rank())));
   }
 }
 
@@ -202,7 +155,7 @@ std::string check_arrays(const ParameterShards& shards, const Arrays& whole,
       expected = shards.replicated(std::size_t(whole[k].parameter))
                      ? std::size_t(whole[k].local_elements()) * size_of(whole[k].dtype)
                      : band_bytes(shards, whole[k])[std::size_t(shards.group().rank())];
-    else if (whole[k].stacked)
+    else
       expected = rows_of(*mine[k]).size() * row_bytes(whole[k]);
     if (bytes != expected || mine[k]->dtype != whole[k].dtype)
       return ::lather::Impl::concat("state array '", whole[k].name, "' holds ", bytes, " bytes of ",
@@ -218,11 +171,8 @@ void gather_state(const Space& space, const ParameterShards& shards, optim::Opti
   const Arrays bands = sharded.state_arrays(space), whole = replicated.state_arrays(space);
   const auto mine = band_arrays_of(whole, bands);
   shards.group().agree_on_failure("--shard-parameters: checkpoint", check_arrays(shards, whole, mine));
-  std::string error;
-  const auto parts = parts_of(shards.group(), whole, mine, error);
-  if (!error.empty()) throw Error("--shard-parameters: checkpoint: " + error, nullptr, 0);  // on every rank
   for (std::size_t k = 0; k < whole.size(); ++k)
-    if (whole[k].name != "step") gather_array(space, shards, whole[k], mine[k], parts[k]);
+    if (whole[k].name != "step") gather_array(space, shards, whole[k], mine[k]);
   replicated.state_restored(space, sharded.step_count());
 }
 
@@ -235,9 +185,6 @@ void scatter_state(const Space& space, const ParameterShards& shards, optim::Opt
   const Arrays bands = sharded.state_arrays(space), whole = replicated.state_arrays(space);
   const auto mine = band_arrays_of(whole, bands);
   shards.group().agree_on_failure("--shard-parameters: checkpoint", check_arrays(shards, whole, mine));
-  std::string error;
-  const auto parts = parts_of(shards.group(), whole, mine, error);
-  if (!error.empty()) throw Error("--shard-parameters: checkpoint: " + error, nullptr, 0);  // on every rank
   std::vector<GatheredRows> stacks(whole.size());
   for (std::size_t k = 0; k < whole.size(); ++k)
     if (whole[k].stacked)
@@ -246,7 +193,7 @@ void scatter_state(const Space& space, const ParameterShards& shards, optim::Opt
     for (std::size_t k = 0; k < whole.size(); ++k) {
       if (!mine[k] || whole[k].name == "step") continue;
       if (!whole[k].stacked) {
-        scatter_array(space, shards, whole[k], *mine[k], parts[k]);
+        scatter_array(space, shards, whole[k], *mine[k]);
         continue;
       }
       // The whole stack, every rank's stored rows.
@@ -254,7 +201,7 @@ void scatter_state(const Space& space, const ParameterShards& shards, optim::Opt
       every.rows = stacks[k].rows;
       every.device_bytes = StateBytes<Memory>();
       every.host_bytes = StateBytes<Kokkos::HostSpace>(stacks[k].bytes.data(), stacks[k].bytes.size());
-      scatter_array(space, shards, every, *mine[k], parts[k]);
+      scatter_array(space, shards, every, *mine[k]);
     }
   });
   sharded.state_restored(space, replicated.step_count());

@@ -2,11 +2,11 @@
 // Checkpoints of a --shard-parameters run in the format every other run writes and reads, so that
 // a sharded run resumes unsharded, on another rank count, and back: on save, the parameters and
 // the optimizer's state are all-gathered into a replicated copy that the usual checkpoint writes
-// (arrays shaped like a parameter by its bands, Shampoo's stacked statistics by their number in
-// the whole model, any other array from the lowest rank holding it whole, else the ranks' parts in
-// rank order: SOAP's state of a parameter, block by block); on load, the usual checkpoint fills such a copy, and each
-// rank keeps its units. The copy lives for the save or load only: for that time the rank holds the whole model and its
-// state once more.
+// (arrays shaped like a parameter by its bands, any other by the rows each rank lists: Shampoo's
+// stacked statistics by their number in the whole model, SOAP's state by the whole tensor's
+// blocks, an array held whole by all its rows); on load, the usual checkpoint fills such a copy,
+// and each rank keeps its units. The copy lives for the save or load only: for that time the rank holds the whole model
+// and its state once more.
 
 #include "resume.hpp"
 #include "training_step.hpp"

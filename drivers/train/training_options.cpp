@@ -334,10 +334,6 @@ void TrainOptions::validate() const {
     }
   }
   // The optimizer's own options, each validated, so that a bad value is refused before any set-up.
-  LATHER_REQUIRE(optimizer != OptimizerKind::soap || weight_shards == 1 || (checkpoint_dir.empty() && !resume),
-                 "--optimizer soap with --weight-shards ", weight_shards,
-                 " cannot write or resume checkpoints yet (drop --checkpoint-dir and --resume, or train without "
-                 "--weight-shards)");
   switch (optimizer) {
     case OptimizerKind::shampoo:
       (void)shampoo_options();

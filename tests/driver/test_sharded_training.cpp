@@ -2,9 +2,10 @@
 // the sharded run's loss curve over 50 steps is the replicated run's on 1, 2, 3, 4 and 8 ranks
 // (sub-communicators) for AdamW, Shampoo, SOAP and Muon, also with weight shards 2 on 2, 4 and 8,
 // and with SGD for the first-order path, with accumulation; checkpoints of each optimizer (with weight
-// shards: AdamW, Shampoo and Muon; SOAP refuses them)
-// cross between sharded and replicated runs and rank counts; a failure on one rank in a sharded step or
-// evaluation is an error on every rank (ctest's timeout catches a hang).
+// shards: Shampoo, SOAP and Muon) cross between sharded and replicated runs and rank counts; SOAP with
+// weight shards stopped and resumed on the same layout gives the uninterrupted losses exactly; a
+// failure on one rank in a sharded step or evaluation is an error on every rank (ctest's timeout
+// catches a hang).
 #include "mlp_runs.hpp"
 
 #include <lather/core/error.hpp>
@@ -95,6 +96,16 @@ std::vector<double> run_part(TrainOptions o, int ranks, bool shard, long steps, 
   return curve;
 }
 
+/// A checkpoint directory that every rank names as rank 0 does (the process ids differ).
+std::string shared_directory(const std::string& name) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("lather-test-sharded-resume-" + name + "-" + std::to_string(getpid()))).string();
+  std::vector<char> dir_name(4096, 0);
+  if (world_rank() == 0) std::strncpy(dir_name.data(), dir.c_str(), dir_name.size() - 1);
+  MPI_Bcast(dir_name.data(), int(dir_name.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return dir_name.data();
+}
+
 /// A chain of runs through one checkpoint directory, against one run of the whole 50 steps.
 struct Chain {
   const char* optimizer;
@@ -117,14 +128,7 @@ TEST_P(Checkpoints, CrossBetweenShardedAndReplicatedRunsAndRankCounts) {
   auto o = fifty_steps(chain.optimizer);
   o.weight_shards = chain.weight_shards;
   const auto whole = run_part(o, chain.whole_ranks, false, 50, "", false);
-  const std::string dir =
-      (fs::temp_directory_path() / ("lather-test-sharded-resume-" + name + "-" + std::to_string(getpid()))).string();
-  std::string shared_dir = dir;
-  // Every rank names the directory of rank 0 (the process ids differ).
-  std::vector<char> dir_name(4096, 0);
-  if (world_rank() == 0) std::strncpy(dir_name.data(), dir.c_str(), dir_name.size() - 1);
-  MPI_Bcast(dir_name.data(), int(dir_name.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
-  shared_dir = dir_name.data();
+  const std::string shared_dir = shared_directory(name);
   auto curve = run_part(o, chain.ranks[0], true, 20, shared_dir, false);
   const auto middle = run_part(o, chain.ranks[1], false, 35, shared_dir, true);
   const auto last = run_part(o, chain.ranks[2], true, 50, shared_dir, true);
@@ -141,11 +145,32 @@ TEST_P(Checkpoints, CrossBetweenShardedAndReplicatedRunsAndRankCounts) {
 
 // Each optimizer's state crosses: bands of rows (AdamW, Muon; with weight shards, Muon's pieces of
 // each shard's slices), Shampoo's statistics by their number in the whole model (with weight
-// shards: of each shard's slices, cut along two axes), SOAP's blocks of each band in rank order.
+// shards: of each shard's slices, cut along two axes), SOAP's rows of the whole tensor's blocks
+// (with weight shards: each piece's blocks, the replicas of a piece writing it once).
 INSTANTIATE_TEST_SUITE_P(Optimizers, Checkpoints,
                          ::testing::Values(Chain{"adamw", 1, 2, {4, 2, 3}}, Chain{"shampoo", 1, 2, {4, 2, 3}},
                                            Chain{"soap", 1, 2, {4, 2, 3}}, Chain{"muon", 1, 2, {4, 2, 3}},
-                                           Chain{"shampoo", 2, 2, {4, 2, 8}}, Chain{"muon", 2, 2, {4, 2, 8}}));
+                                           Chain{"shampoo", 2, 2, {4, 2, 8}}, Chain{"soap", 2, 2, {4, 2, 8}},
+                                           Chain{"muon", 2, 2, {4, 2, 8}}));
+
+// SOAP on 2 replicas x 2 weight shards stopped at step 20 and resumed on the same layout: the same
+// ranks reduce in the same order and the state comes back bit for bit (each slice's blocks in the
+// whole tensor's rows, written once by the first replica), so the losses are the uninterrupted
+// run's exactly.
+TEST(ShardedTraining, SoapWithWeightShardsResumesOnTheSameLayout) {
+  if (world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
+  auto o = fifty_steps("soap");
+  o.weight_shards = 2;
+  const auto whole = run_part(o, 4, false, 50, "", false);
+  const std::string dir = shared_directory("soap-same-layout");
+  auto curve = run_part(o, 4, false, 20, dir, false);
+  const auto rest = run_part(o, 4, false, 50, dir, true);
+  if (world_rank() == 0) {
+    curve.insert(curve.end(), rest.begin(), rest.end());
+    expect_same_curve(curve, whole, 0.0, "soap, 2 replicas x 2 weight shards, resumed at step 20");
+    fs::remove_all(dir);
+  }
+}
 
 void fail_on_the_last_rank(const char* point) {
   static int calls = 0;

@@ -225,10 +225,6 @@ TEST(Training, BadOptionsAreClearErrors) {
   o = small_run("adam");
   o.weight_shards = 3;
   expect_error(o, "weight");  // 3 does not divide 4 ranks (or 1, 2 ranks: also refused)
-  o = small_run("soap");
-  o.weight_shards = 2;
-  o.checkpoint_dir = "/tmp/never-written";
-  expect_error(o, "--optimizer soap with --weight-shards 2 cannot write or resume checkpoints yet");
   o = small_run("shampoo");
   o.shampoo = {"graft_type=ADAM"};
   expect_error(o, "unknown graft type 'ADAM'");

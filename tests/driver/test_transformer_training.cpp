@@ -2,10 +2,14 @@
 // small model and the small text shipped in tests/data/text: the loss curve over 50 steps does not
 // depend on how the ranks split into replicas x shards (1x1, 2x1, 1x2, 2x2, 4x1, 1x4, 3x1, from
 // sub-communicators); a run stopped by SIGTERM and resumed equals an uninterrupted one; a
-// checkpoint written on 2x2 continues on 4x1.
+// checkpoint written on 2x2 continues on 4x1; SOAP's state blocked otherwise on 4x1 than on 2x2 is
+// refused.
 #include "language_model_runs.hpp"
 
 #include <lather/core/error.hpp>
+
+#include <cstring>
+#include <vector>
 
 namespace {
 
@@ -119,6 +123,38 @@ TEST(TransformerTraining, KillAndResumeEqualsUninterrupted) {
   if (world_rank() == 0) expect_same_curve(resharded, whole, 1e-4, "2x2 to step 21, then 4x1", 30);
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) fs::remove_all(dir);
+}
+
+// SOAP with weight shards reads a slice's tensor with its split axis apart; without, the position
+// embedding (16 x 32) merges into one dimension and is blocked otherwise: a checkpoint of 2 weight
+// shards does not load on 1, and the resume names the first array that differs.
+TEST(TransformerTraining, SoapStateBlockedOtherwiseIsRefused) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  std::vector<char> dir(4096, 0);  // rank 0's name on every rank (the process ids differ)
+  const std::string mine = (fs::temp_directory_path() / ("lather-lm-soap-" + std::to_string(getpid()))).string();
+  if (world_rank() == 0) std::strncpy(dir.data(), mine.c_str(), dir.size() - 1);
+  MPI_Bcast(dir.data(), int(dir.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+  auto o = small_run();
+  o.optimizer = lather::train::OptimizerKind::soap;
+  o.shampoo = {"block_size=16"};  // blocks inside the slices of d_model 32 over 2 shards
+  o.weight_shards = 2;
+  o.max_steps = 5;
+  o.checkpoint_dir = dir.data();
+  (void)run(o, 4, "soap-blocked");
+  o.weight_shards = 1;
+  o.resume = true;
+  o.max_steps = 10;
+  try {
+    train(o, MPI_COMM_WORLD, [](const std::string&) {});
+    ADD_FAILURE() << "resumed";
+  } catch (const lather::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset 'optimizer/soap/embedding/positions/exp_avg' has shape [2, 256], "
+                                         "expected [32, 16]"),
+              std::string::npos)
+        << e.what();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir.data());
 }
 
 TEST(TransformerTraining, BadOptionsAreClearErrors) {

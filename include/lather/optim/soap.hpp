@@ -57,10 +57,12 @@
 // along axis 0 is read as rows of the whole tensor, as a band is; a slice along a later axis (and
 // a band of rows of one) is read as the whole tensor with its split axis kept apart from the
 // dimensions around it (merge_small_dims_around, as Shampoo reads weight shards), and holds the
-// blocks inside it. Its update norm sums over the shards as a band's does. The state of weight
-// shards' slices cannot be checkpointed yet: state_arrays refuses a slice along a later axis, and
-// the arrays of slices along axis 0 are not the whole tensor's (lather-train refuses checkpoints
-// of SOAP with --weight-shards).
+// blocks inside it. Its update norm sums over the shards as a band's does.
+//
+// Checkpoints: each state array of a parameter has one row per block of the whole tensor's reading
+// (the rows a piece holds listed as StateArray::rows), so the pieces of any layout that reads the
+// tensor alike write and read the whole tensor's state; a "blocks" array records the reading, and
+// state_restored refuses a checkpoint blocked otherwise (soap_state.hpp).
 //
 // Locally, a rank's blocks of one shape and factor layout (a "shape class") are consecutive in its
 // packed buffers, and their factors and bases of one dimension are consecutive matrices: the
@@ -85,6 +87,7 @@
 #include <lather/optim/partition.hpp>
 #include <lather/optim/schedule.hpp>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -168,14 +171,17 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   std::string name() const override { return "soap"; }
   long step_count() const override { return m_step; }
   StateMemoryReport memory_report() const override;
-  /// Per parameter: exp_avg and exp_avg_sq in the packed block layout (block after block, each
-  /// row-major over the block), and the factors and bases (n x n row-major, block by block,
-  /// dimension by dimension); plus the step. Quantized: exp_avg/codes (int8) + exp_avg/scales
-  /// (block by block, column by column) for parameters of rank > 1 after merging, else exp_avg;
+  /// Per parameter, arrays of [blocks, length]: one row per block of the whole tensor's reading
+  /// (row-major over the block grid), holding that block's state from the row's start (the rest
+  /// zero, `length` the longest block's): exp_avg and exp_avg_sq (row-major over the block), the
+  /// factors and bases (n x n row-major, dimension by dimension). Quantized: exp_avg/codes (int8)
+  /// + exp_avg/scales (column by column) for parameters of rank > 1 after merging, else exp_avg;
   /// exp_avg_sq; factors/codes (int16, n x n), factors/diagonal and factors/scales (n per
-  /// matrix); bases/codes (int16) and bases/scales. The same arrays on any number of ranks: each rank's
-  /// share is gathered into full copies (distributed: on every rank, rank 0 the writer), and
-  /// state_restored() takes each rank's share back from them.
+  /// matrix); bases/codes (int16) and bases/scales. Plus "blocks" (int64 [blocks, 2 x rank]: each
+  /// block's offset and size in the reading) and the step. The same arrays on any number of ranks:
+  /// each rank's share is gathered into full copies of its pieces' rows (distributed: on every
+  /// rank, rank 0 the writer; of ranks holding the same piece, the first), a piece listing its
+  /// blocks' rows; state_restored() checks the blocks and takes each rank's share back.
   std::vector<StateArray<memory_space>> state_arrays(const ExecutionSpace& space) override;
   void state_restored(const ExecutionSpace& space, long step_count) override;
   void state_released() override;
@@ -205,8 +211,7 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
     int parameter = 0;
     std::int64_t global = 0;                 ///< its number among the whole parameters' blocks
     Block block;                             ///< offset and size in the merged shape (of the band)
-    std::int64_t packed = 0;                 ///< start in the checkpoint layout (whole parameter set)
-    std::vector<std::int64_t> factor;        ///< per dimension: start in the checkpoint layout, or -1
+    std::vector<std::int64_t> factor;        ///< per dimension: 0 where it has a factor, else -1
     int owner = 0;                           ///< the group rank that computes it
     int shape_class = 0;                     ///< index in m_classes
     std::int64_t local = 0;                  ///< start in the owner's packed buffers
@@ -214,10 +219,10 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
     std::vector<std::int64_t> local_factor;  ///< per dimension: start in the owner's factors, or -1
     double cost = 0;
     // best_effort_memory_usage_reduction: where the block's quantized state lies.
-    std::int64_t avg_local = 0;                          ///< in the owner's exp_avg codes (rank > 1) or floats
-    std::int64_t avg_columns = 0;                        ///< scales of exp_avg: columns (0: kept in float)
-    std::int64_t avg_scales = 0, local_avg_scales = 0;   ///< start of its scales: checkpoint, owner
-    std::vector<std::int64_t> diagonal, local_diagonal;  ///< per dimension: n values per matrix, or -1
+    std::int64_t avg_local = 0;                ///< in the owner's exp_avg codes (rank > 1) or floats
+    std::int64_t avg_columns = 0;              ///< scales of exp_avg: columns (0: kept in float)
+    std::int64_t local_avg_scales = 0;         ///< start of its scales in the owner's
+    std::vector<std::int64_t> local_diagonal;  ///< per dimension: start of its n values, or -1
   };
   /// Blocks of one owner with the same size and factor layout: consecutive in the owner's packed
   /// buffers, their factors of one dimension consecutive n x n matrices.
@@ -268,9 +273,14 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   // The checkpoint state (soap_state.hpp), float or quantized.
   /// The arrays of the state: name, pieces, dtype, this rank's buffer, every rank's count.
   std::vector<Impl::SoapStateKind> state_kinds();
-  /// Where block k's elements of one kind lie: f(owner's local start, checkpoint start, count).
+  /// Where block k's elements of one kind lie, piece after piece: f(owner's local start, count).
   template <class F>
   void for_each_piece(std::size_t k, Impl::SoapStatePiece piece, F&& f) const;
+  /// Per parameter, in elements of one kind: where its rows of this rank's blocks start in the
+  /// checkpoint layout (one more entry: the kind's total).
+  std::vector<std::int64_t> state_row_starts(Impl::SoapStatePiece piece) const;
+  /// Parameter p's whole-tensor blocks as its "blocks" array holds them.
+  std::vector<std::int64_t> block_table(std::size_t parameter) const;
   /// Between the checkpoint layout (m_state_full) and the local layouts (see state_arrays()).
   void copy_state(const ExecutionSpace& space, bool to_full);
 
@@ -284,17 +294,16 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   /// Per parameter: whether this rank's block sums enter the sum over the shards (not for a
   /// parameter every shard holds whole, but on the first).
   std::vector<char> m_sums_counted;
-  /// The first parameter that is a weight shard's slice along a later axis than 0 (or a band of
-  /// one), whose blocks the state arrays cannot place in the whole tensor's: "" when none.
-  std::string m_slice_name;
-  std::vector<BlockInfo> m_blocks;                                         // all parameters, in order
-  std::vector<std::pair<std::size_t, std::size_t>> m_parameter_blocks;     // [first, end) per parameter
-  std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_packed;   // [begin, end) per parameter
-  std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_factors;  // [begin, end) per parameter
-  std::int64_t m_packed_total = 0, m_factor_total = 0;                     // the checkpoint layout's sizes
-  std::vector<ShapeClass> m_classes;                                       // every rank's, by owner then first block
-  std::vector<std::size_t> m_own_classes;                                  // this rank's, in local order
-  std::vector<std::int64_t> m_local_packed, m_local_factors;               // per rank: sizes of its share
+  /// Per parameter: whether this rank holds a piece of it (its state arrays list their rows).
+  std::vector<char> m_pieces;
+  /// Per parameter and kind of state (Impl::SoapStatePiece): the elements of the checkpoint's rows,
+  /// the most any of the whole tensor's blocks holds of that kind.
+  std::vector<std::array<std::int64_t, 6>> m_row_lengths;
+  std::vector<BlockInfo> m_blocks;                                      // all parameters, in order
+  std::vector<std::pair<std::size_t, std::size_t>> m_parameter_blocks;  // [first, end) per parameter
+  std::vector<ShapeClass> m_classes;                                    // every rank's, by owner then first block
+  std::vector<std::size_t> m_own_classes;                               // this rank's, in local order
+  std::vector<std::int64_t> m_local_packed, m_local_factors;            // per rank: sizes of its share
   comm::Group m_group;
   comm::Group m_shards;  ///< the holders of the bands (one rank: the parameters are whole)
   /// Where each block is updated and how the new values reach every rank: its exchange buffer
@@ -316,11 +325,11 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   Kokkos::View<int*, memory_space> m_q_index;  // 0, 1, ..., then per class and dimension count n's
   // Per rank: elements of exp_avg codes, float exp_avg, exp_avg scales, diagonals (= scales).
   std::vector<std::int64_t> m_local_avg_codes, m_local_avg_floats, m_local_avg_scales, m_local_diagonal;
-  std::vector<std::pair<std::int64_t, std::int64_t>> m_parameter_columns, m_parameter_diagonal;
-  std::int64_t m_column_total = 0, m_diagonal_total = 0;
   // state_arrays(), in bytes: the checkpoint layout (state_kinds() of all parameters), and
   // (distributed) the all-gather of every rank's state it is assembled from.
   Kokkos::View<char*, memory_space> m_state_full, m_state_gathered;
+  /// Per parameter: its whole tensor's blocks as its "blocks" array holds them (state_arrays()).
+  std::vector<std::vector<std::int64_t>> m_block_tables;
   long m_step = 0;
   long m_launches = 0;
   std::int64_t m_step_host = 0;

@@ -72,6 +72,33 @@ inline std::int64_t soap_product(const std::vector<std::int64_t>& size, std::siz
   return n;
 }
 
+/// The elements one block of `size` (its dimensions `factored` or not) holds of one kind of state
+/// (Soap::for_each_piece): quantized, exp_avg is int8 codes with a scale per column of the block
+/// viewed as [size[0], elements / size[0]] where it has two or more dimensions, else float.
+inline std::int64_t soap_piece_elements(SoapStatePiece piece, const std::vector<std::int64_t>& size,
+                                        const std::vector<bool>& factored) {
+  const std::int64_t elements = soap_product(size, 0, size.size());
+  const bool codes = size.size() >= 2;
+  std::int64_t matrices = 0, diagonals = 0;
+  for (std::size_t d = 0; d < size.size(); ++d)
+    if (factored[d]) matrices += size[d] * size[d], diagonals += size[d];
+  switch (piece) {
+    case SoapStatePiece::avg_codes:
+      return codes ? elements : 0;
+    case SoapStatePiece::avg_floats:
+      return codes ? 0 : elements;
+    case SoapStatePiece::avg_scales:
+      return codes ? elements / size[0] : 0;
+    case SoapStatePiece::packed:
+      return elements;
+    case SoapStatePiece::matrix:
+      return matrices;
+    case SoapStatePiece::diagonal:
+      return diagonals;
+  }
+  return 0;
+}
+
 }  // namespace Impl
 
 template <class ExecutionSpace, class Scalar>
@@ -95,14 +122,13 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
     LATHER_REQUIRE((std::is_same<Scalar, float>::value || o.product_precision == ProductPrecision::float32),
                    "SoapOptions::product_precision ", to_string(o.product_precision),
                    " rounds float products; this Soap computes in double (use float32)");
-    std::int64_t packed = 0, factors = 0;
     for (std::size_t p = 0; p < this->m_parameters.size(); ++p) {
       const auto& spec = this->m_parameters[p];
       // A piece (a band of rows, a weight shard's slice) is read as the whole tensor: its reading,
       // its blocks, of which it keeps those inside it (soap_reading.hpp).
       const Impl::SoapReading reading = Impl::soap_reading(spec, o.merge_small_dims_block_size, m_shards.size() > 1);
       const bool band = reading.piece;
-      if (band && spec.split_axis > 0 && m_slice_name.empty()) m_slice_name = spec.name;
+      m_pieces.push_back(band ? 1 : 0);
       const auto& shape = band ? spec.global() : spec.shape;
       const TensorShape& merged = reading.shape;
       LATHER_REQUIRE(merged.size() <= std::size_t(Impl::soap_max_rank), "Soap: parameter '", spec.name, "' has ",
@@ -113,35 +139,31 @@ Soap<ExecutionSpace, Scalar>::Soap(const ExecutionSpace& space, std::vector<Para
       // The reference's rule: rank-1 parameters only with precondition_1d; a dimension above
       // max_precond_dim never (checked on the merged shape, before blocking, as Shampoo does).
       const bool rank_ok = shape.size() >= 2 || (shape.size() == 1 && o.precondition_1d);
+      std::vector<bool> factored;
+      for (auto extent : merged) factored.push_back(rank_ok && extent <= o.max_precond_dim);
       const std::size_t first = m_blocks.size();
-      const std::int64_t packed_begin = packed, factors_begin = factors, global_begin = m_global_blocks;
+      const std::int64_t global_begin = m_global_blocks;
+      auto& row_lengths = m_row_lengths.emplace_back();
       for (const auto& whole_block : m_partitions.back().blocks()) {
         if (whole_block.elements() == 0) continue;
         const std::int64_t number = m_global_blocks++;
+        // The checkpoint's rows are the whole tensor's blocks, each as long as the longest.
+        for (std::size_t i = 0; i < row_lengths.size(); ++i)
+          row_lengths[i] =
+              std::max(row_lengths[i], Impl::soap_piece_elements(Impl::SoapStatePiece(i), whole_block.size, factored));
         Block block = whole_block;
         if (band && !reading.place(block, spec.name)) continue;  // another piece's block
         BlockInfo info;
         info.parameter = int(p);
         info.global = number;
         info.block = block;
-        info.packed = packed;
-        packed += block.elements();
-        std::vector<bool> factored;
-        for (std::size_t d = 0; d < block.size.size(); ++d) {
-          factored.push_back(rank_ok && merged[d] <= o.max_precond_dim);
-          info.factor.push_back(factored.back() ? factors : -1);
-          if (factored.back()) factors += block.size[d] * block.size[d];
-        }
+        for (std::size_t d = 0; d < block.size.size(); ++d) info.factor.push_back(factored[d] ? 0 : -1);
         info.cost = soap_block_cost(block.size, factored, o.precondition_frequency);
         m_blocks.push_back(std::move(info));
       }
       m_parameter_blocks.emplace_back(first, m_blocks.size());
       m_parameter_global.emplace_back(global_begin, m_global_blocks);
-      m_parameter_packed.emplace_back(packed_begin, packed);
-      m_parameter_factors.emplace_back(factors_begin, factors);
     }
-    m_packed_total = packed;
-    m_factor_total = factors;
     // Owners: the distributor's assignment by cost (the same on every rank).
     std::vector<double> costs;
     for (const auto& b : m_blocks) costs.push_back(b.cost);

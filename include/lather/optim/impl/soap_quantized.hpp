@@ -104,26 +104,6 @@ void Soap<ExecutionSpace, Scalar>::plan_quantized(const ExecutionSpace& space) {
         if (c.factor[d] >= 0) b.local_diagonal[d] = c.diagonal[d] + std::int64_t(i) * c.size[d];
     }
   }
-  // The checkpoint layout: scales and diagonals block after block, parameter after parameter.
-  std::int64_t columns = 0, diagonal = 0;
-  for (std::size_t p = 0; p < m_parameter_blocks.size(); ++p) {
-    const std::int64_t columns_begin = columns, diagonal_begin = diagonal;
-    for (std::size_t k = m_parameter_blocks[p].first; k < m_parameter_blocks[p].second; ++k) {
-      auto& b = m_blocks[k];
-      b.avg_scales = columns;
-      columns += b.avg_columns;
-      b.diagonal.assign(b.factor.size(), -1);
-      for (std::size_t d = 0; d < b.factor.size(); ++d)
-        if (b.factor[d] >= 0) {
-          b.diagonal[d] = diagonal;
-          diagonal += b.block.size[d];
-        }
-    }
-    m_parameter_columns.emplace_back(columns_begin, columns);
-    m_parameter_diagonal.emplace_back(diagonal_begin, diagonal);
-  }
-  m_column_total = columns;
-  m_diagonal_total = diagonal;
   // m_q_index: 0, 1, ..., count - 1 (the matrices' slots), then count copies of n per own class
   // and dimension (their sizes).
   std::vector<int> index;
