@@ -146,6 +146,7 @@ std::string Checkpointer::save(const ExecutionSpace& space, optim::Optimizer<Exe
                                const TensorList<Scalar, typename ExecutionSpace::memory_space>& params,
                                const TrainingState& state, const WriterRoles& roles) {
   ::lather::Impl::ScopedRegion region("Lather::Checkpointer::save");
+  optimizer.values_needed(space);  // an exchange left for the forward: the file holds the step's values
   // Staging can fail on one rank (a parameter list that does not match the optimizer, memory):
   // agreed before the collective save.
   std::vector<std::unique_ptr<Staged>> staged;
@@ -189,6 +190,7 @@ TrainingState Checkpointer::restore(const ExecutionSpace& space, const std::stri
                                     optim::Optimizer<ExecutionSpace, Scalar>& optimizer,
                                     const TensorList<Scalar, typename ExecutionSpace::memory_space>& params) const {
   ::lather::Impl::ScopedRegion region("Lather::Checkpointer::restore");
+  optimizer.values_needed(space);  // no gather left in flight to overwrite the loaded values
   const Attributes root = read_attributes(file);
   const auto integer = [&](const char* name) -> std::int64_t {
     const auto it = root.integers.find(name);

@@ -6,7 +6,9 @@
 // stale, unpacked twice or unpacked from the wrong place changes the trajectory. Where the exchange
 // is deferred (MPI's all-gather), the values before values_needed() are the old ones somewhere;
 // where it cannot be (Shampoo's node-shared window), step() completes it. A failure in one rank's
-// share is an error on every rank, with no all-gather left in flight.
+// share is an error on every rank, with no all-gather left in flight; a checkpoint saved with the
+// layers in flight holds the step's values.
+#include <lather/checkpoint/checkpoint.hpp>
 #include <lather/comm/group.hpp>
 #include <lather/core/error.hpp>
 #include <lather/core/fault_injection.hpp>
@@ -17,7 +19,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -143,6 +148,41 @@ TEST(OverlappedExchange, ShampooOnASharedWindowCompletesInTheStep) {
 TEST(OverlappedExchange, SoapEqualsTheWholeExchange) { expect_equal_trajectories(make_soap, true); }
 
 TEST(OverlappedExchange, MuonEqualsTheWholeExchange) { expect_equal_trajectories(make_muon, true); }
+
+// A checkpoint saved while a step's layers are still in flight holds that step's values (the
+// Checkpointer completes the exchange first), and restores the whole exchange's parameters.
+TEST(OverlappedExchange, ACheckpointHoldsTheStepsValues) {
+  const comm::Group world(MPI_COMM_WORLD);
+  int pid = int(::getpid());
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const auto dir = std::filesystem::temp_directory_path() / ("lather-overlapped-exchange-" + std::to_string(pid));
+  const Params whole = initial_parameters(), by_layers = initial_parameters();
+  const auto blocking = make_muon(whole, world);
+  const auto overlapped = make_muon(by_layers, world);
+  overlapped->overlap_exchange(Space(), layers());
+  for (int t = 0; t < 3; ++t) {
+    set_gradients(whole, t, 0, whole.size());
+    for (const auto& [first, last] : layers()) {
+      overlapped->values_needed(Space(), first, last);
+      set_gradients(by_layers, t, first, last);
+    }
+    blocking->step(Space(), whole);
+    overlapped->step(Space(), by_layers);
+  }
+  checkpoint::CheckpointOptions options;
+  options.directory = dir.string();
+  checkpoint::Checkpointer checkpointer(world, options);
+  const std::string file = checkpointer.save(Space(), *overlapped, by_layers);
+  const Params restored = initial_parameters();
+  for (std::size_t p = 0; p < restored.size(); ++p) Kokkos::deep_copy(restored.value(p), -7.0f);
+  const auto fresh = make_muon(restored, world);
+  checkpointer.restore(Space(), file, *fresh, restored.values());
+  for (std::size_t p = 0; p < whole.size(); ++p)
+    EXPECT_EQ(restored.host_value(Space(), p), whole.host_value(Space(), p))
+        << whole.spec(p).name << " restored on rank " << world.rank();
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
 
 TEST(OverlappedExchange, LayersMustCoverTheParameters) {
   const comm::Group world(MPI_COMM_WORLD);

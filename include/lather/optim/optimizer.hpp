@@ -103,7 +103,8 @@ class Optimizer {
   /// The new values of parameters [first, last) in place: waits for their layers' all-gathers
   /// and unpacks them. Call it before anything reads or writes those values (the forward through
   /// needed_hook(); an evaluation, a checkpoint, a copy of the values: values_needed(space)).
-  /// step() completes every layer first itself. Local.
+  /// step() and checkpoint::Checkpointer's save and restore complete every layer first
+  /// themselves. Local.
   virtual void values_needed(const ExecutionSpace& space, std::size_t first, std::size_t last) {
     (void)space, (void)first, (void)last;
   }

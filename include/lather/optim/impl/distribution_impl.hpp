@@ -203,6 +203,7 @@ class DistributedStep final : public Distributor<ExecutionSpace, Scalar> {
     if (m_window_state == WindowState::undecided) place_in_window(space);
     const bool in_flight =
         m_window_state == WindowState::messages && comm::mpi_reads_in_place<memory_space>() && this->parts() > 1;
+    m_requests.clear();
     if (!in_flight) {
       // The whole exchange now, its flags agreeing on the shares.
       gather(space, local_error, context, this->m_buffer, m_window_state == WindowState::window);
@@ -214,7 +215,6 @@ class DistributedStep final : public Distributor<ExecutionSpace, Scalar> {
       const auto ranks = std::size_t(parts());
       const auto rank = std::size_t(part());
       std::vector<std::size_t> counts(ranks), displacements(ranks);
-      m_requests.clear();
       for (const auto& [first, last] : this->m_layers) {
         for (std::size_t r = 0; r < ranks; ++r) {
           const auto& starts = this->m_parameter_starts[r];
