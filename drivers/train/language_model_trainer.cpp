@@ -320,7 +320,6 @@ TrainResult train_language_model(const TrainOptions& options, const comm::Group&
   };
   const auto save = [&]() {
     if (!checkpointer) return;
-    optimizer->values_needed(space);
     checkpoint::TrainingState state;
     state.rng = {o.seed};
     describe_run(o, state);

@@ -148,7 +148,6 @@ TrainResult train(const TrainOptions& options, const comm::Group& world,
   const long first_step = optimizer->step_count();
 
   const auto save = [&](const Position& next) {
-    optimizer->values_needed(space);  // the last step's values, where the forward left any in flight
     if (checkpointer)
       result.last_checkpoint =
           shards ? save_sharded_checkpoint(space, o, mesh, *checkpointer, *optimizer, *shards, position_state(o, next))

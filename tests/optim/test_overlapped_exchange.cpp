@@ -101,6 +101,19 @@ bool differ_anywhere(const comm::Group& group, const Params& a, const Params& b)
   return group.allreduce(differs, comm::Combine::max) != 0;
 }
 
+/// Step t of both runs: the whole exchange's, and the one by layers, whose forward completes each
+/// layer just before computing its gradients from its values.
+void step_both(Optimizer<Space, float>& blocking, const Params& whole, Optimizer<Space, float>& overlapped,
+               const Params& by_layers, int t) {
+  set_gradients(whole, t, 0, whole.size());
+  for (const auto& [first, last] : layers()) {
+    overlapped.values_needed(Space(), first, last);
+    set_gradients(by_layers, t, first, last);
+  }
+  blocking.step(Space(), whole);
+  overlapped.step(Space(), by_layers);
+}
+
 /// `steps` steps of the whole exchange and of the exchange by layers, the latter's forward
 /// completing each layer just before reading it. `deferred`: whether the layers' values should
 /// still be old right after step() on some rank.
@@ -112,13 +125,7 @@ void expect_equal_trajectories(const Make& make, bool deferred, int steps = 6) {
   EXPECT_EQ(overlapped->overlap_exchange(Space(), layers()), world.size() > 1);
   bool stale_seen = false;
   for (int t = 0; t < steps; ++t) {
-    set_gradients(whole, t, 0, whole.size());
-    for (const auto& [first, last] : layers()) {
-      overlapped->values_needed(Space(), first, last);
-      set_gradients(by_layers, t, first, last);
-    }
-    blocking->step(Space(), whole);
-    overlapped->step(Space(), by_layers);
+    step_both(*blocking, whole, *overlapped, by_layers, t);
     if (t > 0 && world.size() > 1) stale_seen = stale_seen || differ_anywhere(world, by_layers, whole);
   }
   overlapped->values_needed(Space());
@@ -160,15 +167,7 @@ TEST(OverlappedExchange, ACheckpointHoldsTheStepsValues) {
   const auto blocking = make_muon(whole, world);
   const auto overlapped = make_muon(by_layers, world);
   overlapped->overlap_exchange(Space(), layers());
-  for (int t = 0; t < 3; ++t) {
-    set_gradients(whole, t, 0, whole.size());
-    for (const auto& [first, last] : layers()) {
-      overlapped->values_needed(Space(), first, last);
-      set_gradients(by_layers, t, first, last);
-    }
-    blocking->step(Space(), whole);
-    overlapped->step(Space(), by_layers);
-  }
+  for (int t = 0; t < 3; ++t) step_both(*blocking, whole, *overlapped, by_layers, t);
   checkpoint::CheckpointOptions options;
   options.directory = dir.string();
   checkpoint::Checkpointer checkpointer(world, options);

@@ -18,13 +18,15 @@
 // its own part only, and one all-gather exchanges the segments; the flags make a failure of any
 // rank's share the same error on every rank without another collective).
 //
-// The exchange by layers (set_layers): a part's values lie in parameter order, so each *layer*
-// (consecutive parameters one forward step reads together) is one range of every segment, and the
-// exchange runs as one nonblocking all-gather per layer, each landing its ranges in place.
-// start_exchange() agrees on the shares (one small collective) and starts them; complete() waits
-// for a layer's and hands its parameters to the optimizer to unpack, just before the next
-// forward reads them (PyTorch FSDP's forward prefetch, for a ZeRO-1 step). The values and the order
-// of every sum are those of exchange(): only the time the other parts' values arrive differs.
+// A step's exchange: start_exchange(), then complete() hands the optimizer each *layer*
+// (consecutive parameters one forward step reads together) to unpack. By default the whole list is
+// one layer, gathered inside start_exchange() as exchange() does and unpacked at once. The
+// exchange by layers (set_layers): a part's values lie in parameter order, so each layer is one
+// range of every segment, and the exchange runs as one nonblocking all-gather per layer, each
+// landing its ranges in place. start_exchange() agrees on the shares (one small collective) and
+// starts them; complete() waits for a layer's just before the next forward reads it (PyTorch
+// FSDP's forward prefetch, for a ZeRO-1 step). The values and the order of every sum are those of
+// exchange(): only the time the other parts' values arrive differs.
 
 #if defined(LATHER_AREA) && !defined(LATHER_AREA_SEES_OPTIM)
 #error "lather/optim/ is not below the area being compiled (the layers: src/CMakeLists.txt)"
@@ -127,15 +129,15 @@ class Distributor {
   /// Parameters [first, last) that one layer's forward reads together.
   using Layer = std::pair<std::size_t, std::size_t>;
   /// The layers of the next exchanges: consecutive ranges covering parameters [0, count) in order
-  /// (lay_out's parameter_starts then required); empty: whole segments. Returns whether the
-  /// exchange now runs by layers (never when replicated: nothing is exchanged). Local.
+  /// (lay_out's parameter_starts then required); empty: the whole list, exchanged at once. Returns
+  /// whether the exchange now runs by layers (never when replicated: nothing is exchanged). Local.
   bool set_layers(std::vector<Layer> layers, std::size_t count);
-  bool by_layers() const { return !m_layers.empty(); }
-  /// Collective when distributed (by_layers()): every rank's verdict on its share agreed first
-  /// (throws as exchange() does), then each layer's all-gather started. Returns whether they are
-  /// in flight; false where this strategy completes the exchange here (replicated; a node-shared
-  /// window, whose segments other ranks may rewrite once a later collective lets them; memory MPI
-  /// cannot read in place), and then the caller completes every layer now.
+  bool by_layers() const { return m_by_layers; }
+  /// Collective when distributed: every rank's verdict on its share agreed first (throws as
+  /// exchange() does), then, by layers, each layer's all-gather started. Returns whether they are
+  /// in flight; false where the exchange is complete here (not by layers; replicated; a
+  /// node-shared window, whose segments other ranks may rewrite once a later collective lets them;
+  /// memory MPI cannot read in place), and then the caller completes every layer now.
   virtual bool start_exchange(const ExecutionSpace& space, const std::string& local_error,
                               const std::string& context) = 0;
   /// For each layer holding a parameter of [first, last) whose values have not been handed out
@@ -154,7 +156,8 @@ class Distributor {
   Values m_buffer;
   std::vector<std::int64_t> m_offsets;                        ///< per part: where its values start in m_buffer
   std::vector<std::vector<std::int64_t>> m_parameter_starts;  ///< per part, per parameter (lay_out)
-  std::vector<Layer> m_layers;
+  std::vector<Layer> m_layers;   ///< set_layers' (or the whole list: lay_out's parameter_starts)
+  bool m_by_layers = false;      ///< whether m_layers are set_layers' own
   std::vector<char> m_unpacked;  ///< per layer: its values handed out since the last start_exchange
 };
 

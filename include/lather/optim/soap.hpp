@@ -247,7 +247,8 @@ class Soap final : public Optimizer<ExecutionSpace, Scalar> {
   void accumulate_factors(const ExecutionSpace& space, const ShapeClass& c, const Scalar* g, Scalar beta);
   void refresh_bases(const ExecutionSpace& space, bool first);
   /// The exchange of every rank's new block values, then the other ranks' blocks into the
-  /// parameters; throws the same lather::Error on every rank if any rank's `error` is not empty.
+  /// parameters (by layers, when values_needed() asks); throws the same lather::Error on every
+  /// rank if any rank's `error` is not empty.
   void gather_values(const ExecutionSpace& space, const Tensors& values, const std::string& error,
                      const std::string& context);
   /// The other ranks' blocks of parameters [first, last), from the exchange into `values`.

@@ -45,9 +45,10 @@ bool Distributor<ExecutionSpace, Scalar>::set_layers(std::vector<Layer> layers, 
                                    [&](const auto& starts) { return starts.size() == count + 1; }),
                    "Distributor::set_layers: the exchange was laid out without each parameter's place in the parts");
   LATHER_REQUIRE(!pending(), "Distributor::set_layers: an exchange by layers is still pending");
-  m_layers = std::move(layers);
+  m_by_layers = !layers.empty();
+  m_layers = m_by_layers ? std::move(layers) : std::vector<Layer>{{0, count}};
   m_unpacked.assign(m_layers.size(), 1);
-  return by_layers();
+  return m_by_layers;
 }
 
 template <class ExecutionSpace, class Scalar>
@@ -162,6 +163,11 @@ class DistributedStep final : public Distributor<ExecutionSpace, Scalar> {
                      "Distributor::lay_out: part ", r, "'s parameter starts do not run from 0 to its ",
                      part_elements[r], " values");
     this->m_parameter_starts = std::move(parameter_starts);
+    // The whole list, one layer, until set_layers says otherwise.
+    this->m_by_layers = false;
+    this->m_layers.clear();
+    if (!this->m_parameter_starts.empty()) this->m_layers.emplace_back(0, this->m_parameter_starts.front().size() - 1);
+    this->m_unpacked.assign(this->m_layers.size(), 1);
     m_counts.clear();
     m_segment_start.assign(1, 0);
     this->m_offsets.clear();
@@ -198,11 +204,11 @@ class DistributedStep final : public Distributor<ExecutionSpace, Scalar> {
 
   bool start_exchange(const ExecutionSpace& space, const std::string& local_error,
                       const std::string& context) override {
-    LATHER_REQUIRE(this->by_layers(), "Distributor::start_exchange: no layers set");
+    LATHER_REQUIRE(!this->m_layers.empty(), "Distributor::start_exchange: laid out without parameter starts");
     LATHER_REQUIRE(!this->pending(), "Distributor::start_exchange: the last exchange's values were not all unpacked");
     if (m_window_state == WindowState::undecided) place_in_window(space);
-    const bool in_flight =
-        m_window_state == WindowState::messages && comm::mpi_reads_in_place<memory_space>() && this->parts() > 1;
+    const bool in_flight = this->by_layers() && m_window_state == WindowState::messages &&
+                           comm::mpi_reads_in_place<memory_space>() && this->parts() > 1;
     m_requests.clear();
     if (!in_flight) {
       // The whole exchange now, its flags agreeing on the shares.

@@ -396,17 +396,10 @@ void Muon<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
     return;
   }
   const std::string local_error = m_distributor->run_share(nullptr, own_share);
-  const std::string context = "Muon::step " + std::to_string(t);
-  if (m_distributor->by_layers()) {
-    m_exchanged = values;
-    const bool in_flight = m_distributor->start_exchange(space, local_error, context);
-    ++m_step;
-    if (!in_flight) values_needed(space);
-    return;
-  }
-  m_distributor->exchange(space, local_error, context);
-  unpack_matrices(space, values, 0, values.size());
+  m_exchanged = values;
+  const bool in_flight = m_distributor->start_exchange(space, local_error, "Muon::step " + std::to_string(t));
   ++m_step;
+  if (!in_flight) values_needed(space);
 }
 
 template <class ExecutionSpace, class Scalar>

@@ -281,19 +281,11 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
         space, m_mine_table, m_values.device(), m_parameter_scalars, element, m_distributor->segment(), m_mine_threads);
     std::swap(m_scales[0], m_scales[1]);  // the new scales are the current ones from here on
     phases.end("update");
-    if (m_step_plan.distributed && m_distributor->by_layers()) {
-      // The layers' all-gathers left in flight for the next forward (values_needed).
+    if (m_step_plan.distributed) {
+      // By layers, their all-gathers may be left in flight for the next forward (values_needed).
       const bool in_flight = m_distributor->start_exchange(space, "", context);
-      ++m_step;
       phases.end("communication");
       if (!in_flight) values_needed(space, 0, m_plan.parameters.size());
-      phases.end("update");
-      return;
-    }
-    if (m_step_plan.distributed) {
-      m_distributor->exchange(space, "", context);
-      phases.end("communication");
-      unpack_others(space, 0);
       phases.end("update");
     }
     ++m_step;
@@ -373,6 +365,8 @@ class ShampooEngine final : public ShampooEngineBase<ExecutionSpace, Scalar> {
     int threads = 1;
   };
   OthersTable others_table(const ExecutionSpace& space, std::size_t first, std::size_t last);
+  /// Host threads of an element-wise pass over `units` units of `values` values in all.
+  int pass_threads(std::size_t units, std::int64_t values) const;
   /// The other parts' units of the layer (or the whole list) that starts at parameter `first` into
   /// the parameters of the last step.
   void unpack_others(const ExecutionSpace& space, std::size_t first);

@@ -86,10 +86,6 @@ void ShampooEngine<ExecutionSpace, Scalar, T>::allocate_state(const ExecutionSpa
   std::vector<std::int64_t> mine_exchange;
   for (int u : step.mine()) mine_exchange.push_back(exchange_offset[std::size_t(u)]);
   m_mine_table = make_unit_table(space, m_plan, step, step.mine(), packed, state, mine_exchange);
-  const auto pass_threads = [&](std::size_t units, std::int64_t values) {
-    return ::lather::Impl::host_threads_for_work(m_step_threads, m_options.product_host_threads == 0, units,
-                                                 double(values), ::lather::Impl::values_per_host_thread);
-  };
   m_mine_threads = pass_threads(step.mine().size(), step.my_elements());
   alloc(m_unit_norms, "unit_norms", std::max<std::int64_t>(1, std::int64_t(step.mine().size())));
   m_unit_norms_host = Kokkos::create_mirror_view(m_unit_norms);
@@ -148,9 +144,14 @@ auto ShampooEngine<ExecutionSpace, Scalar, T>::others_table(const ExecutionSpace
   OthersTable t;
   t.first = first;
   t.table = make_unit_table(space, m_plan, m_step_plan, units, at, std::vector<std::int64_t>(units.size(), 0));
-  t.threads = ::lather::Impl::host_threads_for_work(m_step_threads, m_options.product_host_threads == 0, units.size(),
-                                                    double(elements), ::lather::Impl::values_per_host_thread);
+  t.threads = pass_threads(units.size(), elements);
   return t;
+}
+
+template <class ExecutionSpace, class Scalar, class T>
+int ShampooEngine<ExecutionSpace, Scalar, T>::pass_threads(std::size_t units, std::int64_t values) const {
+  return ::lather::Impl::host_threads_for_work(m_step_threads, m_options.product_host_threads == 0, units,
+                                               double(values), ::lather::Impl::values_per_host_thread);
 }
 
 template <class ExecutionSpace, class Scalar, class T>

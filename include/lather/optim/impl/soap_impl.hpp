@@ -491,16 +491,10 @@ void Soap<ExecutionSpace, Scalar>::do_step(const ExecutionSpace& space, const Te
 template <class ExecutionSpace, class Scalar>
 void Soap<ExecutionSpace, Scalar>::gather_values(const ExecutionSpace& space, const Tensors& values,
                                                  const std::string& error, const std::string& context) {
-  if (m_distributor->by_layers()) {
-    m_exchanged = values;
-    const bool in_flight = m_distributor->start_exchange(space, error, context);
-    ++m_step;
-    if (!in_flight) values_needed(space);
-    return;
-  }
-  m_distributor->exchange(space, error, context);
+  m_exchanged = values;
+  const bool in_flight = m_distributor->start_exchange(space, error, context);
   ++m_step;
-  if (distributed()) unpack_blocks(space, values, 0, values.size());
+  if (!in_flight) values_needed(space);
 }
 
 template <class ExecutionSpace, class Scalar>
